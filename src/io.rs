@@ -1,0 +1,116 @@
+//! Output files: every file is written whole or not at all (temp file in the same folder, then
+//! rename), so an interrupted run never leaves a file that looks finished.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+/// Creates `dir` (and parents) if needed; fails with the path if it exists and is not a folder.
+pub fn ensure_dir(dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        bail!("{}: exists and is not a directory", dir.display());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))
+}
+
+/// Writes `path` atomically with whatever `fill` writes into a temporary file beside it.
+pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
+    let dir = parent_dir(path);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(&dir)
+        .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?;
+    {
+        let mut buffered = std::io::BufWriter::new(tmp.as_file_mut());
+        fill(&mut buffered).with_context(|| format!("{}: write failed", path.display()))?;
+        buffered.flush().with_context(|| format!("{}: write failed", path.display()))?;
+    }
+    tmp.as_file().sync_all().with_context(|| format!("{}: sync failed", path.display()))?;
+    tmp.persist(path).with_context(|| format!("{}: cannot move into place", path.display()))?;
+    Ok(())
+}
+
+/// Pretty JSON, atomically.
+pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    write_atomic(path, |w| {
+        serde_json::to_writer_pretty(&mut *w, value)?;
+        writeln!(w)?;
+        Ok(())
+    })
+}
+
+/// One JSON object per line, atomically.
+pub fn write_json_lines<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
+    write_atomic(path, |w| {
+        for row in rows {
+            serde_json::to_writer(&mut *w, row)?;
+            writeln!(w)?;
+        }
+        Ok(())
+    })
+}
+
+/// A CSV with a header from the rows' field names, atomically.
+pub fn write_csv<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
+    write_atomic(path, |w| {
+        let mut writer = csv::Writer::from_writer(w);
+        for row in rows {
+            writer.serialize(row)?;
+        }
+        writer.flush()?;
+        Ok(())
+    })
+}
+
+/// A file produced by a library that only writes to paths (plotters): it writes to a temporary
+/// path with the same extension, which is renamed to `path` once `produce` succeeds.
+pub fn produce_atomic(path: &Path, produce: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let dir = parent_dir(path);
+    let suffix = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+    let tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .suffix(&suffix)
+        .tempfile_in(&dir)
+        .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?;
+    produce(tmp.path()).with_context(|| format!("{}: cannot write", path.display()))?;
+    tmp.persist(path).with_context(|| format!("{}: cannot move into place", path.display()))?;
+    Ok(())
+}
+
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_writes_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.json");
+        let err = write_atomic(&path, |w| {
+            w.write_all(b"{\"half\":")?;
+            bail!("interrupted")
+        });
+        assert!(err.is_err());
+        assert!(!path.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "temporary file left behind");
+        write_json(&path, &serde_json::json!({"ok": true})).unwrap();
+        assert!(std::fs::read_to_string(&path).unwrap().contains("\"ok\": true"));
+    }
+
+    #[test]
+    fn ensure_dir_rejects_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x").unwrap();
+        assert!(ensure_dir(&file).unwrap_err().to_string().contains("not a directory"));
+        ensure_dir(&dir.path().join("a/b")).unwrap();
+    }
+}

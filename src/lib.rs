@@ -1,0 +1,10 @@
+//! benign-attention: the experiments of "Benign Overfitting in Token Selection of Attention
+//! Mechanism" (Sakamoto & Sato, ICML 2025) and attention-localization diagnostics.
+//!
+//! Modules follow the data flow; `synthetic` is the paper's reference model, `report` writes what
+//! a run leaves behind, `cli` only parses flags and dispatches.
+
+pub mod cli;
+pub mod io;
+pub mod report;
+pub mod synthetic;

@@ -1,0 +1,5 @@
+//! Everything a run leaves for a reader: JSON/CSV tables and PNG figures.
+
+pub mod plot;
+pub mod progress;
+pub mod synthetic;

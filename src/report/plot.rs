@@ -1,0 +1,367 @@
+//! PNG figures with plotters and an embedded font (DejaVu Sans), so that text renders on a
+//! machine without system fonts. Each figure is written atomically.
+
+use std::path::Path;
+use std::sync::Once;
+
+use anyhow::{Result, anyhow};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+use crate::io::produce_atomic;
+
+const FONT: &str = "sans-serif";
+
+fn register_fonts() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The bytes are a valid TTF shipped by the dejavu crate; failure would be a build defect.
+        let _ = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular());
+        let _ = plotters::style::register_font(FONT, FontStyle::Bold, dejavu::sans::bold());
+    });
+}
+
+/// plotters' errors borrow the backend; keep their message only.
+fn plot_err(err: impl std::fmt::Display) -> anyhow::Error {
+    anyhow!("plotting failed: {err}")
+}
+
+/// Qualitative colours (Tableau 10), distinguishable in print.
+pub const PALETTE: [RGBColor; 8] = [
+    RGBColor(214, 39, 40),   // red
+    RGBColor(44, 160, 44),   // green
+    RGBColor(31, 119, 180),  // blue
+    RGBColor(255, 127, 14),  // orange
+    RGBColor(148, 103, 189), // purple
+    RGBColor(140, 86, 75),   // brown
+    RGBColor(227, 119, 194), // pink
+    RGBColor(127, 127, 127), // grey
+];
+
+/// One line of a line chart; series with `label: None` are drawn but not listed in the legend.
+pub struct Series {
+    pub label: Option<String>,
+    pub color: RGBColor,
+    pub width: u32,
+    pub points: Vec<(f64, f64)>,
+}
+
+pub struct LinePanel {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub y_range: (f64, f64),
+    pub series: Vec<Series>,
+}
+
+#[derive(Clone, Copy)]
+pub enum Marker {
+    Circle,
+    Cross,
+    Triangle,
+}
+
+pub struct ScatterGroup {
+    pub label: String,
+    pub color: RGBColor,
+    pub marker: Marker,
+    pub points: Vec<(f64, f64)>,
+}
+
+pub struct ScatterPanel {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub groups: Vec<ScatterGroup>,
+}
+
+/// A figure of panels side by side under a common title.
+fn figure(
+    path: &Path,
+    title: &str,
+    panels: usize,
+    panel_size: (u32, u32),
+    draw: impl FnOnce(Vec<DrawingArea<BitMapBackend, Shift>>) -> Result<()>,
+) -> Result<()> {
+    register_fonts();
+    produce_atomic(path, |tmp| {
+        let size = (panel_size.0 * panels as u32, panel_size.1 + 40);
+        let root = BitMapBackend::new(tmp, size).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let root = root.titled(title, (FONT, 24).into_font().style(FontStyle::Bold)).map_err(plot_err)?;
+        draw(root.split_evenly((1, panels)))?;
+        root.present().map_err(plot_err)?;
+        Ok(())
+    })
+}
+
+fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    let pad = ((hi - lo) * 0.05).max(1e-9);
+    (lo - pad, hi + pad)
+}
+
+/// Line charts, one panel each, with a legend per panel.
+pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()> {
+    figure(path, title, panels.len(), (620, 460), |areas| {
+        for (area, panel) in areas.iter().zip(panels) {
+            let (x0, x1) = span(panel.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
+            let mut chart = ChartBuilder::on(area)
+                .caption(&panel.title, (FONT, 18))
+                .margin(12)
+                .x_label_area_size(42)
+                .y_label_area_size(56)
+                .build_cartesian_2d(x0..x1, panel.y_range.0..panel.y_range.1)
+                .map_err(plot_err)?;
+            chart
+                .configure_mesh()
+                .x_desc(&panel.x_label)
+                .y_desc(&panel.y_label)
+                .label_style((FONT, 14))
+                .axis_desc_style((FONT, 15))
+                .light_line_style(WHITE.mix(0.0))
+                .draw()
+                .map_err(plot_err)?;
+            for series in &panel.series {
+                let style = series.color.stroke_width(series.width);
+                let drawn = chart
+                    .draw_series(LineSeries::new(series.points.iter().copied(), style))
+                    .map_err(plot_err)?;
+                if let Some(label) = &series.label {
+                    let color = series.color;
+                    drawn
+                        .label(label)
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
+                }
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::MiddleRight)
+                .label_font((FONT, 13))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK.mix(0.4))
+                .draw()
+                .map_err(plot_err)?;
+        }
+        Ok(())
+    })
+}
+
+/// Scatter plots, one panel each, with a legend per panel.
+pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Result<()> {
+    figure(path, title, panels.len(), (560, 520), |areas| {
+        for (area, panel) in areas.iter().zip(panels) {
+            let xs = span(panel.groups.iter().flat_map(|g| g.points.iter().map(|p| p.0)));
+            let ys = span(panel.groups.iter().flat_map(|g| g.points.iter().map(|p| p.1)));
+            let mut chart = ChartBuilder::on(area)
+                .caption(&panel.title, (FONT, 18))
+                .margin(12)
+                .x_label_area_size(42)
+                .y_label_area_size(56)
+                .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
+                .map_err(plot_err)?;
+            chart
+                .configure_mesh()
+                .x_desc(&panel.x_label)
+                .y_desc(&panel.y_label)
+                .label_style((FONT, 14))
+                .axis_desc_style((FONT, 15))
+                .light_line_style(WHITE.mix(0.0))
+                .draw()
+                .map_err(plot_err)?;
+            for group in &panel.groups {
+                let color = group.color;
+                let points = group.points.iter().copied();
+                let drawn = match group.marker {
+                    Marker::Circle => chart
+                        .draw_series(points.map(|p| Circle::new(p, 4, color.mix(0.7).filled())))
+                        .map_err(plot_err)?,
+                    Marker::Cross => chart
+                        .draw_series(points.map(|p| Cross::new(p, 6, color.stroke_width(2))))
+                        .map_err(plot_err)?,
+                    Marker::Triangle => chart
+                        .draw_series(points.map(|p| TriangleMarker::new(p, 7, color.filled())))
+                        .map_err(plot_err)?,
+                };
+                let marker = group.marker;
+                drawn.label(&group.label).legend(move |(x, y)| -> DynElement<'static, BitMapBackend, (i32, i32)> {
+                    match marker {
+                        Marker::Circle => Circle::new((x + 8, y), 4, color.filled()).into_dyn(),
+                        Marker::Cross => Cross::new((x + 8, y), 6, color.stroke_width(2)).into_dyn(),
+                        Marker::Triangle => TriangleMarker::new((x + 8, y), 7, color.filled()).into_dyn(),
+                    }
+                });
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .label_font((FONT, 13))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK.mix(0.4))
+                .draw()
+                .map_err(plot_err)?;
+        }
+        Ok(())
+    })
+}
+
+/// Cell edges for centres `c` (sorted): midpoints between neighbours, half a gap beyond the ends.
+fn cell_edges(c: &[f64]) -> Vec<f64> {
+    if c.len() == 1 {
+        return vec![c[0] - 0.5, c[0] + 0.5];
+    }
+    let mut edges = vec![c[0] - (c[1] - c[0]) / 2.0];
+    edges.extend(c.windows(2).map(|w| (w[0] + w[1]) / 2.0));
+    edges.push(c[c.len() - 1] + (c[c.len() - 1] - c[c.len() - 2]) / 2.0);
+    edges
+}
+
+/// A grid of values over (x, y) centres; `values[iy * xs.len() + ix]`.
+pub struct Grid2d<'a, T> {
+    pub xs: &'a [f64],
+    pub ys: &'a [f64],
+    pub values: &'a [T],
+    pub x_label: &'a str,
+    pub y_label: &'a str,
+}
+
+fn draw_cells<T>(
+    area: &DrawingArea<BitMapBackend, Shift>,
+    caption: &str,
+    grid: &Grid2d<T>,
+    color: impl Fn(&T) -> RGBColor,
+) -> Result<()> {
+    let (ex, ey) = (cell_edges(grid.xs), cell_edges(grid.ys));
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT, 18))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(56)
+        .build_cartesian_2d(ex[0]..ex[ex.len() - 1], ey[0]..ey[ey.len() - 1])
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc(grid.x_label)
+        .y_desc(grid.y_label)
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 15))
+        .draw()
+        .map_err(plot_err)?;
+    let nx = grid.xs.len();
+    chart
+        .draw_series(grid.values.iter().enumerate().map(|(k, v)| {
+            let (ix, iy) = (k % nx, k / nx);
+            Rectangle::new([(ex[ix], ey[iy]), (ex[ix + 1], ey[iy + 1])], color(v).filled())
+        }))
+        .map_err(plot_err)?;
+    Ok(())
+}
+
+/// A heat map with a colour bar (viridis; NaN cells grey).
+pub fn heatmap(path: &Path, title: &str, grid: &Grid2d<f64>, value_label: &str) -> Result<()> {
+    let finite = grid.values.iter().copied().filter(|v| v.is_finite());
+    let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (lo, hi) = if lo.is_finite() && hi > lo { (lo, hi) } else { (lo.min(0.0), lo.max(0.0) + 1.0) };
+    let color = |v: &f64| {
+        if v.is_finite() { ViridisRGB::get_color_normalized(*v, lo, hi) } else { RGBColor(200, 200, 200) }
+    };
+    register_fonts();
+    produce_atomic(path, |tmp| {
+        let root = BitMapBackend::new(tmp, (760, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let root = root.titled(title, (FONT, 22).into_font().style(FontStyle::Bold)).map_err(plot_err)?;
+        let (main, bar) = root.split_horizontally(640);
+        draw_cells(&main, "", grid, color)?;
+        // Colour bar: 100 slices from lo to hi.
+        let mut chart = ChartBuilder::on(&bar)
+            .margin_top(24)
+            .margin_bottom(54)
+            .margin_right(8)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.0..1.0, lo..hi)
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .disable_x_axis()
+            .y_desc(value_label)
+            .label_style((FONT, 13))
+            .axis_desc_style((FONT, 14))
+            .draw()
+            .map_err(plot_err)?;
+        let step = (hi - lo) / 100.0;
+        chart
+            .draw_series((0..100).map(|k| {
+                let v = lo + step * k as f64;
+                Rectangle::new([(0.0, v), (1.0, v + step)], ViridisRGB::get_color_normalized(v, lo, hi).filled())
+            }))
+            .map_err(plot_err)?;
+        root.present().map_err(plot_err)?;
+        Ok(())
+    })
+}
+
+/// A map of categories (indices into `legend`), with a legend beside it.
+pub fn category_map(path: &Path, title: &str, grid: &Grid2d<usize>, legend: &[(&str, RGBColor)]) -> Result<()> {
+    register_fonts();
+    produce_atomic(path, |tmp| {
+        let root = BitMapBackend::new(tmp, (860, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let root = root.titled(title, (FONT, 22).into_font().style(FontStyle::Bold)).map_err(plot_err)?;
+        let (main, side) = root.split_horizontally(640);
+        draw_cells(&main, "", grid, |k| legend[*k].1)?;
+        for (row, (name, color)) in legend.iter().enumerate() {
+            let y = 40 + 30 * row as i32;
+            side.draw(&Rectangle::new([(12, y), (32, y + 20)], color.filled())).map_err(plot_err)?;
+            side.draw(&Text::new(name.to_string(), (40, y + 2), (FONT, 15))).map_err(plot_err)?;
+        }
+        root.present().map_err(plot_err)?;
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edges_surround_centres() {
+        assert_eq!(cell_edges(&[1.0, 2.0, 4.0]), vec![0.5, 1.5, 3.0, 5.0]);
+        assert_eq!(cell_edges(&[3.0]), vec![2.5, 3.5]);
+    }
+
+    #[test]
+    fn figures_render_with_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = dir.path().join("line.png");
+        let panel = LinePanel {
+            title: "panel μ".into(),
+            x_label: "step".into(),
+            y_label: "probability".into(),
+            y_range: (0.0, 1.0),
+            series: vec![Series {
+                label: Some("x₁".into()),
+                color: PALETTE[0],
+                width: 2,
+                points: vec![(0.0, 0.1), (1.0, 0.9)],
+            }],
+        };
+        line_panels(&line, "title", &[panel]).unwrap();
+        let xs = [1.0, 2.0];
+        let grid = Grid2d { xs: &xs, ys: &xs, values: &[0.1, 0.2, 0.3, f64::NAN], x_label: "d", y_label: "‖μ‖" };
+        let heat = dir.path().join("heat.png");
+        heatmap(&heat, "heat", &grid, "loss").unwrap();
+        // A figure with rendered text is far from a blank image: PNGs of a few KB at least.
+        for path in [&line, &heat] {
+            let size = std::fs::metadata(path).unwrap().len();
+            assert!(size > 5_000, "{} is {size} bytes", path.display());
+        }
+        // Nothing but the two figures in the folder (temporary files renamed away).
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+}

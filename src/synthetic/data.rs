@@ -1,0 +1,197 @@
+//! The synthetic token distribution of PAPER.md §2.1, generated in the authors' order: first the
+//! whole noise tensor ε ~ N(0, I_d) in (n, T, d) C order, then the signals, then the label flips.
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{StandardNormal, Uniform};
+
+use super::config::SyntheticConfig;
+
+/// ChaCha streams of one seed: independent generators for independent draws.
+const TRAIN_STREAM: u64 = 0;
+const TEST_STREAM: u64 = 1;
+const INIT_STREAM: u64 = 2;
+
+/// Samples X ∈ R^{T×d} with ±1 labels; tokens are f32 as in the authors' code.
+#[derive(Clone, Debug)]
+pub struct TokenSet {
+    pub num_samples: usize,
+    pub seq_len: usize,
+    pub embed_dim: usize,
+    /// (num_samples, seq_len, embed_dim), row-major.
+    pub tokens: Vec<f32>,
+    /// Observed labels (±1), after the flips.
+    pub labels: Vec<f64>,
+    /// Labels the tokens were generated from (±1).
+    pub clean_labels: Vec<f64>,
+    /// True where the observed label was flipped.
+    pub noisy_mask: Vec<bool>,
+}
+
+impl TokenSet {
+    /// The d-vector of token t of sample i.
+    pub fn token(&self, i: usize, t: usize) -> &[f32] {
+        let start = (i * self.seq_len + t) * self.embed_dim;
+        &self.tokens[start..start + self.embed_dim]
+    }
+
+    /// ν^T x for every token, (num_samples × seq_len): the value each token contributes when
+    /// selected. ν = (μ_{+1} − μ_{−1}) / (‖μ_{+1} − μ_{−1}‖ ‖μ‖) = (e_1 − e_2) / (√2 ‖μ‖).
+    pub fn head_values(&self, signal_norm: f64) -> Vec<f64> {
+        let scale = 1.0 / (std::f64::consts::SQRT_2 * signal_norm);
+        self.tokens
+            .chunks_exact(self.embed_dim)
+            .map(|x| (x[0] as f64 - x[1] as f64) * scale)
+            .collect()
+    }
+
+    /// Indices of the flipped samples.
+    pub fn noisy_indices(&self) -> Vec<usize> {
+        (0..self.num_samples).filter(|&i| self.noisy_mask[i]).collect()
+    }
+}
+
+/// Number of flipped labels: ⌈nη⌉ rounded down to even, half from each class (§2.1).
+pub fn flips_per_class(num_samples: usize, noise_ratio: f64) -> usize {
+    let k = (num_samples as f64 * noise_ratio).ceil() as usize;
+    k / 2
+}
+
+/// `CustomDataset` of the authors' `main.py`: balanced labels (first half +1), signals added to
+/// x_1 (μ_y), x_2 (ρμ_y) and x_3 (ρμ_{−y}), then the first k/2 samples of each class flipped.
+pub fn generate(
+    num_samples: usize,
+    seq_len: usize,
+    embed_dim: usize,
+    rho: f64,
+    signal_norm: f64,
+    noise_ratio: f64,
+    rng: &mut ChaCha8Rng,
+) -> TokenSet {
+    let mut tokens: Vec<f32> = Vec::with_capacity(num_samples * seq_len * embed_dim);
+    tokens.extend((0..num_samples * seq_len * embed_dim).map(|_| rng.sample::<f32, _>(StandardNormal)));
+
+    let positives = num_samples / 2;
+    let clean_labels: Vec<f64> = (0..num_samples).map(|i| if i < positives { 1.0 } else { -1.0 }).collect();
+    // μ_{+1} lives on coordinate 0 and μ_{−1} on coordinate 1.
+    let coordinate = |label: f64| if label > 0.0 { 0 } else { 1 };
+    let (signal, weak) = (signal_norm as f32, (rho * signal_norm) as f32);
+    for (i, &y) in clean_labels.iter().enumerate() {
+        let base = i * seq_len * embed_dim;
+        tokens[base + coordinate(y)] += signal;
+        tokens[base + embed_dim + coordinate(y)] += weak;
+        tokens[base + 2 * embed_dim + coordinate(-y)] += weak;
+    }
+
+    let flips = flips_per_class(num_samples, noise_ratio);
+    let noisy_mask: Vec<bool> =
+        (0..num_samples).map(|i| i < flips || (i >= positives && i < positives + flips)).collect();
+    let labels = clean_labels.iter().zip(&noisy_mask).map(|(&y, &flip)| if flip { -y } else { y }).collect();
+    TokenSet { num_samples, seq_len, embed_dim, tokens, labels, clean_labels, noisy_mask }
+}
+
+/// The training set (noisy labels) and the clean test set of one config.
+pub fn train_and_test(config: &SyntheticConfig) -> (TokenSet, TokenSet) {
+    let c = config;
+    let train = generate(
+        c.train_n,
+        c.seq_len,
+        c.embed_dim,
+        c.rho,
+        c.signal_norm,
+        c.noise_ratio,
+        &mut seeded(c.seed, TRAIN_STREAM),
+    );
+    // The authors call the same generator with the same seed, so the test noise starts with the
+    // training noise (§2.1 quirk); by default the test set comes from its own stream instead.
+    let test_stream = if c.paper_test_seed { TRAIN_STREAM } else { TEST_STREAM };
+    let test =
+        generate(c.test_n, c.seq_len, c.embed_dim, c.rho, c.signal_norm, 0.0, &mut seeded(c.seed, test_stream));
+    (train, test)
+}
+
+/// Initial key-query matrix W ~ U(±1/√d), (d, d) row-major: torch's kaiming_uniform_(a=√5) of a
+/// d×d Linear weight, drawn from its own stream.
+pub fn initial_key_query(embed_dim: usize, seed: u64) -> Vec<f32> {
+    let bound = 1.0 / (embed_dim as f32).sqrt();
+    let uniform = Uniform::new(-bound, bound).expect("bound is finite and positive");
+    let mut rng = seeded(seed, INIT_STREAM);
+    (0..embed_dim * embed_dim).map(|_| rng.sample(uniform)).collect()
+}
+
+fn seeded(seed: u64, stream: u64) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    rng
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> SyntheticConfig {
+        SyntheticConfig { embed_dim: 50, test_n: 40, ..Default::default() }
+    }
+
+    #[test]
+    fn flips_are_deterministic_and_balanced() {
+        assert_eq!(flips_per_class(20, 0.2), 2);
+        assert_eq!(flips_per_class(20, 0.0), 0);
+        assert_eq!(flips_per_class(20, 0.25), 2); // ⌈5⌉ = 5 → 2 per class
+        let (train, test) = train_and_test(&small());
+        assert_eq!(train.noisy_indices(), vec![0, 1, 10, 11]);
+        assert!(test.noisy_mask.iter().all(|&m| !m));
+        for i in 0..20 {
+            let expected = if i < 10 { 1.0 } else { -1.0 };
+            assert_eq!(train.clean_labels[i], expected);
+            let flipped = train.noisy_mask[i];
+            assert_eq!(train.labels[i], if flipped { -expected } else { expected });
+        }
+    }
+
+    #[test]
+    fn signals_sit_on_the_right_tokens() {
+        let config = SyntheticConfig { embed_dim: 4000, ..small() };
+        let (train, _) = train_and_test(&config);
+        // Average over samples of each class: noise averages out, signals remain.
+        let mean = |cls: f64, t: usize, k: usize| {
+            let idx: Vec<usize> = (0..20).filter(|&i| train.clean_labels[i] == cls).collect();
+            idx.iter().map(|&i| train.token(i, t)[k] as f64).sum::<f64>() / idx.len() as f64
+        };
+        assert!((mean(1.0, 0, 0) - 20.0).abs() < 1.5);
+        assert!((mean(-1.0, 0, 1) - 20.0).abs() < 1.5);
+        assert!((mean(1.0, 1, 0) - 2.0).abs() < 1.5);
+        assert!((mean(1.0, 2, 1) - 2.0).abs() < 1.5);
+        assert!(mean(1.0, 3, 0).abs() < 1.5);
+        // Noise is standard normal.
+        let all: Vec<f64> = train.tokens.iter().skip(2).step_by(7).map(|&v| v as f64).collect();
+        let m = all.iter().sum::<f64>() / all.len() as f64;
+        let var = all.iter().map(|v| (v - m).powi(2)).sum::<f64>() / all.len() as f64;
+        assert!(m.abs() < 0.02 && (var - 1.0).abs() < 0.03, "mean {m} var {var}");
+    }
+
+    #[test]
+    fn paper_test_seed_reproduces_the_shared_noise_quirk() {
+        let leaky = SyntheticConfig { paper_test_seed: true, ..small() };
+        let (train, test) = train_and_test(&leaky);
+        // Test sample i < n has training sample i's noise; the labels (balanced over test_n) and
+        // so the signals differ, hence compare an irrelevant token, which carries no signal.
+        for i in 0..train.num_samples {
+            assert_eq!(train.token(i, 5), test.token(i, 5));
+        }
+        let (train, test) = train_and_test(&small());
+        assert_ne!(train.token(0, 5), test.token(0, 5));
+    }
+
+    #[test]
+    fn same_seed_same_data_other_seed_other_data() {
+        let (a, _) = train_and_test(&small());
+        let (b, _) = train_and_test(&small());
+        let (c, _) = train_and_test(&SyntheticConfig { seed: 7, ..small() });
+        assert_eq!(a.tokens, b.tokens);
+        assert_ne!(a.tokens, c.tokens);
+        assert_eq!(initial_key_query(10, 1), initial_key_query(10, 1));
+        let w = initial_key_query(100, 1);
+        assert!(w.iter().all(|v| v.abs() <= 0.1));
+    }
+}

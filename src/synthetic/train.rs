@@ -1,0 +1,267 @@
+//! One synthetic run (PAPER.md §2.3): generate the data, initialise W ~ U(±1/√d) and p = 0, run
+//! full-batch gradient descent, log every `log_interval` steps and summarise the regime.
+//!
+//! Step s means "after s updates": the forward at step s is the pre-update forward of update s+1
+//! (the authors record attention there), and the last logged step is s = num_steps.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use serde::Serialize;
+
+use super::config::SyntheticConfig;
+use super::data::{TokenSet, initial_key_query, train_and_test};
+use super::dense::DenseEngine;
+use super::engine::{Engine, EngineKind};
+use super::model::{Forward, Regime};
+use super::subspace::SubspaceEngine;
+
+/// How much of the trajectory to keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trace {
+    /// Metrics every `log_interval` steps and the attention of every training sample at every
+    /// step (for the plots).
+    Full,
+    /// The final step only (grids).
+    FinalOnly,
+}
+
+/// Metrics at one logged step.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepMetrics {
+    pub step: usize,
+    pub train_loss: f64,
+    pub train_acc: f64,
+    pub test_loss: f64,
+    pub test_acc: f64,
+    /// Accuracy on the clean (not flipped) training samples.
+    pub clean_train_acc: f64,
+    /// Noisy samples classified as their flipped label.
+    pub noisy_fitted: usize,
+    pub noisy_total: usize,
+    /// Mean softmax probability of each token position over clean training samples.
+    pub clean_token_probs: Vec<f64>,
+    /// The same over noisy training samples (empty without label noise).
+    pub noisy_token_probs: Vec<f64>,
+}
+
+/// Which role a selected token plays for its sample.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct SelectionCounts {
+    /// x_1 = μ_{Y*} + ε.
+    pub relevant: usize,
+    /// x_2 = ρμ_{Y*} + ε.
+    pub weak_same: usize,
+    /// x_3 = ρμ_{−Y*} + ε: carries the flipped label's signal.
+    pub weak_opposite: usize,
+    /// x_4..x_T = ε: memorised noise.
+    pub irrelevant: usize,
+}
+
+impl SelectionCounts {
+    fn add(&mut self, position: usize) {
+        match position {
+            0 => self.relevant += 1,
+            1 => self.weak_same += 1,
+            2 => self.weak_opposite += 1,
+            _ => self.irrelevant += 1,
+        }
+    }
+}
+
+/// The final state of a run in a few numbers.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    pub train_acc: f64,
+    pub test_acc: f64,
+    pub train_loss: f64,
+    pub test_loss: f64,
+    pub clean_train_acc: f64,
+    pub noisy_fitted: usize,
+    pub noisy_total: usize,
+    /// Mean final probability of x_1 over clean training samples.
+    pub clean_x1_prob: f64,
+    /// Mean final probability of x_3 over noisy training samples (NaN → null without noise).
+    pub noisy_x3_prob: Option<f64>,
+    /// Most attended token of each noisy training sample, by role.
+    pub noisy_selected: SelectionCounts,
+    /// ‖μ‖/√d.
+    pub snr: f64,
+    pub regime: Regime,
+    pub engine: EngineKind,
+    /// "independent" or "paper (shared seed)".
+    pub test_set: &'static str,
+    pub wall_seconds: f64,
+}
+
+/// The most attended token of one sample at the end of training, in the μ_{+1}/μ_{−1} plane.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct SelectedToken {
+    pub position: usize,
+    /// Coordinate along μ_{+1}/‖μ‖ (= e_1) of the selected token.
+    pub mu_plus: f32,
+    /// Coordinate along μ_{−1}/‖μ‖ (= e_2).
+    pub mu_minus: f32,
+    pub label: f64,
+    pub noisy: bool,
+}
+
+pub struct SyntheticRun {
+    pub config: SyntheticConfig,
+    pub metrics: Vec<StepMetrics>,
+    /// Attention of every training sample at every step, (num_steps + 1) × (n·T); empty for
+    /// `Trace::FinalOnly`.
+    pub attention_trace: Vec<Vec<f32>>,
+    pub noisy_mask: Vec<bool>,
+    pub selected_train: Vec<SelectedToken>,
+    pub selected_test: Vec<SelectedToken>,
+    pub summary: RunSummary,
+}
+
+/// A labelled set ready to be scored by any u = W p.
+struct EvalSet {
+    seq_len: usize,
+    /// (num_samples·T, d), f32 as the tokens.
+    tokens: Tensor,
+    head_values: Vec<f64>,
+    labels: Vec<f64>,
+    noisy_mask: Vec<bool>,
+    /// (e_1, e_2) coordinates of every token.
+    plane: Vec<(f32, f32)>,
+}
+
+impl EvalSet {
+    fn new(set: TokenSet, signal_norm: f64) -> Result<Self> {
+        let head_values = set.head_values(signal_norm);
+        let plane = set.tokens.chunks_exact(set.embed_dim).map(|x| (x[0], x[1])).collect();
+        let shape = (set.num_samples * set.seq_len, set.embed_dim);
+        Ok(Self {
+            seq_len: set.seq_len,
+            tokens: Tensor::from_vec(set.tokens, shape, &Device::Cpu)?,
+            head_values,
+            labels: set.labels,
+            noisy_mask: set.noisy_mask,
+            plane,
+        })
+    }
+
+    fn forward(&self, direction: &[f64]) -> Result<Forward> {
+        let u: Vec<f32> = direction.iter().map(|&v| v as f32).collect();
+        let u = Tensor::from_vec(u, (direction.len(), 1), &Device::Cpu)?;
+        let logits: Vec<f32> = self.tokens.matmul(&u)?.flatten_all()?.to_vec1()?;
+        let logits: Vec<f64> = logits.into_iter().map(f64::from).collect();
+        Ok(Forward::new(&logits, &self.head_values, &self.labels, self.seq_len))
+    }
+
+    fn selected(&self, forward: &Forward) -> Vec<SelectedToken> {
+        (0..self.labels.len())
+            .map(|i| {
+                let position = forward.selected_token(i);
+                let (mu_plus, mu_minus) = self.plane[i * self.seq_len + position];
+                SelectedToken { position, mu_plus, mu_minus, label: self.labels[i], noisy: self.noisy_mask[i] }
+            })
+            .collect()
+    }
+}
+
+/// Training-set metrics that need the noisy mask.
+fn step_metrics(step: usize, train: &Forward, test: &Forward, labels: &[f64], noisy_mask: &[bool]) -> StepMetrics {
+    let noisy_total = noisy_mask.iter().filter(|&&m| m).count();
+    let noisy_fitted = (0..labels.len()).filter(|&i| noisy_mask[i] && train.fits(i, labels[i])).count();
+    let clean_total = labels.len() - noisy_total;
+    let clean_fitted = (0..labels.len()).filter(|&i| !noisy_mask[i] && train.fits(i, labels[i])).count();
+    StepMetrics {
+        step,
+        train_loss: train.loss,
+        train_acc: train.accuracy,
+        test_loss: test.loss,
+        test_acc: test.accuracy,
+        clean_train_acc: clean_fitted as f64 / clean_total.max(1) as f64,
+        noisy_fitted,
+        noisy_total,
+        clean_token_probs: train.mean_attention(|i| !noisy_mask[i]),
+        noisy_token_probs: train.mean_attention(|i| noisy_mask[i]),
+    }
+}
+
+/// Runs one experiment. `on_step` is called after every forward with the step index.
+pub fn run(
+    config: &SyntheticConfig,
+    engine_kind: EngineKind,
+    trace: Trace,
+    on_step: &mut dyn FnMut(usize),
+) -> Result<SyntheticRun> {
+    config.validate()?;
+    let started = Instant::now();
+    let (train, test) = train_and_test(config);
+    let w0 = initial_key_query(config.embed_dim, config.seed);
+    let mut engine: Box<dyn Engine> = match engine_kind {
+        EngineKind::Subspace => Box::new(SubspaceEngine::new(&train, config.signal_norm, &w0, config.learning_rate)?),
+        // f32 as the authors' torch model.
+        EngineKind::Dense => {
+            Box::new(DenseEngine::new(&train, config.signal_norm, &w0, config.learning_rate, DType::F32)?)
+        }
+    };
+    drop(w0);
+    let train = EvalSet::new(train, config.signal_norm)?;
+    let test = EvalSet::new(test, config.signal_norm)?;
+
+    let mut metrics = Vec::new();
+    let mut attention_trace = Vec::new();
+    let mut last = None;
+    for step in 0..=config.num_steps {
+        let train_fwd = Forward::new(&engine.train_logits()?, &train.head_values, &train.labels, config.seq_len);
+        if trace == Trace::Full {
+            attention_trace.push(train_fwd.attention.iter().map(|&s| s as f32).collect());
+        }
+        let is_last = step == config.num_steps;
+        let test_fwd = if is_last || (trace == Trace::Full && step % config.log_interval == 0) {
+            let test_fwd = test.forward(&engine.scoring_direction()?)?;
+            metrics.push(step_metrics(step, &train_fwd, &test_fwd, &train.labels, &train.noisy_mask));
+            Some(test_fwd)
+        } else {
+            None
+        };
+        on_step(step);
+        if is_last {
+            last = Some((train_fwd, test_fwd.expect("the last step is evaluated")));
+        } else {
+            engine.step(&train_fwd)?;
+        }
+    }
+    let (train_fwd, test_fwd) = last.expect("the loop ends at the last step");
+    let final_metrics = metrics.last().expect("the last step is logged");
+
+    let mut noisy_selected = SelectionCounts::default();
+    for i in (0..train.labels.len()).filter(|&i| train.noisy_mask[i]) {
+        noisy_selected.add(train_fwd.selected_token(i));
+    }
+    let probability = |probs: &[f64], position: usize| probs.get(position).copied();
+    let summary = RunSummary {
+        train_acc: final_metrics.train_acc,
+        test_acc: final_metrics.test_acc,
+        train_loss: final_metrics.train_loss,
+        test_loss: final_metrics.test_loss,
+        clean_train_acc: final_metrics.clean_train_acc,
+        noisy_fitted: final_metrics.noisy_fitted,
+        noisy_total: final_metrics.noisy_total,
+        clean_x1_prob: probability(&final_metrics.clean_token_probs, 0).unwrap_or(f64::NAN),
+        noisy_x3_prob: probability(&final_metrics.noisy_token_probs, 2),
+        noisy_selected,
+        snr: config.snr(),
+        regime: Regime::classify(final_metrics.noisy_total, final_metrics.train_acc, final_metrics.test_acc),
+        engine: engine_kind,
+        test_set: if config.paper_test_seed { "paper (shared seed)" } else { "independent" },
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok(SyntheticRun {
+        config: config.clone(),
+        metrics,
+        attention_trace,
+        noisy_mask: train.noisy_mask.clone(),
+        selected_train: train.selected(&train_fwd),
+        selected_test: test.selected(&test_fwd),
+        summary,
+    })
+}
