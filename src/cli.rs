@@ -44,13 +44,13 @@ pub struct SharedHyperParams {
     #[arg(long, value_name = "N")]
     pub test_n: Option<usize>,
     /// ρ, signal strength of the weakly relevant tokens x₂, x₃ [default: 0.1]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub rho: Option<f64>,
     /// η, label-flip ratio in [0, 0.5]; 2·⌊⌈nη⌉/2⌋ labels flip, half per class [default: 0.2]
-    #[arg(long, alias = "eta", value_name = "ETA")]
+    #[arg(long, alias = "eta", value_name = "ETA", allow_negative_numbers = true)]
     pub noise_ratio: Option<f64>,
     /// Gradient-descent step size (> 0) [default: 0.005]
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", allow_negative_numbers = true)]
     pub learning_rate: Option<f64>,
     /// Number of full-batch gradient-descent updates [default: 1000]
     #[arg(long, value_name = "STEPS")]
@@ -104,7 +104,7 @@ pub struct SyntheticArgs {
     #[arg(long, value_name = "D")]
     pub embed_dim: Option<usize>,
     /// ‖μ‖, norm of the class signals (> 0) [default: 20]
-    #[arg(long, value_name = "NORM")]
+    #[arg(long, value_name = "NORM", allow_negative_numbers = true)]
     pub signal_norm: Option<f64>,
     /// Write metrics.jsonl, summary.json, token_probs.png and selected_tokens.png here; without
     /// it the metrics and the summary go to stdout as JSON lines.

@@ -16,4 +16,4 @@ pub use config::SyntheticConfig;
 pub use engine::EngineKind;
 pub use model::Regime;
 pub use sweep::{Grid, SweepRow, sweep};
-pub use train::{RunSummary, StepMetrics, SyntheticRun, Trace, run};
+pub use train::{RunSummary, StepMetrics, SyntheticRun, Trace, run, run_with_engine};

@@ -116,6 +116,8 @@ pub struct SyntheticRun {
     pub noisy_mask: Vec<bool>,
     pub selected_train: Vec<SelectedToken>,
     pub selected_test: Vec<SelectedToken>,
+    /// Final u = W p (d): the direction that scores every token.
+    pub scoring_direction: Vec<f64>,
     pub summary: RunSummary,
 }
 
@@ -192,17 +194,32 @@ pub fn run(
     trace: Trace,
     on_step: &mut dyn FnMut(usize),
 ) -> Result<SyntheticRun> {
+    run_with_engine(config, engine_kind, trace, on_step, |train, w0| {
+        let engine: Box<dyn Engine> = match engine_kind {
+            EngineKind::Subspace => Box::new(SubspaceEngine::new(train, config.signal_norm, w0, config.learning_rate)?),
+            // f32 as the authors' torch model.
+            EngineKind::Dense => {
+                Box::new(DenseEngine::new(train, config.signal_norm, w0, config.learning_rate, DType::F32)?)
+            }
+        };
+        Ok(engine)
+    })
+}
+
+/// [`run`] with an engine built by `make_engine` from the training set and W₀ (d×d row-major);
+/// `engine_kind` only labels the summary.
+pub fn run_with_engine(
+    config: &SyntheticConfig,
+    engine_kind: EngineKind,
+    trace: Trace,
+    on_step: &mut dyn FnMut(usize),
+    make_engine: impl FnOnce(&TokenSet, &[f32]) -> Result<Box<dyn Engine>>,
+) -> Result<SyntheticRun> {
     config.validate()?;
     let started = Instant::now();
     let (train, test) = train_and_test(config);
     let w0 = initial_key_query(config.embed_dim, config.seed);
-    let mut engine: Box<dyn Engine> = match engine_kind {
-        EngineKind::Subspace => Box::new(SubspaceEngine::new(&train, config.signal_norm, &w0, config.learning_rate)?),
-        // f32 as the authors' torch model.
-        EngineKind::Dense => {
-            Box::new(DenseEngine::new(&train, config.signal_norm, &w0, config.learning_rate, DType::F32)?)
-        }
-    };
+    let mut engine = make_engine(&train, &w0)?;
     drop(w0);
     let train = EvalSet::new(train, config.signal_norm)?;
     let test = EvalSet::new(test, config.signal_norm)?;
@@ -217,20 +234,22 @@ pub fn run(
         }
         let is_last = step == config.num_steps;
         let test_fwd = if is_last || (trace == Trace::Full && step % config.log_interval == 0) {
-            let test_fwd = test.forward(&engine.scoring_direction()?)?;
+            let direction = engine.scoring_direction()?;
+            let test_fwd = test.forward(&direction)?;
             metrics.push(step_metrics(step, &train_fwd, &test_fwd, &train.labels, &train.noisy_mask));
-            Some(test_fwd)
+            Some((test_fwd, direction))
         } else {
             None
         };
         on_step(step);
         if is_last {
-            last = Some((train_fwd, test_fwd.expect("the last step is evaluated")));
+            let (test_fwd, direction) = test_fwd.expect("the last step is evaluated");
+            last = Some((train_fwd, test_fwd, direction));
         } else {
             engine.step(&train_fwd)?;
         }
     }
-    let (train_fwd, test_fwd) = last.expect("the loop ends at the last step");
+    let (train_fwd, test_fwd, scoring_direction) = last.expect("the loop ends at the last step");
     let final_metrics = metrics.last().expect("the last step is logged");
 
     let mut noisy_selected = SelectionCounts::default();
@@ -262,6 +281,7 @@ pub fn run(
         noisy_mask: train.noisy_mask.clone(),
         selected_train: train.selected(&train_fwd),
         selected_test: test.selected(&test_fwd),
+        scoring_direction,
         summary,
     })
 }
