@@ -96,6 +96,18 @@ fn figure(
     })
 }
 
+/// Tick labels without trailing zeros: 500 rather than 500.0, 0.25 rather than 0.250.
+fn tick(v: &f64) -> String {
+    let text = format!("{v:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text == "-0" { "0".to_string() } else { text.to_string() }
+}
+
+/// Digits as Unicode subscripts: 12 → ₁₂.
+pub fn subscript(n: usize) -> String {
+    n.to_string().chars().map(|c| char::from_u32(0x2080 + c.to_digit(10).unwrap_or(0)).unwrap_or(c)).collect()
+}
+
 fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if !lo.is_finite() {
@@ -121,6 +133,8 @@ pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()>
                 .configure_mesh()
                 .x_desc(&panel.x_label)
                 .y_desc(&panel.y_label)
+                .x_label_formatter(&tick)
+                .y_label_formatter(&tick)
                 .label_style((FONT, 14))
                 .axis_desc_style((FONT, 15))
                 .light_line_style(WHITE.mix(0.0))
@@ -168,6 +182,8 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
                 .configure_mesh()
                 .x_desc(&panel.x_label)
                 .y_desc(&panel.y_label)
+                .x_label_formatter(&tick)
+                .y_label_formatter(&tick)
                 .label_style((FONT, 14))
                 .axis_desc_style((FONT, 15))
                 .light_line_style(WHITE.mix(0.0))
@@ -248,6 +264,8 @@ fn draw_cells<T>(
         .disable_mesh()
         .x_desc(grid.x_label)
         .y_desc(grid.y_label)
+        .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 15))
         .draw()
@@ -290,6 +308,7 @@ pub fn heatmap(path: &Path, title: &str, grid: &Grid2d<f64>, value_label: &str) 
             .disable_mesh()
             .disable_x_axis()
             .y_desc(value_label)
+            .y_label_formatter(&tick)
             .label_style((FONT, 13))
             .axis_desc_style((FONT, 14))
             .draw()
@@ -328,6 +347,14 @@ pub fn category_map(path: &Path, title: &str, grid: &Grid2d<usize>, legend: &[(&
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_and_subscripts() {
+        assert_eq!(tick(&500.0), "500");
+        assert_eq!(tick(&0.25), "0.25");
+        assert_eq!(tick(&-0.0), "0");
+        assert_eq!(subscript(12), "₁₂");
+    }
 
     #[test]
     fn edges_surround_centres() {

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::plot::{
     Grid2d, LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, category_map, heatmap, line_panels,
-    scatter_panels,
+    scatter_panels, subscript,
 };
 use crate::io::{ensure_dir, write_csv, write_json, write_json_lines};
 use crate::synthetic::{Grid, Regime, RunSummary, SweepRow, SyntheticConfig, SyntheticRun};
@@ -68,7 +68,7 @@ pub fn plot_token_probabilities(path: &Path, run: &SyntheticRun) -> Result<()> {
                 Series {
                     label: match t {
                         0..=2 => Some(names[t].to_string()),
-                        3 => Some(format!("x₄…x_{t_len} irrelevant")),
+                        3 => Some(format!("x₄…x{} irrelevant", subscript(t_len))),
                         _ => None,
                     },
                     color: if irrelevant { PALETTE[7] } else { PALETTE[t] },

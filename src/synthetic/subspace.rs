@@ -48,7 +48,8 @@ impl SubspaceEngine {
         let (m, d) = (train.num_samples * train.seq_len, train.embed_dim);
         let dev = Device::Cpu;
         let tokens = Tensor::from_slice(&train.tokens, (m, d), &dev)?.to_dtype(DType::F64)?;
-        let w0 = Tensor::from_slice(w0, (d, d), &dev)?.to_dtype(DType::F64)?;
+        // One pass from the f32 draws to f64 (no intermediate f32 tensor: W₀ is the big one).
+        let w0 = Tensor::from_vec(w0.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>(), (d, d), &dev)?;
         let key_basis = tokens.matmul(&w0)?;
         let gram = |x: &Tensor| -> Result<Vec<f64>> { Ok(x.matmul(&x.t()?)?.flatten_all()?.to_vec1()?) };
         let (gram_tokens, gram_keys) = (gram(&tokens)?, gram(&key_basis)?);
