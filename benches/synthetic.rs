@@ -22,13 +22,20 @@ fn main() {
     let threads = rayon::current_num_threads();
     // Warm-up (page faults, thread pools), then medians.
     time_run(&config, EngineKind::Subspace);
-    let subspace: Vec<(f64, f64)> = (0..5).map(|_| time_run(&config, EngineKind::Subspace)).collect();
-    let dense: Vec<(f64, f64)> = (0..2).map(|_| time_run(&config, EngineKind::Dense)).collect();
+    let subspace: Vec<(f64, f64)> = (0..5)
+        .map(|_| time_run(&config, EngineKind::Subspace))
+        .collect();
+    let dense: Vec<(f64, f64)> = (0..2)
+        .map(|_| time_run(&config, EngineKind::Dense))
+        .collect();
     let sub = median(subspace.iter().map(|r| r.0).collect());
     let den = median(dense.iter().map(|r| r.0).collect());
     println!("| default synthetic run ({threads} threads) | seconds | vs dense |");
     println!("|---|---|---|");
     println!("| dense d×d engine (baseline, authors' algorithm) | {den:.2} | 1.0× |");
     println!("| subspace engine | {sub:.2} | {:.1}× faster |", den / sub);
-    println!("test acc: subspace {:.4}, dense {:.4}", subspace[0].1, dense[0].1);
+    println!(
+        "test acc: subspace {:.4}, dense {:.4}",
+        subspace[0].1, dense[0].1
+    );
 }

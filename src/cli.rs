@@ -12,7 +12,11 @@ use crate::report;
 use crate::synthetic::{self, EngineKind, Grid, SyntheticConfig, Trace};
 
 #[derive(Parser, Debug)]
-#[command(name = "benign-attention", version, about = "Benign overfitting in token selection of attention: the paper's experiments")]
+#[command(
+    name = "benign-attention",
+    version,
+    about = "Benign overfitting in token selection of attention: the paper's experiments"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -142,7 +146,13 @@ pub fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let rendered = err.render().to_string();
-            eprintln!("{}", rendered.lines().next().unwrap_or("error: invalid arguments"));
+            eprintln!(
+                "{}",
+                rendered
+                    .lines()
+                    .next()
+                    .unwrap_or("error: invalid arguments")
+            );
             return ExitCode::from(2);
         }
     };
@@ -173,7 +183,9 @@ fn synthetic_run(args: SyntheticArgs) -> Result<()> {
     }
     config.validate()?;
     let bar = report::progress::bar(config.num_steps as u64 + 1, "steps");
-    let run = synthetic::run(&config, args.shared.engine, Trace::Full, &mut |_| bar.inc(1))?;
+    let run = synthetic::run(&config, args.shared.engine, Trace::Full, &mut |_| {
+        bar.inc(1)
+    })?;
     bar.finish_and_clear();
     if let Some(dir) = &args.out {
         report::synthetic::write_run(dir, &run)?;
@@ -191,7 +203,10 @@ fn synthetic_run(args: SyntheticArgs) -> Result<()> {
         s.noisy_total,
         s.clean_x1_prob,
         s.wall_seconds,
-        args.out.as_ref().map(|d| format!(", outputs in {}", d.display())).unwrap_or_default(),
+        args.out
+            .as_ref()
+            .map(|d| format!(", outputs in {}", d.display()))
+            .unwrap_or_default(),
     );
     Ok(())
 }
@@ -210,9 +225,15 @@ fn synthetic_sweep(args: SweepArgs) -> Result<()> {
     let cells = (args.grid.embed_dims().len() * args.grid.signal_norms().len()) as u64;
     let bar = report::progress::bar(cells, "runs");
     let started = std::time::Instant::now();
-    let rows = pool.install(|| synthetic::sweep(&base, args.grid, args.shared.engine, &|| bar.inc(1)))?;
+    let rows =
+        pool.install(|| synthetic::sweep(&base, args.grid, args.shared.engine, &|| bar.inc(1)))?;
     bar.finish_and_clear();
     report::synthetic::write_sweep(&args.out, args.grid, &base, &rows)?;
-    eprintln!("{} runs in {:.1} s; sweep.csv and heat maps in {}", rows.len(), started.elapsed().as_secs_f64(), args.out.display());
+    eprintln!(
+        "{} runs in {:.1} s; sweep.csv and heat maps in {}",
+        rows.len(),
+        started.elapsed().as_secs_f64(),
+        args.out.display()
+    );
     Ok(())
 }

@@ -12,7 +12,8 @@ pub fn ensure_dir(dir: &Path) -> Result<()> {
     if dir.exists() && !dir.is_dir() {
         bail!("{}: exists and is not a directory", dir.display());
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{}: cannot create directory", dir.display()))
 }
 
 /// Writes `path` atomically with whatever `fill` writes into a temporary file beside it.
@@ -25,10 +26,15 @@ pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut dyn Write) -> Result<()>
     {
         let mut buffered = std::io::BufWriter::new(tmp.as_file_mut());
         fill(&mut buffered).with_context(|| format!("{}: write failed", path.display()))?;
-        buffered.flush().with_context(|| format!("{}: write failed", path.display()))?;
+        buffered
+            .flush()
+            .with_context(|| format!("{}: write failed", path.display()))?;
     }
-    tmp.as_file().sync_all().with_context(|| format!("{}: sync failed", path.display()))?;
-    tmp.persist(path).with_context(|| format!("{}: cannot move into place", path.display()))?;
+    tmp.as_file()
+        .sync_all()
+        .with_context(|| format!("{}: sync failed", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("{}: cannot move into place", path.display()))?;
     Ok(())
 }
 
@@ -68,14 +74,18 @@ pub fn write_csv<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
 /// path with the same extension, which is renamed to `path` once `produce` succeeds.
 pub fn produce_atomic(path: &Path, produce: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let dir = parent_dir(path);
-    let suffix = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+    let suffix = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
     let tmp = tempfile::Builder::new()
         .prefix(".tmp-")
         .suffix(&suffix)
         .tempfile_in(&dir)
         .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?;
     produce(tmp.path()).with_context(|| format!("{}: cannot write", path.display()))?;
-    tmp.persist(path).with_context(|| format!("{}: cannot move into place", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("{}: cannot move into place", path.display()))?;
     Ok(())
 }
 
@@ -100,9 +110,17 @@ mod tests {
         });
         assert!(err.is_err());
         assert!(!path.exists());
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "temporary file left behind");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "temporary file left behind"
+        );
         write_json(&path, &serde_json::json!({"ok": true})).unwrap();
-        assert!(std::fs::read_to_string(&path).unwrap().contains("\"ok\": true"));
+        assert!(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .contains("\"ok\": true")
+        );
     }
 
     #[test]
@@ -110,7 +128,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f");
         std::fs::write(&file, "x").unwrap();
-        assert!(ensure_dir(&file).unwrap_err().to_string().contains("not a directory"));
+        assert!(
+            ensure_dir(&file)
+                .unwrap_err()
+                .to_string()
+                .contains("not a directory")
+        );
         ensure_dir(&dir.path().join("a/b")).unwrap();
     }
 }

@@ -4,7 +4,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn benign(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_benign-attention")).args(args).output().expect("binary runs")
+    Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args(args)
+        .output()
+        .expect("binary runs")
 }
 
 fn stderr(out: &Output) -> String {
@@ -27,7 +30,10 @@ fn bad_flags_give_one_line_and_exit_2() {
         (&["--log-interval", "0"], "--log-interval"),
         (&["--embed-dim", "many"], "--embed-dim"),
         (&["--no-such-flag"], "--no-such-flag"),
-        (&["--config", "/nonexistent/synthetic.toml"], "/nonexistent/synthetic.toml"),
+        (
+            &["--config", "/nonexistent/synthetic.toml"],
+            "/nonexistent/synthetic.toml",
+        ),
     ];
     for (args, expected) in cases {
         let mut full = vec!["synthetic"];
@@ -35,8 +41,15 @@ fn bad_flags_give_one_line_and_exit_2() {
         let out = benign(&full);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{args:?} printed more than one line:\n{err}");
-        assert!(err.contains(expected), "{args:?}: error does not name {expected}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?} printed more than one line:\n{err}"
+        );
+        assert!(
+            err.contains(expected),
+            "{args:?}: error does not name {expected}: {err}"
+        );
         assert!(out.stdout.is_empty(), "{args:?} printed results");
     }
     let out = benign(&["synthetic-sweep", "--jobs", "0"]);
@@ -63,16 +76,42 @@ fn synthetic_writes_metrics_summary_and_figures() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let metrics = std::fs::read_to_string(out_dir.join("metrics.jsonl")).unwrap();
-    let rows: Vec<serde_json::Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.iter().map(|r| r["step"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 10, 20, 30, 40, 50]);
-    for key in ["train_loss", "train_acc", "test_loss", "test_acc", "noisy_fitted", "clean_token_probs", "noisy_token_probs"] {
+    let rows: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        rows.iter()
+            .map(|r| r["step"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![0, 10, 20, 30, 40, 50]
+    );
+    for key in [
+        "train_loss",
+        "train_acc",
+        "test_loss",
+        "test_acc",
+        "noisy_fitted",
+        "clean_token_probs",
+        "noisy_token_probs",
+    ] {
         assert!(rows[0].get(key).is_some(), "metrics lack {key}");
     }
     assert_eq!(rows[0]["clean_token_probs"].as_array().unwrap().len(), 8);
 
     let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap()).unwrap();
-    for key in ["train_acc", "test_acc", "train_loss", "test_loss", "noisy_fitted", "noisy_total", "clean_x1_prob", "regime"] {
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    for key in [
+        "train_acc",
+        "test_acc",
+        "train_loss",
+        "test_loss",
+        "noisy_fitted",
+        "noisy_total",
+        "clean_x1_prob",
+        "regime",
+    ] {
         assert!(summary.get(key).is_some(), "summary lacks {key}");
     }
     assert_eq!(summary["noisy_total"], 4);
@@ -81,7 +120,10 @@ fn synthetic_writes_metrics_summary_and_figures() {
     let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(printed["regime"], summary["regime"]);
     for png in ["token_probs.png", "selected_tokens.png"] {
-        assert!(std::fs::metadata(out_dir.join(png)).unwrap().len() > 10_000, "{png} too small");
+        assert!(
+            std::fs::metadata(out_dir.join(png)).unwrap().len() > 10_000,
+            "{png} too small"
+        );
     }
 }
 
@@ -89,8 +131,18 @@ fn synthetic_writes_metrics_summary_and_figures() {
 fn config_file_is_overridden_by_flags() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("c.toml");
-    std::fs::write(&config, "embed_dim = 100\nnum_steps = 20\ntest_n = 10\nseed = 3\n").unwrap();
-    let out = benign(&["synthetic", "--config", config.to_str().unwrap(), "--seed", "5"]);
+    std::fs::write(
+        &config,
+        "embed_dim = 100\nnum_steps = 20\ntest_n = 10\nseed = 3\n",
+    )
+    .unwrap();
+    let out = benign(&[
+        "synthetic",
+        "--config",
+        config.to_str().unwrap(),
+        "--seed",
+        "5",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
     let summary: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
@@ -105,7 +157,17 @@ fn an_output_path_that_is_a_file_is_refused_without_writing() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("taken");
     std::fs::write(&file, "keep").unwrap();
-    let out = benign(&["synthetic", "--embed-dim", "50", "--num-steps", "5", "--test-n", "5", "--out", file.to_str().unwrap()]);
+    let out = benign(&[
+        "synthetic",
+        "--embed-dim",
+        "50",
+        "--num-steps",
+        "5",
+        "--test-n",
+        "5",
+        "--out",
+        file.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
@@ -132,12 +194,32 @@ fn coarse_sweep_writes_csv_and_heat_maps() {
     assert!(out.status.success(), "{}", stderr(&out));
     let mut reader = csv::Reader::from_path(out_dir.join("sweep.csv")).unwrap();
     let headers = reader.headers().unwrap().clone();
-    for column in ["embed_dim", "signal_norm", "snr", "train_loss", "test_loss", "train_acc", "test_acc", "noisy_fitted", "regime"] {
-        assert!(headers.iter().any(|h| h == column), "sweep.csv lacks {column}");
+    for column in [
+        "embed_dim",
+        "signal_norm",
+        "snr",
+        "train_loss",
+        "test_loss",
+        "train_acc",
+        "test_acc",
+        "noisy_fitted",
+        "regime",
+    ] {
+        assert!(
+            headers.iter().any(|h| h == column),
+            "sweep.csv lacks {column}"
+        );
     }
     assert_eq!(reader.records().count(), 81);
-    for png in ["heatmap_train_loss.png", "heatmap_test_loss.png", "regime.png"] {
+    for png in [
+        "heatmap_train_loss.png",
+        "heatmap_test_loss.png",
+        "regime.png",
+    ] {
         let path = out_dir.join(png);
-        assert!(Path::new(&path).exists() && std::fs::metadata(&path).unwrap().len() > 5_000, "{png}");
+        assert!(
+            Path::new(&path).exists() && std::fs::metadata(&path).unwrap().len() > 5_000,
+            "{png}"
+        );
     }
 }

@@ -89,7 +89,9 @@ fn figure(
         let size = (panel_size.0 * panels as u32, panel_size.1 + 40);
         let root = BitMapBackend::new(tmp, size).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
-        let root = root.titled(title, (FONT, 24).into_font().style(FontStyle::Bold)).map_err(plot_err)?;
+        let root = root
+            .titled(title, (FONT, 24).into_font().style(FontStyle::Bold))
+            .map_err(plot_err)?;
         draw(root.split_evenly((1, panels)))?;
         root.present().map_err(plot_err)?;
         Ok(())
@@ -100,16 +102,25 @@ fn figure(
 fn tick(v: &f64) -> String {
     let text = format!("{v:.3}");
     let text = text.trim_end_matches('0').trim_end_matches('.');
-    if text == "-0" { "0".to_string() } else { text.to_string() }
+    if text == "-0" {
+        "0".to_string()
+    } else {
+        text.to_string()
+    }
 }
 
 /// Digits as Unicode subscripts: 12 → ₁₂.
 pub fn subscript(n: usize) -> String {
-    n.to_string().chars().map(|c| char::from_u32(0x2080 + c.to_digit(10).unwrap_or(0)).unwrap_or(c)).collect()
+    n.to_string()
+        .chars()
+        .map(|c| char::from_u32(0x2080 + c.to_digit(10).unwrap_or(0)).unwrap_or(c))
+        .collect()
 }
 
 fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
     if !lo.is_finite() {
         return (0.0, 1.0);
     }
@@ -121,7 +132,12 @@ fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
 pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()> {
     figure(path, title, panels.len(), (620, 460), |areas| {
         for (area, panel) in areas.iter().zip(panels) {
-            let (x0, x1) = span(panel.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
+            let (x0, x1) = span(
+                panel
+                    .series
+                    .iter()
+                    .flat_map(|s| s.points.iter().map(|p| p.0)),
+            );
             let mut chart = ChartBuilder::on(area)
                 .caption(&panel.title, (FONT, 18))
                 .margin(12)
@@ -147,9 +163,9 @@ pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()>
                     .map_err(plot_err)?;
                 if let Some(label) = &series.label {
                     let color = series.color;
-                    drawn
-                        .label(label)
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
+                    drawn.label(label).legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
+                    });
                 }
             }
             chart
@@ -169,8 +185,18 @@ pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()>
 pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Result<()> {
     figure(path, title, panels.len(), (560, 520), |areas| {
         for (area, panel) in areas.iter().zip(panels) {
-            let xs = span(panel.groups.iter().flat_map(|g| g.points.iter().map(|p| p.0)));
-            let ys = span(panel.groups.iter().flat_map(|g| g.points.iter().map(|p| p.1)));
+            let xs = span(
+                panel
+                    .groups
+                    .iter()
+                    .flat_map(|g| g.points.iter().map(|p| p.0)),
+            );
+            let ys = span(
+                panel
+                    .groups
+                    .iter()
+                    .flat_map(|g| g.points.iter().map(|p| p.1)),
+            );
             let mut chart = ChartBuilder::on(area)
                 .caption(&panel.title, (FONT, 18))
                 .margin(12)
@@ -204,13 +230,19 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
                         .map_err(plot_err)?,
                 };
                 let marker = group.marker;
-                drawn.label(&group.label).legend(move |(x, y)| -> DynElement<'static, BitMapBackend, (i32, i32)> {
-                    match marker {
-                        Marker::Circle => Circle::new((x + 8, y), 4, color.filled()).into_dyn(),
-                        Marker::Cross => Cross::new((x + 8, y), 6, color.stroke_width(2)).into_dyn(),
-                        Marker::Triangle => TriangleMarker::new((x + 8, y), 7, color.filled()).into_dyn(),
-                    }
-                });
+                drawn.label(&group.label).legend(
+                    move |(x, y)| -> DynElement<'static, BitMapBackend, (i32, i32)> {
+                        match marker {
+                            Marker::Circle => Circle::new((x + 8, y), 4, color.filled()).into_dyn(),
+                            Marker::Cross => {
+                                Cross::new((x + 8, y), 6, color.stroke_width(2)).into_dyn()
+                            }
+                            Marker::Triangle => {
+                                TriangleMarker::new((x + 8, y), 7, color.filled()).into_dyn()
+                            }
+                        }
+                    },
+                );
             }
             chart
                 .configure_series_labels()
@@ -274,7 +306,10 @@ fn draw_cells<T>(
     chart
         .draw_series(grid.values.iter().enumerate().map(|(k, v)| {
             let (ix, iy) = (k % nx, k / nx);
-            Rectangle::new([(ex[ix], ey[iy]), (ex[ix + 1], ey[iy + 1])], color(v).filled())
+            Rectangle::new(
+                [(ex[ix], ey[iy]), (ex[ix + 1], ey[iy + 1])],
+                color(v).filled(),
+            )
         }))
         .map_err(plot_err)?;
     Ok(())
@@ -283,16 +318,28 @@ fn draw_cells<T>(
 /// A heat map with a colour bar (viridis; NaN cells grey).
 pub fn heatmap(path: &Path, title: &str, grid: &Grid2d<f64>, value_label: &str) -> Result<()> {
     let finite = grid.values.iter().copied().filter(|v| v.is_finite());
-    let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let (lo, hi) = if lo.is_finite() && hi > lo { (lo, hi) } else { (lo.min(0.0), lo.max(0.0) + 1.0) };
+    let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    let (lo, hi) = if lo.is_finite() && hi > lo {
+        (lo, hi)
+    } else {
+        (lo.min(0.0), lo.max(0.0) + 1.0)
+    };
     let color = |v: &f64| {
-        if v.is_finite() { ViridisRGB::get_color_normalized(*v, lo, hi) } else { RGBColor(200, 200, 200) }
+        if v.is_finite() {
+            ViridisRGB::get_color_normalized(*v, lo, hi)
+        } else {
+            RGBColor(200, 200, 200)
+        }
     };
     register_fonts();
     produce_atomic(path, |tmp| {
         let root = BitMapBackend::new(tmp, (760, 600)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
-        let root = root.titled(title, (FONT, 22).into_font().style(FontStyle::Bold)).map_err(plot_err)?;
+        let root = root
+            .titled(title, (FONT, 22).into_font().style(FontStyle::Bold))
+            .map_err(plot_err)?;
         let (main, bar) = root.split_horizontally(640);
         draw_cells(&main, "", grid, color)?;
         // Colour bar: 100 slices from lo to hi.
@@ -317,7 +364,10 @@ pub fn heatmap(path: &Path, title: &str, grid: &Grid2d<f64>, value_label: &str) 
         chart
             .draw_series((0..100).map(|k| {
                 let v = lo + step * k as f64;
-                Rectangle::new([(0.0, v), (1.0, v + step)], ViridisRGB::get_color_normalized(v, lo, hi).filled())
+                Rectangle::new(
+                    [(0.0, v), (1.0, v + step)],
+                    ViridisRGB::get_color_normalized(v, lo, hi).filled(),
+                )
             }))
             .map_err(plot_err)?;
         root.present().map_err(plot_err)?;
@@ -326,18 +376,27 @@ pub fn heatmap(path: &Path, title: &str, grid: &Grid2d<f64>, value_label: &str) 
 }
 
 /// A map of categories (indices into `legend`), with a legend beside it.
-pub fn category_map(path: &Path, title: &str, grid: &Grid2d<usize>, legend: &[(&str, RGBColor)]) -> Result<()> {
+pub fn category_map(
+    path: &Path,
+    title: &str,
+    grid: &Grid2d<usize>,
+    legend: &[(&str, RGBColor)],
+) -> Result<()> {
     register_fonts();
     produce_atomic(path, |tmp| {
         let root = BitMapBackend::new(tmp, (860, 600)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
-        let root = root.titled(title, (FONT, 22).into_font().style(FontStyle::Bold)).map_err(plot_err)?;
+        let root = root
+            .titled(title, (FONT, 22).into_font().style(FontStyle::Bold))
+            .map_err(plot_err)?;
         let (main, side) = root.split_horizontally(640);
         draw_cells(&main, "", grid, |k| legend[*k].1)?;
         for (row, (name, color)) in legend.iter().enumerate() {
             let y = 40 + 30 * row as i32;
-            side.draw(&Rectangle::new([(12, y), (32, y + 20)], color.filled())).map_err(plot_err)?;
-            side.draw(&Text::new(name.to_string(), (40, y + 2), (FONT, 15))).map_err(plot_err)?;
+            side.draw(&Rectangle::new([(12, y), (32, y + 20)], color.filled()))
+                .map_err(plot_err)?;
+            side.draw(&Text::new(name.to_string(), (40, y + 2), (FONT, 15)))
+                .map_err(plot_err)?;
         }
         root.present().map_err(plot_err)?;
         Ok(())
@@ -380,7 +439,13 @@ mod tests {
         };
         line_panels(&line, "title", &[panel]).unwrap();
         let xs = [1.0, 2.0];
-        let grid = Grid2d { xs: &xs, ys: &xs, values: &[0.1, 0.2, 0.3, f64::NAN], x_label: "d", y_label: "‖μ‖" };
+        let grid = Grid2d {
+            xs: &xs,
+            ys: &xs,
+            values: &[0.1, 0.2, 0.3, f64::NAN],
+            x_label: "d",
+            y_label: "‖μ‖",
+        };
         let heat = dir.path().join("heat.png");
         heatmap(&heat, "heat", &grid, "loss").unwrap();
         // A figure with rendered text is far from a blank image: PNGs of a few KB at least.

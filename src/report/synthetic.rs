@@ -8,8 +8,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::plot::{
-    Grid2d, LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, category_map, heatmap, line_panels,
-    scatter_panels, subscript,
+    Grid2d, LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, category_map, heatmap,
+    line_panels, scatter_panels, subscript,
 };
 use crate::io::{ensure_dir, write_csv, write_json, write_json_lines};
 use crate::synthetic::{Grid, Regime, RunSummary, SweepRow, SyntheticConfig, SyntheticRun};
@@ -24,7 +24,11 @@ struct SummaryFile<'a> {
 }
 
 pub fn summary_json(run: &SyntheticRun) -> serde_json::Value {
-    let file = SummaryFile { summary: &run.summary, config: &run.config, version: env!("CARGO_PKG_VERSION") };
+    let file = SummaryFile {
+        summary: &run.summary,
+        config: &run.config,
+        version: env!("CARGO_PKG_VERSION"),
+    };
     serde_json::to_value(file).expect("summary fields serialise")
 }
 
@@ -52,7 +56,11 @@ pub fn print_run(out: &mut impl Write, run: &SyntheticRun, with_metrics: bool) -
 }
 
 fn token_names(seq_len: usize) -> Vec<&'static str> {
-    let mut names = vec!["x₁ relevant", "x₂ weakly relevant (Y*)", "x₃ weakly relevant (−Y*)"];
+    let mut names = vec![
+        "x₁ relevant",
+        "x₂ weakly relevant (Y*)",
+        "x₃ weakly relevant (−Y*)",
+    ];
     names.extend(std::iter::repeat_n("", seq_len - 3));
     names
 }
@@ -119,14 +127,29 @@ pub fn plot_selected_tokens(path: &Path, run: &SyntheticRun) -> Result<()> {
                 .collect()
         };
         let mut groups = vec![
-            ScatterGroup { label: "y = +1".into(), color: PALETTE[0], marker: Marker::Circle, points: pick(1.0, false) },
-            ScatterGroup { label: "y = −1".into(), color: PALETTE[2], marker: Marker::Circle, points: pick(-1.0, false) },
+            ScatterGroup {
+                label: "y = +1".into(),
+                color: PALETTE[0],
+                marker: Marker::Circle,
+                points: pick(1.0, false),
+            },
+            ScatterGroup {
+                label: "y = −1".into(),
+                color: PALETTE[2],
+                marker: Marker::Circle,
+                points: pick(-1.0, false),
+            },
         ];
         for (label, color) in [(1.0, PALETTE[0]), (-1.0, PALETTE[2])] {
             let points = pick(label, true);
             if !points.is_empty() {
                 let name = format!("noisy, y = {}", if label > 0.0 { "+1" } else { "−1" });
-                groups.push(ScatterGroup { label: name, color, marker: Marker::Triangle, points });
+                groups.push(ScatterGroup {
+                    label: name,
+                    color,
+                    marker: Marker::Triangle,
+                    points,
+                });
             }
         }
         groups
@@ -151,32 +174,85 @@ pub fn plot_selected_tokens(path: &Path, run: &SyntheticRun) -> Result<()> {
 }
 
 /// sweep.csv, heatmap_train_loss.png, heatmap_test_loss.png and regime.png under `dir`.
-pub fn write_sweep(dir: &Path, grid: Grid, base: &SyntheticConfig, rows: &[SweepRow]) -> Result<()> {
+pub fn write_sweep(
+    dir: &Path,
+    grid: Grid,
+    base: &SyntheticConfig,
+    rows: &[SweepRow],
+) -> Result<()> {
     ensure_dir(dir)?;
     write_csv(&dir.join("sweep.csv"), rows)?;
-    write_json(&dir.join("sweep_config.json"), &serde_json::json!({ "grid": grid, "base": base }))?;
+    write_json(
+        &dir.join("sweep_config.json"),
+        &serde_json::json!({ "grid": grid, "base": base }),
+    )?;
     let xs: Vec<f64> = grid.embed_dims().into_iter().map(|d| d as f64).collect();
     let ys = grid.signal_norms();
     // Rows are ordered by (d, ‖μ‖); the plots index cells by (‖μ‖ row, d column).
     let cell = |iy: usize, ix: usize| &rows[ix * ys.len() + iy];
     let collect = |f: &dyn Fn(&SweepRow) -> f64| -> Vec<f64> {
-        (0..ys.len()).flat_map(|iy| (0..xs.len()).map(move |ix| (iy, ix))).map(|(iy, ix)| f(cell(iy, ix))).collect()
+        (0..ys.len())
+            .flat_map(|iy| (0..xs.len()).map(move |ix| (iy, ix)))
+            .map(|(iy, ix)| f(cell(iy, ix)))
+            .collect()
     };
-    let subtitle = format!("n = {}, η = {}, {} steps", base.train_n, base.noise_ratio, base.num_steps);
+    let subtitle = format!(
+        "n = {}, η = {}, {} steps",
+        base.train_n, base.noise_ratio, base.num_steps
+    );
     for (name, label, values) in [
-        ("heatmap_train_loss.png", "train loss", collect(&|r| r.train_loss)),
-        ("heatmap_test_loss.png", "test loss", collect(&|r| r.test_loss)),
+        (
+            "heatmap_train_loss.png",
+            "train loss",
+            collect(&|r| r.train_loss),
+        ),
+        (
+            "heatmap_test_loss.png",
+            "test loss",
+            collect(&|r| r.test_loss),
+        ),
     ] {
-        let grid2d = Grid2d { xs: &xs, ys: &ys, values: &values, x_label: "d (embed_dim)", y_label: "‖μ‖ (signal_norm)" };
-        heatmap(&dir.join(name), &format!("Final {label}, {subtitle}"), &grid2d, label)?;
+        let grid2d = Grid2d {
+            xs: &xs,
+            ys: &ys,
+            values: &values,
+            x_label: "d (embed_dim)",
+            y_label: "‖μ‖ (signal_norm)",
+        };
+        heatmap(
+            &dir.join(name),
+            &format!("Final {label}, {subtitle}"),
+            &grid2d,
+            label,
+        )?;
     }
-    let legend: Vec<(&str, _)> = Regime::ALL.iter().enumerate().map(|(k, r)| (r.name(), regime_color(k))).collect();
+    let legend: Vec<(&str, _)> = Regime::ALL
+        .iter()
+        .enumerate()
+        .map(|(k, r)| (r.name(), regime_color(k)))
+        .collect();
     let regimes: Vec<usize> = (0..ys.len())
         .flat_map(|iy| (0..xs.len()).map(move |ix| (iy, ix)))
-        .map(|(iy, ix)| Regime::ALL.iter().position(|r| *r == cell(iy, ix).regime).expect("every regime is listed"))
+        .map(|(iy, ix)| {
+            Regime::ALL
+                .iter()
+                .position(|r| *r == cell(iy, ix).regime)
+                .expect("every regime is listed")
+        })
         .collect();
-    let grid2d = Grid2d { xs: &xs, ys: &ys, values: &regimes, x_label: "d (embed_dim)", y_label: "‖μ‖ (signal_norm)" };
-    category_map(&dir.join("regime.png"), &format!("Regime, {subtitle}"), &grid2d, &legend)
+    let grid2d = Grid2d {
+        xs: &xs,
+        ys: &ys,
+        values: &regimes,
+        x_label: "d (embed_dim)",
+        y_label: "‖μ‖ (signal_norm)",
+    };
+    category_map(
+        &dir.join("regime.png"),
+        &format!("Regime, {subtitle}"),
+        &grid2d,
+        &legend,
+    )
 }
 
 fn regime_color(k: usize) -> plotters::style::RGBColor {

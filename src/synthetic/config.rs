@@ -75,13 +75,42 @@ impl SyntheticConfig {
     /// Rejects values outside the model's domain, naming the flag and the expected range.
     pub fn validate(&self) -> Result<()> {
         let unit = |ok: bool, flag: &str, expected: &str, got: String| -> Result<()> {
-            if ok { Ok(()) } else { bail!("--{flag} must be {expected}, got {got}") }
+            if ok {
+                Ok(())
+            } else {
+                bail!("--{flag} must be {expected}, got {got}")
+            }
         };
-        unit(self.seq_len >= 3, "seq-len", "at least 3 (x_1, x_2, x_3 are fixed roles)", self.seq_len.to_string())?;
-        unit(self.embed_dim >= 2, "embed-dim", "at least 2 (μ_{±1} use e_1 and e_2)", self.embed_dim.to_string())?;
-        unit(self.train_n >= 2, "train-n", "at least 2 (one sample per class)", self.train_n.to_string())?;
-        unit(self.test_n >= 1, "test-n", "at least 1", self.test_n.to_string())?;
-        unit(self.rho.is_finite() && self.rho >= 0.0, "rho", "a finite number ≥ 0", self.rho.to_string())?;
+        unit(
+            self.seq_len >= 3,
+            "seq-len",
+            "at least 3 (x_1, x_2, x_3 are fixed roles)",
+            self.seq_len.to_string(),
+        )?;
+        unit(
+            self.embed_dim >= 2,
+            "embed-dim",
+            "at least 2 (μ_{±1} use e_1 and e_2)",
+            self.embed_dim.to_string(),
+        )?;
+        unit(
+            self.train_n >= 2,
+            "train-n",
+            "at least 2 (one sample per class)",
+            self.train_n.to_string(),
+        )?;
+        unit(
+            self.test_n >= 1,
+            "test-n",
+            "at least 1",
+            self.test_n.to_string(),
+        )?;
+        unit(
+            self.rho.is_finite() && self.rho >= 0.0,
+            "rho",
+            "a finite number ≥ 0",
+            self.rho.to_string(),
+        )?;
         unit(
             self.signal_norm.is_finite() && self.signal_norm > 0.0,
             "signal-norm",
@@ -100,8 +129,18 @@ impl SyntheticConfig {
             "a finite number > 0",
             self.learning_rate.to_string(),
         )?;
-        unit(self.num_steps >= 1, "num-steps", "at least 1", self.num_steps.to_string())?;
-        unit(self.log_interval >= 1, "log-interval", "at least 1", self.log_interval.to_string())?;
+        unit(
+            self.num_steps >= 1,
+            "num-steps",
+            "at least 1",
+            self.num_steps.to_string(),
+        )?;
+        unit(
+            self.log_interval >= 1,
+            "log-interval",
+            "at least 1",
+            self.log_interval.to_string(),
+        )?;
         Ok(())
     }
 }
@@ -113,22 +152,50 @@ mod tests {
     #[test]
     fn defaults_are_the_authors_final_config() {
         let c = SyntheticConfig::default();
-        assert_eq!((c.seq_len, c.embed_dim, c.train_n, c.test_n), (8, 2000, 20, 1000));
+        assert_eq!(
+            (c.seq_len, c.embed_dim, c.train_n, c.test_n),
+            (8, 2000, 20, 1000)
+        );
         assert_eq!((c.rho, c.signal_norm, c.noise_ratio), (0.1, 20.0, 0.2));
-        assert_eq!((c.learning_rate, c.num_steps, c.seed, c.log_interval), (5e-3, 1000, 42, 10));
+        assert_eq!(
+            (c.learning_rate, c.num_steps, c.seed, c.log_interval),
+            (5e-3, 1000, 42, 10)
+        );
         assert!((c.snr() - 0.4472).abs() < 1e-4);
         c.validate().unwrap();
     }
 
     #[test]
     fn validation_names_the_flag() {
-        let bad = SyntheticConfig { noise_ratio: 0.7, ..Default::default() };
+        let bad = SyntheticConfig {
+            noise_ratio: 0.7,
+            ..Default::default()
+        };
         let msg = bad.validate().unwrap_err().to_string();
-        assert!(msg.contains("--noise-ratio") && msg.contains("0.7"), "{msg}");
-        let bad = SyntheticConfig { seq_len: 2, ..Default::default() };
-        assert!(bad.validate().unwrap_err().to_string().contains("--seq-len"));
-        let bad = SyntheticConfig { learning_rate: 0.0, ..Default::default() };
-        assert!(bad.validate().unwrap_err().to_string().contains("--learning-rate"));
+        assert!(
+            msg.contains("--noise-ratio") && msg.contains("0.7"),
+            "{msg}"
+        );
+        let bad = SyntheticConfig {
+            seq_len: 2,
+            ..Default::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--seq-len")
+        );
+        let bad = SyntheticConfig {
+            learning_rate: 0.0,
+            ..Default::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--learning-rate")
+        );
     }
 
     #[test]
@@ -141,7 +208,11 @@ mod tests {
             config.validate().unwrap();
             seen += 1;
         }
-        assert!(seen >= 4, "expected the four named settings in {}", dir.display());
+        assert!(
+            seen >= 4,
+            "expected the four named settings in {}",
+            dir.display()
+        );
         let paper = SyntheticConfig::from_toml_file(&dir.join("paper-final.toml")).unwrap();
         assert_eq!(paper, SyntheticConfig::default());
     }
@@ -151,7 +222,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, "embed_dimm = 3\n").unwrap();
-        let msg = SyntheticConfig::from_toml_file(&path).unwrap_err().to_string();
-        assert!(msg.contains("bad.toml") && msg.contains("embed_dimm"), "{msg}");
+        let msg = SyntheticConfig::from_toml_file(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("bad.toml") && msg.contains("embed_dimm"),
+            "{msg}"
+        );
     }
 }

@@ -47,7 +47,9 @@ impl TokenSet {
 
     /// Indices of the flipped samples.
     pub fn noisy_indices(&self) -> Vec<usize> {
-        (0..self.num_samples).filter(|&i| self.noisy_mask[i]).collect()
+        (0..self.num_samples)
+            .filter(|&i| self.noisy_mask[i])
+            .collect()
     }
 }
 
@@ -69,10 +71,14 @@ pub fn generate(
     rng: &mut ChaCha8Rng,
 ) -> TokenSet {
     let mut tokens: Vec<f32> = Vec::with_capacity(num_samples * seq_len * embed_dim);
-    tokens.extend((0..num_samples * seq_len * embed_dim).map(|_| rng.sample::<f32, _>(StandardNormal)));
+    tokens.extend(
+        (0..num_samples * seq_len * embed_dim).map(|_| rng.sample::<f32, _>(StandardNormal)),
+    );
 
     let positives = num_samples / 2;
-    let clean_labels: Vec<f64> = (0..num_samples).map(|i| if i < positives { 1.0 } else { -1.0 }).collect();
+    let clean_labels: Vec<f64> = (0..num_samples)
+        .map(|i| if i < positives { 1.0 } else { -1.0 })
+        .collect();
     // μ_{+1} lives on coordinate 0 and μ_{−1} on coordinate 1.
     let coordinate = |label: f64| if label > 0.0 { 0 } else { 1 };
     let (signal, weak) = (signal_norm as f32, (rho * signal_norm) as f32);
@@ -84,10 +90,23 @@ pub fn generate(
     }
 
     let flips = flips_per_class(num_samples, noise_ratio);
-    let noisy_mask: Vec<bool> =
-        (0..num_samples).map(|i| i < flips || (i >= positives && i < positives + flips)).collect();
-    let labels = clean_labels.iter().zip(&noisy_mask).map(|(&y, &flip)| if flip { -y } else { y }).collect();
-    TokenSet { num_samples, seq_len, embed_dim, tokens, labels, clean_labels, noisy_mask }
+    let noisy_mask: Vec<bool> = (0..num_samples)
+        .map(|i| i < flips || (i >= positives && i < positives + flips))
+        .collect();
+    let labels = clean_labels
+        .iter()
+        .zip(&noisy_mask)
+        .map(|(&y, &flip)| if flip { -y } else { y })
+        .collect();
+    TokenSet {
+        num_samples,
+        seq_len,
+        embed_dim,
+        tokens,
+        labels,
+        clean_labels,
+        noisy_mask,
+    }
 }
 
 /// The training set (noisy labels) and the clean test set of one config.
@@ -104,9 +123,20 @@ pub fn train_and_test(config: &SyntheticConfig) -> (TokenSet, TokenSet) {
     );
     // The authors call the same generator with the same seed, so the test noise starts with the
     // training noise (§2.1 quirk); by default the test set comes from its own stream instead.
-    let test_stream = if c.paper_test_seed { TRAIN_STREAM } else { TEST_STREAM };
-    let test =
-        generate(c.test_n, c.seq_len, c.embed_dim, c.rho, c.signal_norm, 0.0, &mut seeded(c.seed, test_stream));
+    let test_stream = if c.paper_test_seed {
+        TRAIN_STREAM
+    } else {
+        TEST_STREAM
+    };
+    let test = generate(
+        c.test_n,
+        c.seq_len,
+        c.embed_dim,
+        c.rho,
+        c.signal_norm,
+        0.0,
+        &mut seeded(c.seed, test_stream),
+    );
     (train, test)
 }
 
@@ -116,7 +146,9 @@ pub fn initial_key_query(embed_dim: usize, seed: u64) -> Vec<f32> {
     let bound = 1.0 / (embed_dim as f32).sqrt();
     let uniform = Uniform::new(-bound, bound).expect("bound is finite and positive");
     let mut rng = seeded(seed, INIT_STREAM);
-    (0..embed_dim * embed_dim).map(|_| rng.sample(uniform)).collect()
+    (0..embed_dim * embed_dim)
+        .map(|_| rng.sample(uniform))
+        .collect()
 }
 
 fn seeded(seed: u64, stream: u64) -> ChaCha8Rng {
@@ -130,7 +162,11 @@ mod tests {
     use super::*;
 
     fn small() -> SyntheticConfig {
-        SyntheticConfig { embed_dim: 50, test_n: 40, ..Default::default() }
+        SyntheticConfig {
+            embed_dim: 50,
+            test_n: 40,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -151,12 +187,18 @@ mod tests {
 
     #[test]
     fn signals_sit_on_the_right_tokens() {
-        let config = SyntheticConfig { embed_dim: 4000, ..small() };
+        let config = SyntheticConfig {
+            embed_dim: 4000,
+            ..small()
+        };
         let (train, _) = train_and_test(&config);
         // Average over samples of each class: noise averages out, signals remain.
         let mean = |cls: f64, t: usize, k: usize| {
             let idx: Vec<usize> = (0..20).filter(|&i| train.clean_labels[i] == cls).collect();
-            idx.iter().map(|&i| train.token(i, t)[k] as f64).sum::<f64>() / idx.len() as f64
+            idx.iter()
+                .map(|&i| train.token(i, t)[k] as f64)
+                .sum::<f64>()
+                / idx.len() as f64
         };
         assert!((mean(1.0, 0, 0) - 20.0).abs() < 1.5);
         assert!((mean(-1.0, 0, 1) - 20.0).abs() < 1.5);
@@ -164,15 +206,27 @@ mod tests {
         assert!((mean(1.0, 2, 1) - 2.0).abs() < 1.5);
         assert!(mean(1.0, 3, 0).abs() < 1.5);
         // Noise is standard normal.
-        let all: Vec<f64> = train.tokens.iter().skip(2).step_by(7).map(|&v| v as f64).collect();
+        let all: Vec<f64> = train
+            .tokens
+            .iter()
+            .skip(2)
+            .step_by(7)
+            .map(|&v| v as f64)
+            .collect();
         let m = all.iter().sum::<f64>() / all.len() as f64;
         let var = all.iter().map(|v| (v - m).powi(2)).sum::<f64>() / all.len() as f64;
-        assert!(m.abs() < 0.02 && (var - 1.0).abs() < 0.03, "mean {m} var {var}");
+        assert!(
+            m.abs() < 0.02 && (var - 1.0).abs() < 0.03,
+            "mean {m} var {var}"
+        );
     }
 
     #[test]
     fn paper_test_seed_reproduces_the_shared_noise_quirk() {
-        let leaky = SyntheticConfig { paper_test_seed: true, ..small() };
+        let leaky = SyntheticConfig {
+            paper_test_seed: true,
+            ..small()
+        };
         let (train, test) = train_and_test(&leaky);
         // Test sample i < n has training sample i's noise; the labels (balanced over test_n) and
         // so the signals differ, hence compare an irrelevant token, which carries no signal.

@@ -25,7 +25,13 @@ pub struct DenseEngine {
 
 impl DenseEngine {
     /// Starts from W = `w0` (d×d row-major) and p = 0.
-    pub fn new(train: &TokenSet, signal_norm: f64, w0: &[f32], learning_rate: f64, dtype: DType) -> Result<Self> {
+    pub fn new(
+        train: &TokenSet,
+        signal_norm: f64,
+        w0: &[f32],
+        learning_rate: f64,
+        dtype: DType,
+    ) -> Result<Self> {
         let p0 = vec![0f32; train.embed_dim];
         Self::from_parameters(train, signal_norm, w0, &p0, learning_rate, dtype)
     }
@@ -49,7 +55,15 @@ impl DenseEngine {
         let w = Var::from_tensor(&Tensor::from_slice(w, (d, d), &dev)?.to_dtype(dtype)?)?;
         let p = Var::from_tensor(&Tensor::from_slice(p, (d, 1), &dev)?.to_dtype(dtype)?)?;
         let optimizer = SGD::new(vec![w.clone(), p.clone()], learning_rate)?;
-        Ok(Self { seq_len: t, tokens, head, labels, w, p, optimizer })
+        Ok(Self {
+            seq_len: t,
+            tokens,
+            head,
+            labels,
+            w,
+            p,
+            optimizer,
+        })
     }
 
     /// Mean logistic loss as a candle graph over W and p.
@@ -71,7 +85,9 @@ impl DenseEngine {
     pub fn gradients(&self) -> Result<(Vec<f64>, Vec<f64>)> {
         let grads = self.loss()?.backward()?;
         let flat = |var: &Var| -> Result<Vec<f64>> {
-            let g = grads.get(var).ok_or_else(|| anyhow::anyhow!("no gradient reached a parameter"))?;
+            let g = grads
+                .get(var)
+                .ok_or_else(|| anyhow::anyhow!("no gradient reached a parameter"))?;
             Ok(g.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
         };
         Ok((flat(&self.w)?, flat(&self.p)?))
@@ -89,11 +105,21 @@ impl DenseEngine {
 impl Engine for DenseEngine {
     fn train_logits(&self) -> Result<Vec<f64>> {
         let u = self.w.matmul(self.p.as_tensor())?;
-        Ok(self.tokens.matmul(&u)?.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
+        Ok(self
+            .tokens
+            .matmul(&u)?
+            .to_dtype(DType::F64)?
+            .flatten_all()?
+            .to_vec1()?)
     }
 
     fn scoring_direction(&self) -> Result<Vec<f64>> {
-        Ok(self.w.matmul(self.p.as_tensor())?.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
+        Ok(self
+            .w
+            .matmul(self.p.as_tensor())?
+            .to_dtype(DType::F64)?
+            .flatten_all()?
+            .to_vec1()?)
     }
 
     fn step(&mut self, _forward: &Forward) -> Result<()> {
@@ -114,21 +140,34 @@ mod tests {
     /// ∇W = gu p^T and ∇p = W^T gu. Checked against candle's autograd at a point with p ≠ 0.
     #[test]
     fn autograd_matches_the_closed_form_gradients() {
-        let config = SyntheticConfig { embed_dim: 12, train_n: 6, seq_len: 4, test_n: 1, ..Default::default() };
+        let config = SyntheticConfig {
+            embed_dim: 12,
+            train_n: 6,
+            seq_len: 4,
+            test_n: 1,
+            ..Default::default()
+        };
         let (train, _) = train_and_test(&config);
         let d = config.embed_dim;
         let w = initial_key_query(d, 3);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let p: Vec<f32> = (0..d).map(|_| rng.random_range(-0.3f32..0.3)).collect();
-        let engine = DenseEngine::from_parameters(&train, config.signal_norm, &w, &p, 0.1, DType::F64).unwrap();
+        let engine =
+            DenseEngine::from_parameters(&train, config.signal_norm, &w, &p, 0.1, DType::F64)
+                .unwrap();
         let (grad_w, grad_p) = engine.gradients().unwrap();
 
         // Closed form, in plain f64.
         let w: Vec<f64> = w.iter().map(|&v| v as f64).collect();
         let p: Vec<f64> = p.iter().map(|&v| v as f64).collect();
-        let u: Vec<f64> = (0..d).map(|r| (0..d).map(|c| w[r * d + c] * p[c]).sum()).collect();
+        let u: Vec<f64> = (0..d)
+            .map(|r| (0..d).map(|c| w[r * d + c] * p[c]).sum())
+            .collect();
         let tokens: Vec<f64> = train.tokens.iter().map(|&v| v as f64).collect();
-        let logits: Vec<f64> = tokens.chunks_exact(d).map(|x| x.iter().zip(&u).map(|(a, b)| a * b).sum()).collect();
+        let logits: Vec<f64> = tokens
+            .chunks_exact(d)
+            .map(|x| x.iter().zip(&u).map(|(a, b)| a * b).sum())
+            .collect();
         let values = train.head_values(config.signal_norm);
         let fwd = Forward::new(&logits, &values, &train.labels, config.seq_len);
         let ga = fwd.logit_grads(&values, &train.labels);
@@ -137,15 +176,33 @@ mod tests {
             gu.iter_mut().zip(x).for_each(|(acc, xk)| *acc += g * xk);
         }
         let closed_w: Vec<f64> = (0..d * d).map(|k| gu[k / d] * p[k % d]).collect();
-        let closed_p: Vec<f64> = (0..d).map(|c| (0..d).map(|r| w[r * d + c] * gu[r]).sum()).collect();
+        let closed_p: Vec<f64> = (0..d)
+            .map(|c| (0..d).map(|r| w[r * d + c] * gu[r]).sum())
+            .collect();
 
         let rel = |a: &[f64], b: &[f64]| {
-            let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+            let diff: f64 = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).powi(2))
+                .sum::<f64>()
+                .sqrt();
             diff / b.iter().map(|y| y * y).sum::<f64>().sqrt()
         };
-        assert!(rel(&grad_w, &closed_w) < 1e-4, "∇W relative error {}", rel(&grad_w, &closed_w));
-        assert!(rel(&grad_p, &closed_p) < 1e-4, "∇p relative error {}", rel(&grad_p, &closed_p));
-        assert!(closed_w.iter().any(|g| g.abs() > 1e-6), "degenerate test point");
+        assert!(
+            rel(&grad_w, &closed_w) < 1e-4,
+            "∇W relative error {}",
+            rel(&grad_w, &closed_w)
+        );
+        assert!(
+            rel(&grad_p, &closed_p) < 1e-4,
+            "∇p relative error {}",
+            rel(&grad_p, &closed_p)
+        );
+        assert!(
+            closed_w.iter().any(|g| g.abs() > 1e-6),
+            "degenerate test point"
+        );
         // Element-wise too, on the largest entries.
         for (a, b) in grad_w.iter().zip(&closed_w).filter(|(_, b)| b.abs() > 1e-3) {
             assert!((a - b).abs() <= 1e-4 * b.abs(), "{a} vs {b}");
@@ -155,7 +212,13 @@ mod tests {
     #[test]
     fn first_step_moves_only_p() {
         // With p = 0, ∂L/∂W = gu p^T = 0: W first moves at the second step (PAPER.md §2.3).
-        let config = SyntheticConfig { embed_dim: 10, train_n: 4, seq_len: 3, test_n: 1, ..Default::default() };
+        let config = SyntheticConfig {
+            embed_dim: 10,
+            train_n: 4,
+            seq_len: 3,
+            test_n: 1,
+            ..Default::default()
+        };
         let (train, _) = train_and_test(&config);
         let w0 = initial_key_query(10, 1);
         let engine = DenseEngine::new(&train, config.signal_norm, &w0, 0.1, DType::F64).unwrap();

@@ -35,9 +35,24 @@ impl Forward {
             outputs.push(s.iter().zip(v).map(|(s, v)| s * v).sum());
         }
         let n = labels.len() as f64;
-        let loss = outputs.iter().zip(labels).map(|(f, y)| softplus(-y * f)).sum::<f64>() / n;
-        let correct = outputs.iter().zip(labels).filter(|(f, y)| *y * **f > 0.0).count();
-        Self { seq_len, attention, outputs, loss, accuracy: correct as f64 / n }
+        let loss = outputs
+            .iter()
+            .zip(labels)
+            .map(|(f, y)| softplus(-y * f))
+            .sum::<f64>()
+            / n;
+        let correct = outputs
+            .iter()
+            .zip(labels)
+            .filter(|(f, y)| *y * **f > 0.0)
+            .count();
+        Self {
+            seq_len,
+            attention,
+            outputs,
+            loss,
+            accuracy: correct as f64 / n,
+        }
     }
 
     /// dL/da_{i,t} = g_i s_{i,t} (v_{i,t} − f_i) with g_i = −y_i σ(−y_i f_i) / n (§2.6).
@@ -76,7 +91,12 @@ impl Forward {
     pub fn mean_attention(&self, keep: impl Fn(usize) -> bool) -> Vec<f64> {
         let mut sum = vec![0.0; self.seq_len];
         let mut count = 0usize;
-        for (_, row) in self.attention.chunks_exact(self.seq_len).enumerate().filter(|(i, _)| keep(*i)) {
+        for (_, row) in self
+            .attention
+            .chunks_exact(self.seq_len)
+            .enumerate()
+            .filter(|(i, _)| keep(*i))
+        {
             sum.iter_mut().zip(row).for_each(|(acc, s)| *acc += s);
             count += 1;
         }
@@ -103,7 +123,11 @@ pub fn softplus(z: f64) -> f64 {
 }
 
 fn sigmoid(z: f64) -> f64 {
-    if z >= 0.0 { 1.0 / (1.0 + (-z).exp()) } else { z.exp() / (1.0 + z.exp()) }
+    if z >= 0.0 {
+        1.0 / (1.0 + (-z).exp())
+    } else {
+        z.exp() / (1.0 + z.exp())
+    }
 }
 
 /// Test accuracy at or above which an interpolating run counts as benign (and a non-interpolating
@@ -152,8 +176,13 @@ impl Regime {
         }
     }
 
-    pub const ALL: [Regime; 5] =
-        [Regime::NotOverfitting, Regime::Benign, Regime::Harmful, Regime::Underfitting, Regime::NoLabelNoise];
+    pub const ALL: [Regime; 5] = [
+        Regime::NotOverfitting,
+        Regime::Benign,
+        Regime::Harmful,
+        Regime::Underfitting,
+        Regime::NoLabelNoise,
+    ];
 }
 
 #[cfg(test)]
@@ -162,7 +191,12 @@ mod tests {
 
     #[test]
     fn uniform_attention_at_zero_logits() {
-        let fwd = Forward::new(&[0.0; 8], &[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0], &[1.0], 8);
+        let fwd = Forward::new(
+            &[0.0; 8],
+            &[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+            &[1.0],
+            8,
+        );
         assert!(fwd.attention.iter().all(|s| (s - 0.125).abs() < 1e-15));
         assert!((fwd.outputs[0] - 0.25).abs() < 1e-15);
         assert!((fwd.loss - softplus(-0.25)).abs() < 1e-15);
@@ -180,9 +214,14 @@ mod tests {
             let mut minus = logits;
             plus[k] += 1e-6;
             minus[k] -= 1e-6;
-            let fd = (Forward::new(&plus, &values, &labels, 3).loss - Forward::new(&minus, &values, &labels, 3).loss)
+            let fd = (Forward::new(&plus, &values, &labels, 3).loss
+                - Forward::new(&minus, &values, &labels, 3).loss)
                 / 2e-6;
-            assert!((fd - grads[k]).abs() < 1e-8, "k={k}: fd {fd} vs {}", grads[k]);
+            assert!(
+                (fd - grads[k]).abs() < 1e-8,
+                "k={k}: fd {fd} vs {}",
+                grads[k]
+            );
         }
     }
 
@@ -200,6 +239,9 @@ mod tests {
         assert_eq!(Regime::classify(4, 0.8, 1.0), Regime::NotOverfitting);
         assert_eq!(Regime::classify(4, 0.8, 0.6), Regime::Underfitting);
         assert_eq!(Regime::classify(0, 1.0, 1.0), Regime::NoLabelNoise);
-        assert_eq!(serde_json::to_string(&Regime::NotOverfitting).unwrap(), "\"not overfitting\"");
+        assert_eq!(
+            serde_json::to_string(&Regime::NotOverfitting).unwrap(),
+            "\"not overfitting\""
+        );
     }
 }

@@ -49,9 +49,14 @@ impl SubspaceEngine {
         let dev = Device::Cpu;
         let tokens = Tensor::from_slice(&train.tokens, (m, d), &dev)?.to_dtype(DType::F64)?;
         // One pass from the f32 draws to f64 (no intermediate f32 tensor: W₀ is the big one).
-        let w0 = Tensor::from_vec(w0.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>(), (d, d), &dev)?;
+        let w0 = Tensor::from_vec(
+            w0.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>(),
+            (d, d),
+            &dev,
+        )?;
         let key_basis = tokens.matmul(&w0)?;
-        let gram = |x: &Tensor| -> Result<Vec<f64>> { Ok(x.matmul(&x.t()?)?.flatten_all()?.to_vec1()?) };
+        let gram =
+            |x: &Tensor| -> Result<Vec<f64>> { Ok(x.matmul(&x.t()?)?.flatten_all()?.to_vec1()?) };
         let (gram_tokens, gram_keys) = (gram(&tokens)?, gram(&key_basis)?);
         Ok(Self {
             rank: m,
@@ -119,7 +124,9 @@ impl Engine for SubspaceEngine {
         // ΔQ uses the old b, Δb the old Q: simultaneous updates as in SGD.
         for (i, &ci) in c.iter().enumerate() {
             let row = &mut self.q[i * m..(i + 1) * m];
-            row.iter_mut().zip(&self.b).for_each(|(qij, bj)| *qij -= lr * ci * bj);
+            row.iter_mut()
+                .zip(&self.b)
+                .for_each(|(qij, bj)| *qij -= lr * ci * bj);
         }
         for ((bk, ck), gk) in self.b.iter_mut().zip(&c).zip(&qt_gc) {
             *bk -= lr * (ck + gk);
@@ -130,7 +137,10 @@ impl Engine for SubspaceEngine {
 
 /// y = M x for a row-major (n × n) matrix.
 fn matvec(matrix: &[f64], x: &[f64], n: usize) -> Vec<f64> {
-    matrix.chunks_exact(n).map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+    matrix
+        .chunks_exact(n)
+        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
 }
 
 /// y = M^T x for a row-major (n × n) matrix.
@@ -151,7 +161,11 @@ mod tests {
 
     fn max_rel(a: &[f64], b: &[f64]) -> f64 {
         let scale = b.iter().map(|v| v.abs()).fold(0.0, f64::max);
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+            / scale
     }
 
     /// A few steps on a tiny problem: W, p and the logits agree with the dense engine.
@@ -167,13 +181,25 @@ mod tests {
         };
         let (train, _) = train_and_test(&config);
         let w0 = initial_key_query(config.embed_dim, config.seed);
-        let mut dense = DenseEngine::new(&train, config.signal_norm, &w0, config.learning_rate, DType::F64).unwrap();
-        let mut fast = SubspaceEngine::new(&train, config.signal_norm, &w0, config.learning_rate).unwrap();
+        let mut dense = DenseEngine::new(
+            &train,
+            config.signal_norm,
+            &w0,
+            config.learning_rate,
+            DType::F64,
+        )
+        .unwrap();
+        let mut fast =
+            SubspaceEngine::new(&train, config.signal_norm, &w0, config.learning_rate).unwrap();
         let values = train.head_values(config.signal_norm);
         for step in 0..25 {
             let (ld, lf) = (dense.train_logits().unwrap(), fast.train_logits().unwrap());
             if step > 0 {
-                assert!(max_rel(&lf, &ld) < 1e-10, "step {step}: logits {}", max_rel(&lf, &ld));
+                assert!(
+                    max_rel(&lf, &ld) < 1e-10,
+                    "step {step}: logits {}",
+                    max_rel(&lf, &ld)
+                );
             }
             let fwd = Forward::new(&lf, &values, &train.labels, config.seq_len);
             dense.step(&fwd).unwrap();
@@ -181,6 +207,11 @@ mod tests {
         }
         assert!(max_rel(&fast.key_query().unwrap(), &dense.key_query().unwrap()) < 1e-10);
         assert!(max_rel(&fast.query().unwrap(), &dense.query().unwrap()) < 1e-10);
-        assert!(max_rel(&fast.scoring_direction().unwrap(), &dense.scoring_direction().unwrap()) < 1e-10);
+        assert!(
+            max_rel(
+                &fast.scoring_direction().unwrap(),
+                &dense.scoring_direction().unwrap()
+            ) < 1e-10
+        );
     }
 }

@@ -29,18 +29,26 @@ impl Grid {
         match self {
             Grid::Full => (0..39).collect(),
             // round(k · 38 / 8), k = 0..8: both ends and seven evenly spaced cells between.
-            Grid::Coarse => (0..9).map(|k| ((k as f64) * 38.0 / 8.0).round() as usize).collect(),
+            Grid::Coarse => (0..9)
+                .map(|k| ((k as f64) * 38.0 / 8.0).round() as usize)
+                .collect(),
         }
     }
 
     pub fn embed_dims(self) -> Vec<usize> {
         let (start, step, _) = EMBED_DIMS;
-        self.indices().into_iter().map(|i| start + step * i).collect()
+        self.indices()
+            .into_iter()
+            .map(|i| start + step * i)
+            .collect()
     }
 
     pub fn signal_norms(self) -> Vec<f64> {
         let (start, step, _) = SIGNAL_NORMS;
-        self.indices().into_iter().map(|i| start + step * i as f64).collect()
+        self.indices()
+            .into_iter()
+            .map(|i| start + step * i as f64)
+            .collect()
     }
 }
 
@@ -80,7 +88,11 @@ pub fn sweep(
         .into_par_iter()
         .map(|k| {
             let (embed_dim, signal_norm) = cells[k];
-            let config = SyntheticConfig { embed_dim, signal_norm, ..base.clone() };
+            let config = SyntheticConfig {
+                embed_dim,
+                signal_norm,
+                ..base.clone()
+            };
             let result = run(&config, engine, Trace::FinalOnly, &mut |_| {})
                 .with_context(|| format!("grid cell d = {embed_dim}, ‖μ‖ = {signal_norm}"))?;
             on_done();

@@ -82,7 +82,7 @@ pub struct RunSummary {
     pub noisy_total: usize,
     /// Mean final probability of x_1 over clean training samples.
     pub clean_x1_prob: f64,
-    /// Mean final probability of x_3 over noisy training samples (NaN → null without noise).
+    /// Mean final probability of x_3 over noisy training samples (null without label noise).
     pub noisy_x3_prob: Option<f64>,
     /// Most attended token of each noisy training sample, by role.
     pub noisy_selected: SelectionCounts,
@@ -136,7 +136,11 @@ struct EvalSet {
 impl EvalSet {
     fn new(set: TokenSet, signal_norm: f64) -> Result<Self> {
         let head_values = set.head_values(signal_norm);
-        let plane = set.tokens.chunks_exact(set.embed_dim).map(|x| (x[0], x[1])).collect();
+        let plane = set
+            .tokens
+            .chunks_exact(set.embed_dim)
+            .map(|x| (x[0], x[1]))
+            .collect();
         let shape = (set.num_samples * set.seq_len, set.embed_dim);
         Ok(Self {
             seq_len: set.seq_len,
@@ -153,7 +157,12 @@ impl EvalSet {
         let u = Tensor::from_vec(u, (direction.len(), 1), &Device::Cpu)?;
         let logits: Vec<f32> = self.tokens.matmul(&u)?.flatten_all()?.to_vec1()?;
         let logits: Vec<f64> = logits.into_iter().map(f64::from).collect();
-        Ok(Forward::new(&logits, &self.head_values, &self.labels, self.seq_len))
+        Ok(Forward::new(
+            &logits,
+            &self.head_values,
+            &self.labels,
+            self.seq_len,
+        ))
     }
 
     fn selected(&self, forward: &Forward) -> Vec<SelectedToken> {
@@ -161,18 +170,34 @@ impl EvalSet {
             .map(|i| {
                 let position = forward.selected_token(i);
                 let (mu_plus, mu_minus) = self.plane[i * self.seq_len + position];
-                SelectedToken { position, mu_plus, mu_minus, label: self.labels[i], noisy: self.noisy_mask[i] }
+                SelectedToken {
+                    position,
+                    mu_plus,
+                    mu_minus,
+                    label: self.labels[i],
+                    noisy: self.noisy_mask[i],
+                }
             })
             .collect()
     }
 }
 
 /// Training-set metrics that need the noisy mask.
-fn step_metrics(step: usize, train: &Forward, test: &Forward, labels: &[f64], noisy_mask: &[bool]) -> StepMetrics {
+fn step_metrics(
+    step: usize,
+    train: &Forward,
+    test: &Forward,
+    labels: &[f64],
+    noisy_mask: &[bool],
+) -> StepMetrics {
     let noisy_total = noisy_mask.iter().filter(|&&m| m).count();
-    let noisy_fitted = (0..labels.len()).filter(|&i| noisy_mask[i] && train.fits(i, labels[i])).count();
+    let noisy_fitted = (0..labels.len())
+        .filter(|&i| noisy_mask[i] && train.fits(i, labels[i]))
+        .count();
     let clean_total = labels.len() - noisy_total;
-    let clean_fitted = (0..labels.len()).filter(|&i| !noisy_mask[i] && train.fits(i, labels[i])).count();
+    let clean_fitted = (0..labels.len())
+        .filter(|&i| !noisy_mask[i] && train.fits(i, labels[i]))
+        .count();
     StepMetrics {
         step,
         train_loss: train.loss,
@@ -196,11 +221,20 @@ pub fn run(
 ) -> Result<SyntheticRun> {
     run_with_engine(config, engine_kind, trace, on_step, |train, w0| {
         let engine: Box<dyn Engine> = match engine_kind {
-            EngineKind::Subspace => Box::new(SubspaceEngine::new(train, config.signal_norm, w0, config.learning_rate)?),
+            EngineKind::Subspace => Box::new(SubspaceEngine::new(
+                train,
+                config.signal_norm,
+                w0,
+                config.learning_rate,
+            )?),
             // f32 as the authors' torch model.
-            EngineKind::Dense => {
-                Box::new(DenseEngine::new(train, config.signal_norm, w0, config.learning_rate, DType::F32)?)
-            }
+            EngineKind::Dense => Box::new(DenseEngine::new(
+                train,
+                config.signal_norm,
+                w0,
+                config.learning_rate,
+                DType::F32,
+            )?),
         };
         Ok(engine)
     })
@@ -228,7 +262,12 @@ pub fn run_with_engine(
     let mut attention_trace = Vec::new();
     let mut last = None;
     for step in 0..=config.num_steps {
-        let train_fwd = Forward::new(&engine.train_logits()?, &train.head_values, &train.labels, config.seq_len);
+        let train_fwd = Forward::new(
+            &engine.train_logits()?,
+            &train.head_values,
+            &train.labels,
+            config.seq_len,
+        );
         if trace == Trace::Full {
             attention_trace.push(train_fwd.attention.iter().map(|&s| s as f32).collect());
         }
@@ -236,7 +275,13 @@ pub fn run_with_engine(
         let test_fwd = if is_last || (trace == Trace::Full && step % config.log_interval == 0) {
             let direction = engine.scoring_direction()?;
             let test_fwd = test.forward(&direction)?;
-            metrics.push(step_metrics(step, &train_fwd, &test_fwd, &train.labels, &train.noisy_mask));
+            metrics.push(step_metrics(
+                step,
+                &train_fwd,
+                &test_fwd,
+                &train.labels,
+                &train.noisy_mask,
+            ));
             Some((test_fwd, direction))
         } else {
             None
@@ -269,9 +314,17 @@ pub fn run_with_engine(
         noisy_x3_prob: probability(&final_metrics.noisy_token_probs, 2),
         noisy_selected,
         snr: config.snr(),
-        regime: Regime::classify(final_metrics.noisy_total, final_metrics.train_acc, final_metrics.test_acc),
+        regime: Regime::classify(
+            final_metrics.noisy_total,
+            final_metrics.train_acc,
+            final_metrics.test_acc,
+        ),
         engine: engine_kind,
-        test_set: if config.paper_test_seed { "paper (shared seed)" } else { "independent" },
+        test_set: if config.paper_test_seed {
+            "paper (shared seed)"
+        } else {
+            "independent"
+        },
         wall_seconds: started.elapsed().as_secs_f64(),
     };
     Ok(SyntheticRun {

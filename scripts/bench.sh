@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs the speed benches and prints the Markdown rows that README's performance table holds.
+# Run on an otherwise idle machine; each bench measures its own baseline in the same process.
+#   scripts/bench.sh            # default run + full 39×39 grid (about 10 minutes on 2 cores)
+#   BENCH_GRID=coarse scripts/bench.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo bench --bench synthetic
+cargo bench --bench synthetic_grid
