@@ -8,6 +8,10 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use crate::data::noise::NoiseModel;
+use crate::data::prepare::{NoiseSpec, prepare};
+use crate::data::split::SplitPlan;
+use crate::data::{self, DatasetName};
 use crate::report;
 use crate::synthetic::{self, EngineKind, Grid, SyntheticConfig, Trace};
 
@@ -28,6 +32,71 @@ pub enum Command {
     Synthetic(SyntheticArgs),
     /// The Fig. 5 grid over d × ‖μ‖, one run per cell, on all cores.
     SyntheticSweep(SweepArgs),
+    /// Real datasets: what is present, checksums, downloads, and the paper's split.
+    #[command(subcommand)]
+    Data(DataCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DataCommand {
+    /// What each dataset folder holds against the official release ("cifar10: 8068/50000 train, …").
+    List(DataDirArg),
+    /// Checksums of the files against the official releases (datasets/*.toml); exit 1 if a present
+    /// file differs.
+    Verify(DatasetsArgs),
+    /// Download the canonical release files, checking their checksums.
+    Fetch(DatasetsArgs),
+    /// Draw the paper's split and label noise and print its summary as JSON.
+    Split(SplitArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DataDirArg {
+    /// Folder holding one folder per dataset [default: $BENIGN_DATA_DIR, else ./datasets]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct DatasetsArgs {
+    #[command(flatten)]
+    pub root: DataDirArg,
+    /// Datasets (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, cifar10n) [default: all]
+    pub datasets: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct SplitArgs {
+    #[command(flatten)]
+    pub root: DataDirArg,
+    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, or another 2D MedMNIST task)
+    #[arg(long)]
+    pub dataset: DatasetName,
+    /// Clean phase-1 samples
+    #[arg(long, value_name = "N")]
+    pub pretrain_n: usize,
+    /// Noisy phase-2 (fine-tune) samples
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub n: usize,
+    /// Subsample the test split to this many samples [default: all]
+    #[arg(long, value_name = "M")]
+    pub test_n: Option<usize>,
+    /// Seed of the split
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// symmetric, pair, or cifar10n:aggre|random1|random2|random3|worse (real human labels)
+    #[arg(long, default_value = "symmetric")]
+    pub noise: NoiseModel,
+    /// Label-noise rate η ∈ [0, 1) (ignored for cifar10n, whose rate is realised)
+    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
+    pub eta: f64,
+    /// Seed of the label noise [default: --seed; a separate stream either way]
+    #[arg(long)]
+    pub noise_seed: Option<u64>,
+    /// Split the test file into disjoint train (this fraction) and test pools, for datasets whose
+    /// training split is absent; recorded as a deviation
+    #[arg(long, value_name = "F")]
+    pub carve_train_from_test: Option<f64>,
 }
 
 /// Hyper-parameters shared by a single run and the grid, named after the authors' config keys.
@@ -157,7 +226,7 @@ pub fn main() -> ExitCode {
         }
     };
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             let message = format!("{err:#}").replace('\n', " ");
             eprintln!("error: {message}");
@@ -166,10 +235,128 @@ pub fn main() -> ExitCode {
     }
 }
 
-pub fn run(cli: Cli) -> Result<()> {
+/// Runs a parsed command; `Ok` carries the exit status of a command that ran to its end (0, or 1
+/// for a negative answer such as `data verify` finding a mismatch).
+pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Synthetic(args) => synthetic_run(args),
-        Command::SyntheticSweep(args) => synthetic_sweep(args),
+        Command::Synthetic(args) => synthetic_run(args).map(|()| ExitCode::SUCCESS),
+        Command::SyntheticSweep(args) => synthetic_sweep(args).map(|()| ExitCode::SUCCESS),
+        Command::Data(command) => data_command(command),
+    }
+}
+
+/// Manifest names from the command line, or all of them.
+fn manifest_names(requested: &[String]) -> Result<Vec<String>> {
+    if requested.is_empty() {
+        return Ok(data::catalog::manifest_names().map(String::from).collect());
+    }
+    requested
+        .iter()
+        .map(|name| {
+            let id = if name == "cifar10n" {
+                name.clone()
+            } else {
+                name.parse::<DatasetName>()
+                    .map_err(anyhow::Error::msg)?
+                    .id()
+                    .to_string()
+            };
+            match data::catalog::manifest(&id) {
+                Some(_) => Ok(id),
+                None => anyhow::bail!(
+                    "{name}: no manifest in datasets/ (known: {})",
+                    data::catalog::manifest_names()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        })
+        .collect()
+}
+
+fn data_command(command: DataCommand) -> Result<ExitCode> {
+    match command {
+        DataCommand::List(args) => {
+            let root = data::data_root(args.data_dir.as_deref());
+            println!("data root: {}", root.display());
+            for name in DatasetName::paper() {
+                match data::load(&name, &root) {
+                    Ok(dataset) => println!("{}", data::catalog::Completeness::of(&dataset).line()),
+                    Err(err) => println!("{name}: unavailable: {err}"),
+                }
+            }
+            let annotations = root.join("cifar10n").join(data::cifar10n::FILE_NAME);
+            match data::cifar10n::load(&annotations, data::cifar10n::HumanLabels::Aggre) {
+                Ok(a) => println!(
+                    "cifar10n: {}/{} annotations, complete",
+                    a.human.len(),
+                    data::cifar10n::TRAIN_IMAGES
+                ),
+                Err(err) => println!("cifar10n: unavailable: {err}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DataCommand::Verify(args) => {
+            let root = data::data_root(args.root.data_dir.as_deref());
+            let mut failures = 0;
+            for name in manifest_names(&args.datasets)? {
+                let manifest = data::catalog::manifest(&name).expect("listed names have manifests");
+                for (path, status) in data::catalog::verify(&manifest, &root)? {
+                    let shown = path.strip_prefix(&root).unwrap_or(&path);
+                    println!("{name}: {}: {status}", shown.display());
+                    failures += usize::from(matches!(
+                        status,
+                        data::catalog::FileStatus::Mismatch(_)
+                            | data::catalog::FileStatus::Partial { .. }
+                    ));
+                }
+            }
+            if failures > 0 {
+                println!("{failures} file(s) differ from the official releases");
+                return Ok(ExitCode::from(1));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DataCommand::Fetch(args) => {
+            let root = data::data_root(args.root.data_dir.as_deref());
+            for name in manifest_names(&args.datasets)? {
+                let manifest = data::catalog::manifest(&name).expect("listed names have manifests");
+                let report = data::fetch::fetch(&manifest, &root)?;
+                println!(
+                    "{name}: {} downloaded, {} already present",
+                    report.downloaded.len(),
+                    report.already_present.len()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DataCommand::Split(args) => {
+            let root = data::data_root(args.root.data_dir.as_deref());
+            let dataset = data::load(&args.dataset, &root)?;
+            for warning in &dataset.warnings {
+                eprintln!("warning: {warning}");
+            }
+            let plan = SplitPlan {
+                pretrain_n: args.pretrain_n,
+                n: args.n,
+                test_n: args.test_n,
+                seed: args.seed,
+                carve_train_from_test: args.carve_train_from_test,
+            };
+            let noise = NoiseSpec {
+                model: args.noise,
+                eta: args.eta,
+                seed: args.noise_seed.unwrap_or(args.seed),
+            };
+            let prepared = prepare(&dataset, &plan, &noise, &root)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report::data::split_summary(
+                    &dataset, &prepared, &noise
+                ))?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

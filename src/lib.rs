@@ -5,6 +5,8 @@
 //! a run leaves behind, `cli` only parses flags and dispatches.
 
 pub mod cli;
+pub mod data;
 pub mod io;
 pub mod report;
+pub mod rng;
 pub mod synthetic;

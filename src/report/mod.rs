@@ -1,5 +1,6 @@
 //! Everything a run leaves for a reader: JSON/CSV tables and PNG figures.
 
+pub mod data;
 pub mod plot;
 pub mod progress;
 pub mod synthetic;

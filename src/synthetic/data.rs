@@ -1,16 +1,12 @@
 //! The synthetic token distribution of PAPER.md §2.1, generated in the authors' order: first the
 //! whole noise tensor ε ~ N(0, I_d) in (n, T, d) C order, then the signals, then the label flips.
 
-use rand::{RngExt, SeedableRng};
+use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{StandardNormal, Uniform};
 
 use super::config::SyntheticConfig;
-
-/// ChaCha streams of one seed: independent generators for independent draws.
-const TRAIN_STREAM: u64 = 0;
-const TEST_STREAM: u64 = 1;
-const INIT_STREAM: u64 = 2;
+use crate::rng::{Stream, stream};
 
 /// Samples X ∈ R^{T×d} with ±1 labels; tokens are f32 as in the authors' code.
 #[derive(Clone, Debug)]
@@ -119,14 +115,14 @@ pub fn train_and_test(config: &SyntheticConfig) -> (TokenSet, TokenSet) {
         c.rho,
         c.signal_norm,
         c.noise_ratio,
-        &mut seeded(c.seed, TRAIN_STREAM),
+        &mut stream(c.seed, Stream::SyntheticTrain),
     );
     // The authors call the same generator with the same seed, so the test noise starts with the
     // training noise (§2.1 quirk); by default the test set comes from its own stream instead.
     let test_stream = if c.paper_test_seed {
-        TRAIN_STREAM
+        Stream::SyntheticTrain
     } else {
-        TEST_STREAM
+        Stream::SyntheticTest
     };
     let test = generate(
         c.test_n,
@@ -135,7 +131,7 @@ pub fn train_and_test(config: &SyntheticConfig) -> (TokenSet, TokenSet) {
         c.rho,
         c.signal_norm,
         0.0,
-        &mut seeded(c.seed, test_stream),
+        &mut stream(c.seed, test_stream),
     );
     (train, test)
 }
@@ -145,16 +141,10 @@ pub fn train_and_test(config: &SyntheticConfig) -> (TokenSet, TokenSet) {
 pub fn initial_key_query(embed_dim: usize, seed: u64) -> Vec<f32> {
     let bound = 1.0 / (embed_dim as f32).sqrt();
     let uniform = Uniform::new(-bound, bound).expect("bound is finite and positive");
-    let mut rng = seeded(seed, INIT_STREAM);
+    let mut rng = stream(seed, Stream::SyntheticInit);
     (0..embed_dim * embed_dim)
         .map(|_| rng.sample(uniform))
         .collect()
-}
-
-fn seeded(seed: u64, stream: u64) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(stream);
-    rng
 }
 
 #[cfg(test)]

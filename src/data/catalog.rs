@@ -1,0 +1,502 @@
+//! The datasets the paper uses, where their files live under the data root, what the official
+//! releases contain (the manifests of `datasets/*.toml`, compiled in), and how complete a local
+//! copy is.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::Deserialize;
+
+use super::files::{DataError, Result};
+use super::{Dataset, agnews, cifar, medmnist, mnist, trec};
+
+/// Environment variable naming the data root.
+pub const DATA_DIR_ENV: &str = "BENIGN_DATA_DIR";
+
+/// `--data-dir`, else `$BENIGN_DATA_DIR`, else `./datasets`.
+pub fn data_root(flag: Option<&Path>) -> PathBuf {
+    if let Some(dir) = flag {
+        return dir.to_path_buf();
+    }
+    match std::env::var_os(DATA_DIR_ENV) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from("datasets"),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DatasetName {
+    Mnist,
+    Cifar10,
+    PneumoniaMnist,
+    BreastMnist,
+    AgNews,
+    Trec,
+    /// Any other 2D MedMNIST task, by its file name (`dermamnist` → medmnist/dermamnist.npz).
+    OtherMedMnist(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Modality {
+    Image,
+    Text,
+}
+
+impl DatasetName {
+    /// The six datasets of the paper's Table 2.
+    pub fn paper() -> [DatasetName; 6] {
+        use DatasetName::*;
+        [Mnist, Cifar10, PneumoniaMnist, BreastMnist, AgNews, Trec]
+    }
+
+    pub fn id(&self) -> &str {
+        match self {
+            DatasetName::Mnist => "mnist",
+            DatasetName::Cifar10 => "cifar10",
+            DatasetName::PneumoniaMnist => "pneumoniamnist",
+            DatasetName::BreastMnist => "breastmnist",
+            DatasetName::AgNews => "ag_news",
+            DatasetName::Trec => "trec",
+            DatasetName::OtherMedMnist(task) => task,
+        }
+    }
+
+    pub fn modality(&self) -> Modality {
+        match self {
+            DatasetName::AgNews | DatasetName::Trec => Modality::Text,
+            _ => Modality::Image,
+        }
+    }
+
+    /// The manifest of the official release (none for other MedMNIST tasks).
+    pub fn manifest(&self) -> Option<Manifest> {
+        manifest(self.id())
+    }
+
+    fn is_medmnist(&self) -> bool {
+        matches!(
+            self,
+            DatasetName::PneumoniaMnist | DatasetName::BreastMnist | DatasetName::OtherMedMnist(_)
+        )
+    }
+}
+
+impl fmt::Display for DatasetName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+impl FromStr for DatasetName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let key = s.trim().to_ascii_lowercase();
+        Ok(match key.as_str() {
+            "mnist" => DatasetName::Mnist,
+            "cifar10" | "cifar-10" => DatasetName::Cifar10,
+            "pneumoniamnist" => DatasetName::PneumoniaMnist,
+            "breastmnist" => DatasetName::BreastMnist,
+            "ag_news" | "ag-news" | "agnews" => DatasetName::AgNews,
+            "trec" => DatasetName::Trec,
+            task if task.ends_with("mnist")
+                && task.len() > 5
+                && task.chars().all(|c| c.is_ascii_alphanumeric()) =>
+            {
+                DatasetName::OtherMedMnist(task.to_string())
+            }
+            _ => {
+                return Err(format!(
+                    "unknown dataset {s:?}: expected mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, or another \
+                     2D MedMNIST task by name (e.g. dermamnist)"
+                ));
+            }
+        })
+    }
+}
+
+/// One `datasets/<name>.toml`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub name: String,
+    /// Folder under the data root.
+    pub folder: String,
+    pub title: String,
+    pub homepage: String,
+    #[serde(default)]
+    pub classes: Vec<String>,
+    /// Records per split in the official release.
+    pub expected: BTreeMap<String, usize>,
+    #[serde(default)]
+    pub archive: Option<Archive>,
+    pub files: Vec<ManifestFile>,
+}
+
+/// A release shipped as one archive (CIFAR-10).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Archive {
+    pub url: String,
+    pub md5: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestFile {
+    /// Relative to the dataset folder.
+    pub path: String,
+    #[serde(default)]
+    pub urls: Vec<String>,
+    pub md5: Option<String>,
+    pub sha256: Option<String>,
+    pub bytes: Option<u64>,
+    /// Made from another file of the release, not downloadable itself.
+    #[serde(default)]
+    pub derived: bool,
+}
+
+const MANIFESTS: [(&str, &str); 7] = [
+    ("mnist", include_str!("../../datasets/mnist.toml")),
+    ("cifar10", include_str!("../../datasets/cifar10.toml")),
+    (
+        "pneumoniamnist",
+        include_str!("../../datasets/pneumoniamnist.toml"),
+    ),
+    (
+        "breastmnist",
+        include_str!("../../datasets/breastmnist.toml"),
+    ),
+    ("ag_news", include_str!("../../datasets/ag_news.toml")),
+    ("trec", include_str!("../../datasets/trec.toml")),
+    ("cifar10n", include_str!("../../datasets/cifar10n.toml")),
+];
+
+/// The manifest called `name` (the six datasets and `cifar10n`).
+pub fn manifest(name: &str) -> Option<Manifest> {
+    let (_, text) = MANIFESTS.iter().find(|(n, _)| *n == name)?;
+    Some(toml::from_str(text).unwrap_or_else(|e| panic!("datasets/{name}.toml is invalid: {e}")))
+}
+
+/// Names of every manifest, the six datasets first.
+pub fn manifest_names() -> impl Iterator<Item = &'static str> {
+    MANIFESTS.iter().map(|(n, _)| *n)
+}
+
+/// How a local file compares with the official release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileStatus {
+    /// Matches every checksum and size the manifest gives.
+    Ok,
+    Missing,
+    /// Shorter than the release: leading records only.
+    Partial {
+        bytes: u64,
+        expected: u64,
+    },
+    /// Differs from the release.
+    Mismatch(String),
+}
+
+impl FileStatus {
+    pub fn is_ok(&self) -> bool {
+        *self == FileStatus::Ok
+    }
+}
+
+impl fmt::Display for FileStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FileStatus::Ok => f.write_str("ok"),
+            FileStatus::Missing => f.write_str("missing"),
+            FileStatus::Partial { bytes, expected } => {
+                write!(f, "PARTIAL: {bytes} of {expected} bytes")
+            }
+            FileStatus::Mismatch(why) => write!(f, "MISMATCH: {why}"),
+        }
+    }
+}
+
+/// Checks `path` against the manifest's checksums and size for it.
+pub fn check_file(path: &Path, file: &ManifestFile) -> Result<FileStatus> {
+    if !path.is_file() {
+        return Ok(FileStatus::Missing);
+    }
+    let d = super::files::digests(path)?;
+    if let Some(expected) = file.bytes.filter(|&b| d.bytes < b) {
+        return Ok(FileStatus::Partial {
+            bytes: d.bytes,
+            expected,
+        });
+    }
+    let mut problems = Vec::new();
+    if let Some(md5) = file.md5.as_ref().filter(|m| **m != d.md5) {
+        problems.push(format!("md5 {} is not the official {md5}", d.md5));
+    }
+    if let Some(sha) = file.sha256.as_ref().filter(|s| **s != d.sha256) {
+        problems.push(format!("sha256 {} is not the official {sha}", d.sha256));
+    }
+    if let Some(bytes) = file.bytes.filter(|&b| b != d.bytes) {
+        problems.push(format!("{} bytes, the release has {bytes}", d.bytes));
+    }
+    Ok(if problems.is_empty() {
+        FileStatus::Ok
+    } else {
+        FileStatus::Mismatch(problems.join("; "))
+    })
+}
+
+/// Every file of `manifest` under `root`, with its status.
+pub fn verify(manifest: &Manifest, root: &Path) -> Result<Vec<(PathBuf, FileStatus)>> {
+    let dir = root.join(&manifest.folder);
+    manifest
+        .files
+        .iter()
+        .map(|file| {
+            let path = dir.join(&file.path);
+            check_file(&path, file).map(|status| (path, status))
+        })
+        .collect()
+}
+
+/// The dataset's folder under `root`.
+pub fn dataset_dir(name: &DatasetName, root: &Path) -> PathBuf {
+    if name.is_medmnist() {
+        return root.join("medmnist");
+    }
+    root.join(name.id())
+}
+
+/// Loads every split present. A missing training split is `None` (checked where it is needed);
+/// a missing test split is an error.
+pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
+    let dir = dataset_dir(name, root);
+    if !dir.is_dir() {
+        return Err(DataError::Unavailable {
+            dataset: name.to_string(),
+            problem: format!(
+                "no folder {} (set --data-dir or {DATA_DIR_ENV} to the folder holding {}/; `benign-attention data fetch {name}` downloads it)",
+                dir.display(),
+                dir.file_name().and_then(|n| n.to_str()).unwrap_or(""),
+            ),
+        });
+    }
+    let names = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut warnings = Vec::new();
+    let dataset = match name {
+        DatasetName::Mnist => Dataset {
+            name: name.clone(),
+            class_names: names(&mnist::CLASS_NAMES),
+            train: Some(mnist::load_split(&dir, "train")?),
+            val: None,
+            test: mnist::load_split(&dir, "t10k")?,
+            warnings: Vec::new(),
+        },
+        DatasetName::Cifar10 => {
+            let batches = dir.join("cifar-10-batches-bin");
+            let (train, w) = cifar::load_batches(&batches, &cifar::TRAIN_BATCHES)?;
+            warnings.extend(w);
+            let (test, w) = cifar::load_batches(&batches, &[cifar::TEST_BATCH])?;
+            warnings.extend(w);
+            Dataset {
+                name: name.clone(),
+                class_names: names(&cifar::CLASS_NAMES),
+                train: Some(train),
+                val: None,
+                test,
+                warnings,
+            }
+        }
+        DatasetName::PneumoniaMnist | DatasetName::BreastMnist | DatasetName::OtherMedMnist(_) => {
+            let path = dir.join(format!("{}.npz", name.id()));
+            let train = medmnist::read_split(&path, "train")?;
+            let val = medmnist::read_split(&path, "val")?;
+            let test = medmnist::read_split(&path, "test")?;
+            let class_names = match name.manifest() {
+                Some(m) if !m.classes.is_empty() => m.classes,
+                // Tasks without a manifest: classes named by index.
+                _ => {
+                    let max = [&train, &val, &test]
+                        .iter()
+                        .flat_map(|s| s.labels.iter())
+                        .max()
+                        .copied()
+                        .unwrap_or(0);
+                    (0..=max).map(|k| k.to_string()).collect()
+                }
+            };
+            Dataset {
+                name: name.clone(),
+                class_names,
+                train: Some(train),
+                val: Some(val),
+                test,
+                warnings,
+            }
+        }
+        DatasetName::AgNews => {
+            let classes_path = dir.join("classes.txt");
+            let class_names = if classes_path.is_file() {
+                agnews::load_class_names(&classes_path)?
+            } else {
+                names(&agnews::DEFAULT_CLASS_NAMES)
+            };
+            let train_path = dir.join("train.csv");
+            let train = if train_path.is_file() {
+                Some(agnews::load_csv(&train_path)?)
+            } else {
+                warnings.push(format!(
+                    "{}: missing; the training split is absent",
+                    train_path.display()
+                ));
+                None
+            };
+            let test = agnews::load_csv(&dir.join("test.csv"))?;
+            Dataset {
+                name: name.clone(),
+                class_names,
+                train,
+                val: None,
+                test,
+                warnings,
+            }
+        }
+        DatasetName::Trec => Dataset {
+            name: name.clone(),
+            class_names: names(&trec::CLASS_NAMES),
+            train: Some(trec::load_file(&dir.join("train_5500.label"))?),
+            val: None,
+            test: trec::load_file(&dir.join("TREC_10.label"))?,
+            warnings,
+        },
+    };
+    Ok(dataset)
+}
+
+/// Present vs official record counts of one split.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SplitCount {
+    pub split: String,
+    pub present: usize,
+    pub expected: Option<usize>,
+}
+
+/// How much of the official release a loaded dataset holds.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Completeness {
+    pub dataset: String,
+    pub splits: Vec<SplitCount>,
+    /// Every split holds at least the official count (unknown counts count as complete).
+    pub complete: bool,
+}
+
+impl Completeness {
+    pub fn of(dataset: &Dataset) -> Self {
+        let expected = dataset
+            .name
+            .manifest()
+            .map(|m| m.expected)
+            .unwrap_or_default();
+        let mut splits = vec![SplitCount {
+            split: "train".into(),
+            present: dataset.train.as_ref().map_or(0, |s| s.len()),
+            expected: expected.get("train").copied(),
+        }];
+        if let Some(val) = &dataset.val {
+            splits.push(SplitCount {
+                split: "val".into(),
+                present: val.len(),
+                expected: expected.get("val").copied(),
+            });
+        }
+        splits.push(SplitCount {
+            split: "test".into(),
+            present: dataset.test.len(),
+            expected: expected.get("test").copied(),
+        });
+        let complete = splits
+            .iter()
+            .all(|s| s.expected.is_none_or(|e| s.present >= e));
+        Completeness {
+            dataset: dataset.name.to_string(),
+            splits,
+            complete,
+        }
+    }
+
+    /// "cifar10: 8068/50000 train, 1017/10000 test, partial".
+    pub fn line(&self) -> String {
+        let parts: Vec<String> = self
+            .splits
+            .iter()
+            .map(|s| match s.expected {
+                Some(e) if s.present == 0 => format!("0/{e} {} (missing)", s.split),
+                Some(e) => format!("{}/{e} {}", s.present, s.split),
+                None => format!("{} {}", s.present, s.split),
+            })
+            .collect();
+        let status = if self.complete { "complete" } else { "partial" };
+        format!("{}: {}, {status}", self.dataset, parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_manifest_parses_and_names_itself() {
+        for name in manifest_names() {
+            let m = manifest(name).unwrap();
+            assert_eq!(m.name, name);
+            assert!(!m.files.is_empty());
+            for file in &m.files {
+                assert!(
+                    file.md5.is_some() || file.sha256.is_some() || file.bytes.is_some(),
+                    "{name}: {}",
+                    file.path
+                );
+            }
+        }
+        for dataset in DatasetName::paper() {
+            assert!(dataset.manifest().is_some(), "{dataset} has no manifest");
+        }
+    }
+
+    #[test]
+    fn names_parse() {
+        assert_eq!(
+            "ag-news".parse::<DatasetName>().unwrap(),
+            DatasetName::AgNews
+        );
+        assert_eq!(
+            "CIFAR10".parse::<DatasetName>().unwrap(),
+            DatasetName::Cifar10
+        );
+        assert_eq!(
+            "dermamnist".parse::<DatasetName>().unwrap(),
+            DatasetName::OtherMedMnist("dermamnist".into())
+        );
+        let err = "imagenet".parse::<DatasetName>().unwrap_err();
+        assert!(err.contains("unknown dataset \"imagenet\""), "{err}");
+    }
+
+    #[test]
+    fn data_root_prefers_the_flag() {
+        assert_eq!(data_root(Some(Path::new("/x"))), PathBuf::from("/x"));
+    }
+
+    #[test]
+    fn a_missing_folder_says_where_to_put_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load(&DatasetName::Trec, dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("trec: no folder") && err.contains("--data-dir"),
+            "{err}"
+        );
+    }
+}

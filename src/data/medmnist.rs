@@ -1,0 +1,133 @@
+//! MedMNIST v2 `.npz` archives (PneumoniaMNIST, BreastMNIST, and any other 2D task): arrays
+//! `{train,val,test}_images` (N, H, W) or (N, H, W, 3) of uint8 and `{split}_labels` (N, 1) of
+//! uint8 class indices.
+
+use std::path::Path;
+
+use super::files::{DataError, Result};
+use candle_core::DType;
+
+use super::npz::read_array;
+use super::{ImageSet, Inputs, Split};
+
+/// One split ("train", "val" or "test") of the archive at `path`.
+pub fn read_split(path: &Path, split: &str) -> Result<Split> {
+    let (shape, pixels) = read_array::<u8>(path, &format!("{split}_images"), DType::U8)?;
+    let (label_shape, labels) = read_array::<u8>(path, &format!("{split}_labels"), DType::U8)?;
+    // (N, H, W) grayscale or (N, H, W, 3) colour, channels last as stored.
+    let (count, height, width, channels) = match shape[..] {
+        [n, h, w] => (n, h, w, 1),
+        [n, h, w, 3] => (n, h, w, 3),
+        _ => {
+            return Err(DataError::format(
+                path,
+                format!("{split}_images has shape {shape:?}, expected (N, H, W[, 3])"),
+            ));
+        }
+    };
+    if label_shape.first() != Some(&count) || label_shape.iter().skip(1).product::<usize>() != 1 {
+        return Err(DataError::format(
+            path,
+            format!(
+                "{split}_labels has shape {label_shape:?} for {count} images (multi-label tasks are not supported)"
+            ),
+        ));
+    }
+    let pixels = if channels == 1 {
+        pixels
+    } else {
+        channels_first(&pixels, count, height * width, channels)
+    };
+    let images = ImageSet {
+        count,
+        channels,
+        height,
+        width,
+        pixels,
+    };
+    Ok(Split {
+        inputs: Inputs::Images(images),
+        labels: labels.into_iter().map(u32::from).collect(),
+        release_index: (0..count).collect(),
+    })
+}
+
+/// (N, HW, C) → (N, C, HW).
+fn channels_first(pixels: &[u8], count: usize, plane: usize, channels: usize) -> Vec<u8> {
+    let mut out = vec![0; pixels.len()];
+    for n in 0..count {
+        let (src, dst) = (
+            &pixels[n * plane * channels..],
+            &mut out[n * plane * channels..],
+        );
+        for p in 0..plane {
+            for c in 0..channels {
+                dst[c * plane + p] = src[p * channels + c];
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::npz::tests::{array, write_npz};
+
+    #[test]
+    fn reads_grayscale_and_colour_splits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.npz");
+        let colour: Vec<u8> = (0..2 * 2 * 2 * 3).map(|v| v as u8).collect();
+        write_npz(
+            &path,
+            &[
+                ("train_images", array::<u8>(&[2, 2, 2], &[7; 8])),
+                ("train_labels", array::<u8>(&[2, 1], &[0, 1])),
+                ("test_images", array::<u8>(&[2, 2, 2, 3], &colour)),
+                ("test_labels", array::<u8>(&[2, 1], &[1, 1])),
+            ],
+        );
+        let train = read_split(&path, "train").unwrap();
+        assert_eq!(train.labels, vec![0, 1]);
+        let test = read_split(&path, "test").unwrap();
+        let Inputs::Images(images) = &test.inputs else {
+            panic!()
+        };
+        assert_eq!(images.channels, 3);
+        // Pixel (0, 0) of image 0 was stored (R, G, B) = (0, 1, 2): planes now start 0, 1, 2.
+        assert_eq!(
+            (images.image(0)[0], images.image(0)[4], images.image(0)[8]),
+            (0, 1, 2)
+        );
+    }
+
+    #[test]
+    fn missing_keys_and_wrong_dtypes_are_errors_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broken.npz");
+        write_npz(
+            &path,
+            &[
+                ("train_images", array::<f32>(&[1, 2, 2], &[0.0; 4])),
+                ("train_labels", array::<u8>(&[1, 1], &[0])),
+            ],
+        );
+        let err = read_split(&path, "train").unwrap_err().to_string();
+        assert!(
+            err.contains("broken.npz") && err.contains("train_images") && err.contains("F32"),
+            "{err}"
+        );
+        let err = read_split(&path, "val").unwrap_err().to_string();
+        assert!(
+            err.contains("broken.npz") && err.contains("missing array val_images"),
+            "{err}"
+        );
+        std::fs::write(&path, b"not a zip").unwrap();
+        let err = read_split(&path, "train").unwrap_err().to_string();
+        assert!(
+            err.contains("broken.npz") && err.contains("not readable"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! Real datasets, read from their canonical release files into one in-memory form, then split and
+//! label-noised as the paper does (PAPER.md §3).
+//!
+//! Read in order: `files` (errors, gzip, checksums) → one loader per format (`mnist`, `cifar`,
+//! `medmnist`, `agnews`, `trec`, `cifar10n`) → `catalog` (dataset names, data root, manifests,
+//! completeness) → `split` → `noise` → `fetch`.
+
+pub mod agnews;
+pub mod catalog;
+pub mod cifar;
+pub mod cifar10n;
+pub mod fetch;
+pub mod files;
+pub mod medmnist;
+pub mod mnist;
+pub mod noise;
+pub mod npz;
+pub mod prepare;
+pub mod split;
+pub mod trec;
+
+pub use catalog::{DatasetName, data_root, load};
+pub use files::DataError;
+
+/// Images as stored: u8, (count, channels, height, width) row-major. Grayscale stays one channel;
+/// channel replication, resizing and normalisation belong to the backbone's preprocessing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageSet {
+    pub count: usize,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub pixels: Vec<u8>,
+}
+
+impl ImageSet {
+    pub fn image_len(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+
+    /// Image i, (channels, height, width).
+    pub fn image(&self, i: usize) -> &[u8] {
+        let len = self.image_len();
+        &self.pixels[i * len..(i + 1) * len]
+    }
+}
+
+/// The inputs of one split.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Inputs {
+    Images(ImageSet),
+    Texts(Vec<String>),
+}
+
+impl Inputs {
+    pub fn len(&self) -> usize {
+        match self {
+            Inputs::Images(set) => set.count,
+            Inputs::Texts(texts) => texts.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One split of a dataset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    pub inputs: Inputs,
+    pub labels: Vec<u32>,
+    /// Position of each sample in the full official release of this split. Equal to 0..len for
+    /// complete files; with partial files it keeps the link to per-image side data (CIFAR-10N).
+    pub release_index: Vec<usize>,
+}
+
+impl Split {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Samples per class, for `num_classes` classes.
+    pub fn class_counts(&self, num_classes: usize) -> Vec<usize> {
+        let mut counts = vec![0; num_classes];
+        for &label in &self.labels {
+            counts[label as usize] += 1;
+        }
+        counts
+    }
+
+    /// The samples at `indices`, in that order.
+    pub fn subset(&self, indices: &[usize]) -> Split {
+        let inputs = match &self.inputs {
+            Inputs::Images(set) => {
+                let mut pixels = Vec::with_capacity(indices.len() * set.image_len());
+                indices
+                    .iter()
+                    .for_each(|&i| pixels.extend_from_slice(set.image(i)));
+                Inputs::Images(ImageSet {
+                    count: indices.len(),
+                    pixels,
+                    ..*set
+                })
+            }
+            Inputs::Texts(texts) => {
+                Inputs::Texts(indices.iter().map(|&i| texts[i].clone()).collect())
+            }
+        };
+        Split {
+            inputs,
+            labels: indices.iter().map(|&i| self.labels[i]).collect(),
+            release_index: indices.iter().map(|&i| self.release_index[i]).collect(),
+        }
+    }
+}
+
+/// A dataset in memory. `train` is `None` when its files are absent (AG-news offline).
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    pub name: DatasetName,
+    pub class_names: Vec<String>,
+    pub train: Option<Split>,
+    pub val: Option<Split>,
+    pub test: Split,
+    /// Things the user should know (partial files), one line each.
+    pub warnings: Vec<String>,
+}
+
+impl Dataset {
+    pub fn num_classes(&self) -> usize {
+        self.class_names.len()
+    }
+}
