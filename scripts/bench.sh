@@ -7,3 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo bench --bench synthetic
 cargo bench --bench synthetic_grid
+# needs BENIGN_DATA_DIR (the data mirror)
+cargo bench --bench data_load
