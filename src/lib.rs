@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod data;
+pub mod encoder;
 pub mod io;
 pub mod report;
 pub mod rng;

@@ -1,0 +1,229 @@
+//! A frozen backbone ready to encode dataset inputs: the architecture read from config.json, the
+//! weights memory-mapped from safetensors, and the matching preprocessing.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context, Result, anyhow, bail};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+use super::bert::{Bert, BertConfig, TextBatch, ids_tensor};
+use super::hub::BackboneFiles;
+use super::layers::first_token;
+use super::preprocess::ImagePreprocessor;
+use super::text::TextPreprocessor;
+use super::vit::{Vit, VitConfig};
+use crate::data::files::digests;
+use crate::data::{ImageSet, Inputs};
+
+pub enum Model {
+    Vit(Vit),
+    Bert(Bert),
+}
+
+pub enum Preprocessing {
+    Image(ImagePreprocessor),
+    Text(TextPreprocessor),
+}
+
+/// Text options the authors fixed (max_length 128, no special tokens), as flags.
+#[derive(Clone, Copy, Debug)]
+pub struct TextOptions {
+    pub max_length: usize,
+    pub special_tokens: bool,
+}
+
+impl Default for TextOptions {
+    fn default() -> Self {
+        Self {
+            max_length: super::text::MAX_LENGTH,
+            special_tokens: false,
+        }
+    }
+}
+
+pub struct Backbone {
+    pub files: BackboneFiles,
+    pub weights_sha256: String,
+    pub model: Model,
+    pub preprocessing: Preprocessing,
+    pub device: Device,
+    /// Batches run through the network, for tests that assert the cache did the work instead.
+    forward_batches: AtomicUsize,
+}
+
+/// What a batch of inputs yields for the experiments.
+pub struct Encoded {
+    /// Hidden states entering the last layer, (B, T, D).
+    pub layer_inputs: Tensor,
+    /// Padding mask (B, T) for text, u32.
+    pub attention_mask: Option<Tensor>,
+    /// ViT: final-LayerNorm CLS token; BERT: final hidden state at position 0 (before the
+    /// pooler, which phase 1 trains). (B, D).
+    pub cls: Tensor,
+    /// BERT's pooler output on position 0, when the checkpoint has a pooler. (B, D).
+    pub pooled: Option<Tensor>,
+}
+
+#[derive(Deserialize)]
+struct ModelType {
+    model_type: Option<String>,
+}
+
+impl Backbone {
+    pub fn load(files: BackboneFiles, device: &Device, text: TextOptions) -> Result<Self> {
+        let config_text = std::fs::read_to_string(&files.config)
+            .with_context(|| format!("{}: cannot read", files.config.display()))?;
+        let kind: ModelType = serde_json::from_str(&config_text)
+            .with_context(|| format!("{}: not a JSON config", files.config.display()))?;
+        let weights_sha256 = digests(&files.weights)?.sha256;
+        // SAFETY: the weights file is read-only for the life of the map; candle copies tensors out.
+        let vb =
+            unsafe { VarBuilder::from_mmaped_safetensors(&[&files.weights], DType::F32, device) }
+                .with_context(|| format!("{}: cannot read the weights", files.weights.display()))?;
+        let bad_config = |e: serde_json::Error| anyhow!("{}: {e}", files.config.display());
+        let (model, preprocessing) = match kind.model_type.as_deref() {
+            Some("vit") => {
+                let config: VitConfig = serde_json::from_str(&config_text).map_err(bad_config)?;
+                let path = files.preprocessor.as_ref().ok_or_else(|| {
+                    anyhow!(
+                        "{}: a ViT backbone needs preprocessor_config.json beside config.json",
+                        files.id
+                    )
+                })?;
+                let model = Vit::load(vb, &config)
+                    .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
+                (
+                    Model::Vit(model),
+                    Preprocessing::Image(ImagePreprocessor::from_file(path)?),
+                )
+            }
+            Some("bert") => {
+                let config: BertConfig = serde_json::from_str(&config_text).map_err(bad_config)?;
+                let path = files.tokenizer.as_ref().ok_or_else(|| {
+                    anyhow!(
+                        "{}: a BERT backbone needs tokenizer.json beside config.json",
+                        files.id
+                    )
+                })?;
+                if text.max_length > config.max_position_embeddings {
+                    bail!(
+                        "max length {} exceeds the model's {} positions",
+                        text.max_length,
+                        config.max_position_embeddings
+                    );
+                }
+                let model = Bert::load(vb, &config)
+                    .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
+                let tokenizer =
+                    TextPreprocessor::from_file(path, text.max_length, text.special_tokens)?;
+                (Model::Bert(model), Preprocessing::Text(tokenizer))
+            }
+            other => bail!(
+                "{}: model_type {other:?} is not supported (vit or bert)",
+                files.config.display()
+            ),
+        };
+        Ok(Self {
+            files,
+            weights_sha256,
+            model,
+            preprocessing,
+            device: device.clone(),
+            forward_batches: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn hidden_size(&self) -> usize {
+        match &self.model {
+            Model::Vit(m) => m.config.hidden_size,
+            Model::Bert(m) => m.config.hidden_size,
+        }
+    }
+
+    /// Changes whenever the inputs to the network would (part of the feature-cache key).
+    pub fn preprocessing_fingerprint(&self) -> String {
+        match &self.preprocessing {
+            Preprocessing::Image(p) => p.fingerprint(),
+            Preprocessing::Text(t) => t.fingerprint(),
+        }
+    }
+
+    pub fn forward_batches(&self) -> usize {
+        self.forward_batches.load(Ordering::Relaxed)
+    }
+
+    /// `pixel_values` (B, 3, H, W) for images `indices` of `images`.
+    pub fn pixel_values(&self, images: &ImageSet, indices: &[usize]) -> Result<Tensor> {
+        let Preprocessing::Image(p) = &self.preprocessing else {
+            bail!("{} is not an image backbone", self.files.id)
+        };
+        let mut values = Vec::new();
+        for &i in indices {
+            values.extend(p.pixel_values(
+                images.image(i),
+                images.channels,
+                images.height,
+                images.width,
+            )?);
+        }
+        let (h, w) = p.size.unwrap_or((images.height, images.width));
+        Ok(Tensor::from_vec(
+            values,
+            (indices.len(), 3, h, w),
+            &self.device,
+        )?)
+    }
+
+    /// Token ids, types and mask for `texts`.
+    pub fn text_batch(&self, texts: &[String]) -> Result<TextBatch> {
+        let Preprocessing::Text(t) = &self.preprocessing else {
+            bail!("{} is not a text backbone", self.files.id)
+        };
+        let encoded = t.encode(texts)?;
+        let input_ids = ids_tensor(&encoded.input_ids, &self.device)?;
+        Ok(TextBatch {
+            token_type_ids: input_ids.zeros_like()?,
+            attention_mask: ids_tensor(&encoded.attention_mask, &self.device)?,
+            input_ids,
+        })
+    }
+
+    /// Encodes inputs `indices` of `inputs` (one batch).
+    pub fn encode(&self, inputs: &Inputs, indices: &[usize]) -> Result<Encoded> {
+        self.forward_batches.fetch_add(1, Ordering::Relaxed);
+        match (&self.model, inputs) {
+            (Model::Vit(vit), Inputs::Images(images)) => {
+                let layer_inputs = vit.last_layer_input(&self.pixel_values(images, indices)?)?;
+                let cls = Vit::cls_feature(&vit.finish(&layer_inputs)?)?;
+                Ok(Encoded {
+                    layer_inputs,
+                    attention_mask: None,
+                    cls,
+                    pooled: None,
+                })
+            }
+            (Model::Bert(bert), Inputs::Texts(texts)) => {
+                let texts: Vec<String> = indices.iter().map(|&i| texts[i].clone()).collect();
+                let batch = self.text_batch(&texts)?;
+                let layer_inputs = bert.last_layer_input(&batch)?;
+                let final_tokens = bert.finish(&layer_inputs, &batch.attention_mask)?;
+                Ok(Encoded {
+                    cls: first_token(&final_tokens)?,
+                    pooled: bert.pooled(&final_tokens)?,
+                    layer_inputs,
+                    attention_mask: Some(batch.attention_mask),
+                })
+            }
+            (Model::Vit(_), Inputs::Texts(_)) => bail!(
+                "{} is a vision backbone; this dataset is text",
+                self.files.id
+            ),
+            (Model::Bert(_), Inputs::Images(_)) => bail!(
+                "{} is a text backbone; this dataset is images",
+                self.files.id
+            ),
+        }
+    }
+}

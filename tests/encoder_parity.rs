@@ -1,0 +1,209 @@
+//! Parity with Hugging Face transformers 4.51.3 (the authors' version), on the fixtures written by
+//! scripts/parity_fixtures.py: every hidden state of a tiny ViT and a tiny BERT, the
+//! ViTImageProcessor's resize and normalisation, and bert-base-uncased tokenization.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use benign_attention::encoder::bert::{Bert, BertConfig, TextBatch};
+use benign_attention::encoder::preprocess::{ImagePreprocessor, Resample};
+use benign_attention::encoder::text::TextPreprocessor;
+use benign_attention::encoder::vit::{Vit, VitConfig};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn load(name: &str) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(fixtures().join(name), &Device::Cpu).unwrap()
+}
+
+fn model_vb(dir: &str) -> VarBuilder<'static> {
+    let path = fixtures().join(dir).join("model.safetensors");
+    unsafe { VarBuilder::from_mmaped_safetensors(&[path], DType::F32, &Device::Cpu).unwrap() }
+}
+
+fn config<T: serde::de::DeserializeOwned>(dir: &str) -> T {
+    serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join(dir).join("config.json")).unwrap(),
+    )
+    .unwrap()
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn tiny_vit_matches_every_hidden_state() {
+    let io = load("tiny_vit_io.safetensors");
+    let config: VitConfig = config("tiny_vit");
+    assert_eq!(config.layer_norm_eps, 1e-6);
+    let vit = Vit::load(model_vb("tiny_vit"), &config).unwrap();
+    let pixels = &io["pixel_values"];
+    let states = vit.hidden_states(pixels).unwrap();
+    assert_eq!(states.len(), 4);
+    for (i, state) in states.iter().enumerate() {
+        let diff = max_abs_diff(state, &io[&format!("hidden_states.{i}")]);
+        assert!(diff < 1e-4, "hidden state {i}: max |Δ| = {diff}");
+    }
+    // The cached path: last-layer input, then the last layer and the final LayerNorm.
+    let layer_input = vit.last_layer_input(pixels).unwrap();
+    assert!(max_abs_diff(&layer_input, &io["hidden_states.2"]) < 1e-4);
+    let diff = max_abs_diff(&vit.finish(&layer_input).unwrap(), &io["last_hidden_state"]);
+    assert!(diff < 1e-4, "last hidden state: max |Δ| = {diff}");
+}
+
+#[test]
+fn tiny_bert_matches_every_hidden_state_and_the_pooler() {
+    let io = load("tiny_bert_io.safetensors");
+    let config: BertConfig = config("tiny_bert");
+    assert_eq!(config.layer_norm_eps, 1e-7);
+    let bert = Bert::load(model_vb("tiny_bert"), &config).unwrap();
+    let u32s = |name: &str| io[name].to_dtype(DType::U32).unwrap();
+    let batch = TextBatch {
+        input_ids: u32s("input_ids"),
+        token_type_ids: u32s("token_type_ids"),
+        attention_mask: u32s("attention_mask"),
+    };
+    let states = bert.hidden_states(&batch).unwrap();
+    for (i, state) in states.iter().enumerate() {
+        let diff = max_abs_diff(state, &io[&format!("hidden_states.{i}")]);
+        assert!(diff < 1e-4, "hidden state {i}: max |Δ| = {diff}");
+    }
+    let layer_input = bert.last_layer_input(&batch).unwrap();
+    let final_tokens = bert.finish(&layer_input, &batch.attention_mask).unwrap();
+    assert!(max_abs_diff(&final_tokens, &io["hidden_states.3"]) < 1e-4);
+    let pooled = bert
+        .pooled(&final_tokens)
+        .unwrap()
+        .expect("the fixture has a pooler");
+    let diff = max_abs_diff(&pooled, &io["pooler_output"]);
+    assert!(diff < 1e-4, "pooler: max |Δ| = {diff}");
+}
+
+/// PIL's 8-bit resize reproduced exactly (0 levels of difference is the goal; 1 is the bound),
+/// and the rescale/normalise arithmetic to float precision.
+#[test]
+fn image_preprocessing_matches_vit_image_processor() {
+    let io = load("image_preprocess.safetensors");
+    let mut worst = 0u8;
+    for resample in [Resample::Bilinear, Resample::Bicubic] {
+        let tag = if resample == Resample::Bilinear {
+            "bilinear"
+        } else {
+            "bicubic"
+        };
+        let processor = ImagePreprocessor {
+            size: Some((224, 224)),
+            resample,
+            rescale_factor: Some(1.0 / 255.0),
+            normalize: Some(([0.5; 3], [0.5; 3])),
+        };
+        for name in ["mnist_0", "mnist_1", "cifar_0", "cifar_1"] {
+            let input = &io[&format!("input.{name}")];
+            let (channels, h, w) = match input.dims() {
+                [h, w] => (1, *h, *w),
+                [c, h, w] => (*c, *h, *w),
+                other => panic!("{other:?}"),
+            };
+            let pixels: Vec<u8> = input.flatten_all().unwrap().to_vec1().unwrap();
+            let ours = processor.resize_u8(&pixels, channels, h, w).unwrap(); // (3, 224, 224)
+            // Reference is HWC.
+            let reference: Vec<u8> = io[&format!("resized.{tag}.{name}")]
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let mut differing = 0;
+            for c in 0..3 {
+                for p in 0..224 * 224 {
+                    let d = ours[c * 224 * 224 + p].abs_diff(reference[p * 3 + c]);
+                    worst = worst.max(d);
+                    differing += usize::from(d != 0);
+                }
+            }
+            assert_eq!(
+                differing, 0,
+                "{tag} {name}: {differing} pixels differ from PIL (worst {worst})"
+            );
+            let values = processor.pixel_values(&pixels, channels, h, w).unwrap();
+            let crop: Vec<f32> = io[&format!("pixel_values_crop.{tag}.{name}")]
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for c in 0..3 {
+                for y in 0..16 {
+                    for x in 0..16 {
+                        let ours = values[c * 224 * 224 + (100 + y) * 224 + 100 + x];
+                        assert_eq!(
+                            ours,
+                            crop[(c * 16 + y) * 16 + x],
+                            "{tag} {name} c{c} y{y} x{x}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(worst, 0);
+}
+
+#[derive(serde::Deserialize)]
+struct TokenFixture {
+    source: String,
+    text: String,
+    input_ids: Vec<u32>,
+    attention_mask: Vec<u32>,
+    input_ids_special: Vec<u32>,
+    attention_mask_special: Vec<u32>,
+}
+
+/// The paper's tokenizer (bert-base-uncased, from the model mirror): ids identical to HF's, with
+/// special tokens off (the authors' setting) and on.
+#[test]
+fn tokenization_matches_bert_base_uncased() {
+    let root = benign_attention::encoder::hub::models_root(None)
+        .expect("set BENIGN_MODELS_DIR to the model mirror (.ci/run uses ../shared/models)");
+    let tokenizer_path = root.join("google-bert/bert-base-uncased/tokenizer.json");
+    let fixtures: Vec<TokenFixture> = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("trec_tokens.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(fixtures.len() >= 5);
+    for special in [false, true] {
+        let tokenizer = TextPreprocessor::from_file(&tokenizer_path, 128, special).unwrap();
+        let texts: Vec<String> = fixtures.iter().map(|f| f.text.clone()).collect();
+        let encoded = tokenizer.encode(&texts).unwrap();
+        for (k, f) in fixtures.iter().enumerate() {
+            let (ids, mask) = if special {
+                (&f.input_ids_special, &f.attention_mask_special)
+            } else {
+                (&f.input_ids, &f.attention_mask)
+            };
+            assert_eq!(
+                &encoded.input_ids[k], ids,
+                "{} (special tokens {special})",
+                f.source
+            );
+            assert_eq!(
+                &encoded.attention_mask[k], mask,
+                "{} (special tokens {special})",
+                f.source
+            );
+        }
+    }
+}
