@@ -6,7 +6,7 @@ use candle_core::{DType, Result, Tensor};
 use candle_nn::{Activation, Embedding, LayerNorm, Linear, Module, VarBuilder};
 use serde::Deserialize;
 
-use super::layers::{SelfAttention, additive_mask, first_token};
+use super::layers::{SelfAttention, activate, additive_mask, first_token};
 
 /// The fields of HF's `BertConfig` the forward needs; missing keys take HF's defaults.
 #[derive(Clone, Debug, Deserialize)]
@@ -124,11 +124,10 @@ impl BertLayer {
         let attended = self
             .attention_norm
             .forward(&(xs + self.attention_output.forward(context)?)?)?;
-        let mlp = self.output.forward(
-            &self
-                .activation
-                .forward(&self.intermediate.forward(&attended)?)?,
-        )?;
+        let mlp = self.output.forward(&activate(
+            self.activation,
+            &self.intermediate.forward(&attended)?,
+        )?)?;
         self.output_norm.forward(&(attended + mlp)?)
     }
 

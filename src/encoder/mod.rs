@@ -5,6 +5,7 @@
 
 pub mod backbone;
 pub mod bert;
+pub mod cache;
 pub mod hub;
 pub mod layers;
 pub mod preprocess;

@@ -8,7 +8,7 @@ use candle_nn::{Activation, LayerNorm, Linear, Module, VarBuilder};
 use candle_transformers::models::vit as ct_vit;
 use serde::Deserialize;
 
-use super::layers::{SelfAttention, first_token};
+use super::layers::{SelfAttention, activate, first_token};
 
 /// The fields of HF's `ViTConfig` the forward needs; missing keys take HF's defaults.
 #[derive(Clone, Debug, Deserialize)]
@@ -110,9 +110,10 @@ impl VitLayer {
     pub fn after_attention(&self, xs: &Tensor, context: &Tensor) -> Result<Tensor> {
         let hidden = (xs + self.attention_output.forward(context)?)?;
         let mlp = self.layernorm_after.forward(&hidden)?;
-        let mlp = self
-            .output
-            .forward(&self.activation.forward(&self.intermediate.forward(&mlp)?)?)?;
+        let mlp = self.output.forward(&activate(
+            self.activation,
+            &self.intermediate.forward(&mlp)?,
+        )?)?;
         hidden + mlp
     }
 
