@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::bert::{Bert, BertConfig, TextBatch, ids_tensor};
 use super::hub::BackboneFiles;
-use super::layers::first_token;
+use super::layers::{first_token, masked_mean};
 use super::preprocess::ImagePreprocessor;
 use super::text::TextPreprocessor;
 use super::vit::{Vit, VitConfig};
@@ -64,6 +64,9 @@ pub struct Encoded {
     pub cls: Tensor,
     /// BERT's pooler output on position 0, when the checkpoint has a pooler. (B, D).
     pub pooled: Option<Tensor>,
+    /// Mean of the final tokens over the attended positions, (B, D): what a token-selection head
+    /// with uniform attention (p = 0) feeds its classifier.
+    pub mean: Tensor,
 }
 
 #[derive(Deserialize)]
@@ -196,11 +199,12 @@ impl Backbone {
         match (&self.model, inputs) {
             (Model::Vit(vit), Inputs::Images(images)) => {
                 let layer_inputs = vit.last_layer_input(&self.pixel_values(images, indices)?)?;
-                let cls = Vit::cls_feature(&vit.finish(&layer_inputs)?)?;
+                let final_tokens = vit.finish(&layer_inputs)?;
                 Ok(Encoded {
+                    cls: Vit::cls_feature(&final_tokens)?,
+                    mean: final_tokens.mean(1)?,
                     layer_inputs,
                     attention_mask: None,
-                    cls,
                     pooled: None,
                 })
             }
@@ -212,6 +216,7 @@ impl Backbone {
                 Ok(Encoded {
                     cls: first_token(&final_tokens)?,
                     pooled: bert.pooled(&final_tokens)?,
+                    mean: masked_mean(&final_tokens, &batch.attention_mask)?,
                     layer_inputs,
                     attention_mask: Some(batch.attention_mask),
                 })

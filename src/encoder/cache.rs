@@ -30,7 +30,8 @@ const FORMAT_VERSION: u32 = 1;
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Contents {
-    /// The final CLS / position-0 feature (and BERT's pooler output): phase 1.
+    /// The final CLS / position-0 feature, the mean final token (and BERT's pooler output):
+    /// phase 1.
     Cls,
     /// Also the hidden states entering the last layer (and the text mask): phase 2 and head mode.
     Full,
@@ -43,6 +44,8 @@ pub struct Features {
     pub cls: Tensor,
     /// (N, D), BERT checkpoints with a pooler.
     pub pooled: Option<Tensor>,
+    /// Mean of the final tokens over attended positions, (N, D).
+    pub mean: Tensor,
     /// (N, T, D), with `Contents::Full`.
     pub layer_inputs: Option<Tensor>,
     /// (N, T) u32, text with `Contents::Full`.
@@ -243,6 +246,7 @@ impl FeatureCache {
             release_index: positions.iter().map(|&p| data.release_index[p]).collect(),
             cls: gather("cls")?.context("cache shards lack the cls feature")?,
             pooled: gather("pooled")?,
+            mean: gather("mean")?.context("cache shards lack the mean feature")?,
             layer_inputs: if wants_full {
                 gather("layer_inputs")?
             } else {
@@ -295,9 +299,13 @@ fn read_sidecars(dir: &Path) -> Vec<(ShardKey, PathBuf, PathBuf)> {
 fn load_shard(path: &Path, key: &ShardKey, hidden: usize) -> Result<HashMap<String, Tensor>> {
     let tensors = candle_core::safetensors::load(path, &Device::Cpu).context("unreadable")?;
     let n = key.release_index.len();
-    let cls = tensors.get("cls").context("no cls tensor")?;
-    if cls.dims() != [n, hidden] {
-        bail!("cls has shape {:?}, expected [{n}, {hidden}]", cls.dims());
+    for name in ["cls", "mean"] {
+        let t = tensors
+            .get(name)
+            .with_context(|| format!("no {name} tensor"))?;
+        if t.dims() != [n, hidden] {
+            bail!("{name} has shape {:?}, expected [{n}, {hidden}]", t.dims());
+        }
     }
     if key.contents == Contents::Full {
         let inputs = tensors
@@ -328,6 +336,10 @@ fn shard_tensors(parts: &[Encoded], contents: Contents) -> Result<HashMap<String
         cat(&|e| Some(&e.cls))?
             .expect("every batch has cls")
             .to_dtype(DType::F32)?,
+    );
+    tensors.insert(
+        "mean".to_string(),
+        cat(&|e| Some(&e.mean))?.expect("every batch has the mean"),
     );
     if let Some(pooled) = cat(&|e| e.pooled.as_ref())? {
         tensors.insert("pooled".into(), pooled);
