@@ -8,6 +8,8 @@ pub mod cli;
 pub mod data;
 pub mod encoder;
 pub mod io;
+pub mod model;
 pub mod report;
 pub mod rng;
 pub mod synthetic;
+pub mod train;

@@ -6,7 +6,7 @@ use candle_core::{DType, Result, Tensor};
 use candle_nn::{Activation, Embedding, LayerNorm, Linear, Module, VarBuilder};
 use serde::Deserialize;
 
-use super::layers::{SelfAttention, activate, additive_mask, first_token};
+use super::layers::{Norm, SelfAttention, activate, additive_mask, first_token};
 
 /// The fields of HF's `BertConfig` the forward needs; missing keys take HF's defaults.
 #[derive(Clone, Debug, Deserialize)]
@@ -84,17 +84,17 @@ pub struct BertLayer {
     /// `attention.output.dense`.
     pub attention_output: Linear,
     /// `attention.output.LayerNorm`.
-    pub attention_norm: LayerNorm,
+    pub attention_norm: Norm,
     pub intermediate: Linear,
     pub output: Linear,
     /// `output.LayerNorm`.
-    pub output_norm: LayerNorm,
+    pub output_norm: Norm,
     pub activation: Activation,
 }
 
 impl BertLayer {
     fn load(vb: VarBuilder, c: &BertConfig) -> Result<Self> {
-        let ln = |name: &str| candle_nn::layer_norm(c.hidden_size, c.layer_norm_eps, vb.pp(name));
+        let ln = |name: &str| Norm::load(c.hidden_size, c.layer_norm_eps, vb.pp(name));
         Ok(Self {
             attention: SelfAttention::load(
                 vb.pp("attention.self"),

@@ -72,6 +72,37 @@ impl SelfAttention {
     }
 }
 
+/// A LayerNorm that keeps candle's fused kernel for frozen inference and switches to the
+/// differentiable formula when its input tracks gradients (phase 2 trains through the last
+/// layer's norms; the fused kernel has no backward).
+#[derive(Clone, Debug)]
+pub struct Norm {
+    fused: candle_nn::LayerNorm,
+    eps: f64,
+}
+
+impl Norm {
+    pub fn load(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            fused: candle_nn::layer_norm(size, eps, vb)?,
+            eps,
+        })
+    }
+}
+
+impl Module for Norm {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        if !xs.track_op() {
+            return self.fused.forward(xs);
+        }
+        let bias = match self.fused.bias() {
+            Some(b) => b.clone(),
+            None => self.fused.weight().zeros_like()?,
+        };
+        candle_nn::ops::layer_norm_slow(xs, self.fused.weight(), &bias, self.eps as f32)
+    }
+}
+
 /// HF's extended attention mask: 0 where attended, the most negative f32 where padded, (B,1,1,T).
 pub fn additive_mask(attention_mask: &Tensor) -> Result<Tensor> {
     let (b, t) = attention_mask.dims2()?;

@@ -4,11 +4,11 @@
 //! reachable.
 
 use candle_core::{Result, Tensor};
-use candle_nn::{Activation, LayerNorm, Linear, Module, VarBuilder};
+use candle_nn::{Activation, Linear, Module, VarBuilder};
 use candle_transformers::models::vit as ct_vit;
 use serde::Deserialize;
 
-use super::layers::{SelfAttention, activate, first_token};
+use super::layers::{Norm, SelfAttention, activate, first_token};
 
 /// The fields of HF's `ViTConfig` the forward needs; missing keys take HF's defaults.
 #[derive(Clone, Debug, Deserialize)]
@@ -68,11 +68,11 @@ impl VitConfig {
 /// One pre-LN block: h = x + W_o·Attn(LN₁(x)); out = h + MLP(LN₂(h)).
 #[derive(Clone, Debug)]
 pub struct VitLayer {
-    pub layernorm_before: LayerNorm,
+    pub layernorm_before: Norm,
     pub attention: SelfAttention,
     /// `attention.output.dense`.
     pub attention_output: Linear,
-    pub layernorm_after: LayerNorm,
+    pub layernorm_after: Norm,
     pub intermediate: Linear,
     pub output: Linear,
     pub activation: Activation,
@@ -80,7 +80,7 @@ pub struct VitLayer {
 
 impl VitLayer {
     fn load(vb: VarBuilder, c: &VitConfig) -> Result<Self> {
-        let ln = |name: &str| candle_nn::layer_norm(c.hidden_size, c.layer_norm_eps, vb.pp(name));
+        let ln = |name: &str| Norm::load(c.hidden_size, c.layer_norm_eps, vb.pp(name));
         Ok(Self {
             layernorm_before: ln("layernorm_before")?,
             attention: SelfAttention::load(
@@ -130,7 +130,7 @@ pub struct Vit {
     embeddings: ct_vit::Embeddings,
     pub layers: Vec<VitLayer>,
     /// The final LayerNorm.
-    pub layernorm: LayerNorm,
+    pub layernorm: Norm,
 }
 
 impl Vit {
@@ -152,7 +152,7 @@ impl Vit {
                 vb.pp("embeddings"),
             )?,
             layers,
-            layernorm: candle_nn::layer_norm(
+            layernorm: Norm::load(
                 config.hidden_size,
                 config.layer_norm_eps,
                 vb.pp("layernorm"),

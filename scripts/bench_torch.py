@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""PyTorch CPU baseline for the Rust (candle) throughput bench.
+
+Times forward passes of the Hugging Face `transformers` models that the Rust
+crate re-implements, on the same deterministic inputs the Rust bench builds,
+so the two can be compared on one machine:
+
+  vit_tiny_patch16_224         ViTModel, real weights from
+                               $BENIGN_MODELS_DIR/timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k,
+                               batch 16 x 3 x 224 x 224                      -> images/s
+  vit_base_patch16_224_random  ViTModel(ViTConfig()) = ViT-B/16, random weights
+                               (add_pooling_layer=False), batch 16            -> images/s
+  all_minilm_l6_v2             BertModel, real weights from
+                               $BENIGN_MODELS_DIR/sentence-transformers/all-MiniLM-L6-v2,
+                               batch 32 x 128 tokens, all attended           -> sentences/s
+
+Inputs (integer arithmetic, then f32):
+  pixel_values[b,c,y,x] = ((b*7 + c*3 + y + 2*x) % 255) / 127.5 - 1
+  input_ids[b,t]        = 1000 + (b*131 + t*17) % 20000
+  attention_mask = 1, token_type_ids = 0
+
+Settings: torch.set_num_threads(--threads, default os.cpu_count()), eval mode,
+torch.inference_mode(), float32, attn_implementation="eager". Two warm-up
+iterations, then the median of --iters (>= 5) timed iterations.
+
+Prints one JSON line per model:
+  {"model", "batch", "seconds_per_batch", "items_per_second", "threads", "torch", ...}
+`cpu_per_wall` (process CPU seconds per wall second over the timed iterations)
+shows contention: it should be close to `threads`; if it is much lower, other
+work was competing for the cores and the numbers are not a clean baseline.
+
+Usage:
+  BENIGN_MODELS_DIR=... /tmp/parity-venv/bin/python scripts/bench_torch.py \\
+      [--threads N] [--iters K] [--models vit_tiny_patch16_224,all_minilm_l6_v2]
+"""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import BertModel, ViTConfig, ViTModel
+
+transformers.logging.set_verbosity_error()  # the ViT-Ti checkpoint carries unused classifier.* keys
+
+WARMUP = 2
+
+
+def models_dir() -> Path:
+    value = os.environ.get("BENIGN_MODELS_DIR")
+    if not value:
+        sys.exit("error: environment variable BENIGN_MODELS_DIR is not set (it must point at the offline model mirror)")
+    path = Path(value)
+    if not path.is_dir():
+        sys.exit(f"error: BENIGN_MODELS_DIR={value} is not a directory")
+    return path
+
+
+def pixel_values(batch: int, channels: int = 3, size: int = 224) -> torch.Tensor:
+    b = torch.arange(batch, dtype=torch.int64).view(-1, 1, 1, 1)
+    c = torch.arange(channels, dtype=torch.int64).view(1, -1, 1, 1)
+    y = torch.arange(size, dtype=torch.int64).view(1, 1, -1, 1)
+    x = torch.arange(size, dtype=torch.int64).view(1, 1, 1, -1)
+    v = (b * 7 + c * 3 + y + 2 * x) % 255
+    return (v.to(torch.float32) / 127.5 - 1.0).contiguous()
+
+
+def text_inputs(batch: int, seq_len: int) -> dict:
+    b = torch.arange(batch, dtype=torch.int64).view(-1, 1)
+    t = torch.arange(seq_len, dtype=torch.int64).view(1, -1)
+    input_ids = 1000 + (b * 131 + t * 17) % 20000
+    return {
+        "input_ids": input_ids.contiguous(),
+        "attention_mask": torch.ones((batch, seq_len), dtype=torch.int64),
+        "token_type_ids": torch.zeros((batch, seq_len), dtype=torch.int64),
+    }
+
+
+def load_vit_tiny():
+    path = models_dir() / "timm" / "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    return ViTModel.from_pretrained(
+        str(path), add_pooling_layer=False, attn_implementation="eager", torch_dtype=torch.float32
+    )
+
+
+def load_vit_base_random():
+    torch.manual_seed(0)
+    config = ViTConfig()  # hidden 768, 12 layers, 12 heads, 224 px, patch 16
+    config._attn_implementation = "eager"
+    return ViTModel(config, add_pooling_layer=False)
+
+
+def load_minilm():
+    path = models_dir() / "sentence-transformers" / "all-MiniLM-L6-v2"
+    return BertModel.from_pretrained(str(path), attn_implementation="eager", torch_dtype=torch.float32)
+
+
+# name -> (loader, batch, input builder, input description)
+MODELS = {
+    "vit_tiny_patch16_224": (load_vit_tiny, 16, lambda: {"pixel_values": pixel_values(16)}, [16, 3, 224, 224]),
+    "vit_base_patch16_224_random": (
+        load_vit_base_random, 16, lambda: {"pixel_values": pixel_values(16)}, [16, 3, 224, 224]),
+    "all_minilm_l6_v2": (load_minilm, 32, lambda: text_inputs(32, 128), [32, 128]),
+}
+
+
+def bench(name: str, iters: int, threads: int) -> dict:
+    loader, batch, make_inputs, shape = MODELS[name]
+    model = loader().eval().to(torch.float32)
+    assert model.config._attn_implementation == "eager", model.config._attn_implementation
+    inputs = make_inputs()
+    times = []
+    cpu = 0.0
+    with torch.inference_mode():
+        for i in range(WARMUP + iters):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            model(**inputs)
+            elapsed, cpu_used = time.perf_counter() - start, time.process_time() - cpu_start
+            if i >= WARMUP:
+                times.append(elapsed)
+                cpu += cpu_used
+    seconds = statistics.median(times)
+    return {
+        "model": name,
+        "batch": batch,
+        "input_shape": shape,
+        "seconds_per_batch": round(seconds, 6),
+        "items_per_second": round(batch / seconds, 3),
+        "threads": threads,
+        "iters": iters,
+        # CPU seconds this process used per wall second while timed: close to `threads` on an
+        # idle machine, well below it when other work competes for the cores.
+        "cpu_per_wall": round(cpu / sum(times), 2),
+        "torch": torch.__version__,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: os.cpu_count())")
+    parser.add_argument("--iters", type=int, default=5, help="timed iterations, median reported (>= 5)")
+    parser.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated subset of: {', '.join(MODELS)} (default: all)",
+    )
+    args = parser.parse_args()
+    if args.iters < 5:
+        parser.error("--iters must be >= 5")
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown or not names:
+        parser.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+
+    torch.set_num_threads(args.threads)
+    for name in names:
+        print(json.dumps(bench(name, args.iters, args.threads)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+//! Phase 2 of the paper (PAPER.md §3): the last layer's query and key re-initialised and trained,
+//! everything else frozen, evaluated from the cached hidden states entering that layer.
+//!
+//! Only the CLS / position-0 output reaches the classifier, and every part of the layer after the
+//! attention is token-wise, so only the CLS query row matters. Per head h:
+//!
+//!   scores_h = (q₀ₕ · Kₕᵀ)/√dₕ  with  q₀ = x̂₀ W_Qᵀ + b_Q,  Kₕ = X̂ W_Kₕᵀ + b_Kₕ
+//!            = ((q₀ₕ W_Kₕ) X̂ᵀ + q₀ₕ · b_Kₕ)/√dₕ
+//!
+//! so a step costs O(B(D² + H·T·D)) instead of the full layer's O(B·T·D²). The values V = X̂ W_Vᵀ
+//! + b_V are frozen and computed once per sample. It is the same function as the full forward;
+//! `full_forward_logits` computes that one for the equivalence test.
+
+use anyhow::{Result, bail};
+use candle_core::{D, DType, Device, Tensor, Var};
+use candle_nn::Module;
+use rand::RngExt;
+
+use super::classifier::Classifier;
+use crate::encoder::Model;
+use crate::encoder::layers::{SelfAttention, first_token};
+
+/// The trainable query and key of the last layer.
+pub struct QueryKey {
+    pub wq: Var,
+    pub bq: Var,
+    pub wk: Var,
+    pub bk: Var,
+}
+
+impl QueryKey {
+    /// torch's `nn.Linear.reset_parameters`: weight kaiming_uniform(a = √5) = U(±1/√fan_in),
+    /// bias U(±1/√fan_in), for the query then the key, from `rng`.
+    pub fn reset(hidden: usize, rng: &mut impl rand::Rng, device: &Device) -> Result<Self> {
+        let bound = 1.0 / (hidden as f32).sqrt();
+        let mut draw = |len: usize| -> Vec<f32> {
+            (0..len).map(|_| rng.random_range(-bound..bound)).collect()
+        };
+        let var = |values: Vec<f32>, shape: &[usize]| {
+            Var::from_tensor(&Tensor::from_vec(values, shape, device)?)
+        };
+        let (wq, bq) = (draw(hidden * hidden), draw(hidden));
+        let (wk, bk) = (draw(hidden * hidden), draw(hidden));
+        Ok(Self {
+            wq: var(wq, &[hidden, hidden])?,
+            bq: var(bq, &[hidden])?,
+            wk: var(wk, &[hidden, hidden])?,
+            bk: var(bk, &[hidden])?,
+        })
+    }
+
+    /// The query and key of a pretrained layer (no re-initialisation).
+    pub fn from_layer(attention: &SelfAttention) -> Result<Self> {
+        let bias = |l: &candle_nn::Linear| -> Result<Tensor> {
+            match l.bias() {
+                Some(b) => Ok(b.clone()),
+                None => Ok(Tensor::zeros(
+                    l.weight().dim(0)?,
+                    DType::F32,
+                    l.weight().device(),
+                )?),
+            }
+        };
+        Ok(Self {
+            wq: Var::from_tensor(attention.query.weight())?,
+            bq: Var::from_tensor(&bias(&attention.query)?)?,
+            wk: Var::from_tensor(attention.key.weight())?,
+            bk: Var::from_tensor(&bias(&attention.key)?)?,
+        })
+    }
+
+    pub fn named(&self) -> Vec<(String, Var)> {
+        vec![
+            ("query.weight".into(), self.wq.clone()),
+            ("query.bias".into(), self.bq.clone()),
+            ("key.weight".into(), self.wk.clone()),
+            ("key.bias".into(), self.bk.clone()),
+        ]
+    }
+}
+
+/// Frozen per-sample tensors derived once from the cached layer inputs.
+pub struct LayerCache {
+    /// The layer inputs X, (N, T, D).
+    pub inputs: Tensor,
+    /// What the attention reads: LN_before(X) for ViT, X for BERT, (N, T, D).
+    pub normed: Tensor,
+    /// Frozen values, split by head, (N, H, T, d_h).
+    pub values: Tensor,
+    /// Additive padding mask (N, 1, 1, T) for text.
+    pub mask: Option<Tensor>,
+}
+
+/// The logits and the CLS attention (B, H, T) of a batch.
+pub struct Output {
+    pub logits: Tensor,
+    pub cls_attention: Tensor,
+}
+
+pub struct LastLayer<'a> {
+    model: &'a Model,
+    classifier: &'a Classifier,
+}
+
+impl<'a> LastLayer<'a> {
+    pub fn new(model: &'a Model, classifier: &'a Classifier) -> Self {
+        Self { model, classifier }
+    }
+
+    fn attention(&self) -> &SelfAttention {
+        match self.model {
+            Model::Vit(v) => &v.last_layer().attention,
+            Model::Bert(b) => &b.last_layer().attention,
+        }
+    }
+
+    /// Derives the frozen per-sample tensors from cached layer inputs (and the text mask).
+    pub fn prepare(&self, inputs: &Tensor, attention_mask: Option<&Tensor>) -> Result<LayerCache> {
+        let normed = match self.model {
+            Model::Vit(v) => v.last_layer().layernorm_before.forward(inputs)?,
+            Model::Bert(_) => inputs.clone(),
+        };
+        let attention = self.attention();
+        let values = attention.split_heads(&attention.value.forward(&normed)?)?;
+        let mask = attention_mask
+            .map(crate::encoder::layers::additive_mask)
+            .transpose()?;
+        Ok(LayerCache {
+            inputs: inputs.clone(),
+            normed,
+            values,
+            mask,
+        })
+    }
+
+    /// The layer's output at the CLS position through to the logits, given the attention context
+    /// of the CLS query, (B, D).
+    fn head(&self, x0: &Tensor, context: &Tensor) -> Result<Tensor> {
+        let (x0, context) = (x0.unsqueeze(1)?, context.unsqueeze(1)?);
+        let out0 = match self.model {
+            Model::Vit(v) => v
+                .layernorm
+                .forward(&v.last_layer().after_attention(&x0, &context)?)?,
+            Model::Bert(b) => b.last_layer().after_attention(&x0, &context)?,
+        };
+        self.classifier.forward(&out0.squeeze(1)?)
+    }
+
+    /// The cheap path: CLS query row only, on samples `rows` of `cache`.
+    pub fn forward(&self, qk: &QueryKey, cache: &LayerCache, rows: &Tensor) -> Result<Output> {
+        let attention = self.attention();
+        let (h, dh) = (attention.num_heads, attention.head_dim);
+        let normed = cache.normed.index_select(rows, 0)?; // (B, T, D)
+        let (b, _, d) = normed.dims3()?;
+        let x0_hat = first_token(&normed)?; // (B, D)
+        let q0 = x0_hat
+            .matmul(&qk.wq.t()?)?
+            .broadcast_add(&qk.bq)?
+            .reshape((b, h, dh))?; // (B, H, d_h)
+        // r_h = q₀ₕ W_Kₕ for every head at once: (H, B, d_h) × (H, d_h, D) → (B, H, D).
+        let wk = qk.wk.reshape((h, dh, d))?;
+        let r = q0
+            .transpose(0, 1)?
+            .contiguous()?
+            .matmul(&wk)?
+            .transpose(0, 1)?
+            .contiguous()?;
+        let key_bias = q0
+            .broadcast_mul(&qk.bk.reshape((1, h, dh))?)?
+            .sum_keepdim(D::Minus1)?; // (B, H, 1)
+        let scores = r.matmul(&normed.transpose(1, 2)?.contiguous()?)?; // (B, H, T)
+        let scores = (scores.broadcast_add(&key_bias)? / (dh as f64).sqrt())?.unsqueeze(2)?; // (B, H, 1, T)
+        let scores = match &cache.mask {
+            Some(mask) => scores.broadcast_add(&mask.index_select(rows, 0)?)?,
+            None => scores,
+        };
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let context = probs.matmul(&cache.values.index_select(rows, 0)?)?; // (B, H, 1, d_h)
+        let context = context.reshape((b, h * dh))?;
+        let x0 = first_token(&cache.inputs.index_select(rows, 0)?)?;
+        Ok(Output {
+            logits: self.head(&x0, &context)?,
+            cls_attention: probs.squeeze(2)?,
+        })
+    }
+
+    /// The reference: the whole last layer with this query/key on every token, as a full
+    /// forward through the model computes it, then the CLS output. For equivalence tests.
+    pub fn full_forward_logits(
+        &self,
+        qk: &QueryKey,
+        inputs: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let attention = self.attention();
+        let normed = match self.model {
+            Model::Vit(v) => v.last_layer().layernorm_before.forward(inputs)?,
+            Model::Bert(_) => inputs.clone(),
+        };
+        let q = attention.split_heads(
+            &normed
+                .broadcast_matmul(&qk.wq.t()?)?
+                .broadcast_add(&qk.bq)?,
+        )?;
+        let k = attention.split_heads(
+            &normed
+                .broadcast_matmul(&qk.wk.t()?)?
+                .broadcast_add(&qk.bk)?,
+        )?;
+        let v = attention.split_heads(&attention.value.forward(&normed)?)?;
+        let scores = (q.matmul(&k.t()?)? / (attention.head_dim as f64).sqrt())?;
+        let scores = match attention_mask {
+            Some(m) => scores.broadcast_add(&crate::encoder::layers::additive_mask(m)?)?,
+            None => scores,
+        };
+        let context =
+            SelfAttention::merge_heads(&candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(&v)?)?;
+        let tokens = match self.model {
+            Model::Vit(vit) => vit
+                .layernorm
+                .forward(&vit.last_layer().after_attention(inputs, &context)?)?,
+            Model::Bert(bert) => bert.last_layer().after_attention(inputs, &context)?,
+        };
+        self.classifier.forward(&first_token(&tokens)?)
+    }
+}
+
+/// Sample indices as the u32 index tensor `forward` takes.
+pub fn row_indices(indices: &[usize], device: &Device) -> Result<Tensor> {
+    if indices.is_empty() {
+        bail!("empty batch");
+    }
+    Ok(Tensor::from_iter(
+        indices.iter().map(|&i| i as u32),
+        device,
+    )?)
+}

@@ -1,0 +1,78 @@
+//! The card's head mode: the paper's token-selection model with K classes on the frozen
+//! backbone's final tokens, f(X) = C(Σ_t softmax_t(X Wᵀ p) x_t), with C a linear classifier
+//! trained first on mean-pooled tokens (p = 0 makes the softmax uniform) and then frozen while W and
+//! p train. W ~ U(±1/√D) and p = 0 as in the synthetic model (PAPER.md §2.2).
+
+use anyhow::Result;
+use candle_core::{D, Device, Tensor, Var};
+use rand::RngExt;
+
+pub struct TokenSelectionHead {
+    /// (D, D).
+    pub w: Var,
+    /// (D,).
+    pub p: Var,
+}
+
+/// The pooled features and the selection (B, T) of a batch.
+pub struct Selection {
+    pub pooled: Tensor,
+    pub attention: Tensor,
+}
+
+impl TokenSelectionHead {
+    pub fn new(hidden: usize, rng: &mut impl rand::Rng, device: &Device) -> Result<Self> {
+        let bound = 1.0 / (hidden as f32).sqrt();
+        let w: Vec<f32> = (0..hidden * hidden)
+            .map(|_| rng.random_range(-bound..bound))
+            .collect();
+        Ok(Self {
+            w: Var::from_tensor(&Tensor::from_vec(w, (hidden, hidden), device)?)?,
+            p: Var::zeros(hidden, candle_core::DType::F32, device)?,
+        })
+    }
+
+    /// Σ_t softmax_t(X Wᵀ p) x_t for tokens (B, T, D); `mask` is additive, (B, T).
+    pub fn select(&self, tokens: &Tensor, mask: Option<&Tensor>) -> Result<Selection> {
+        // X Wᵀ p = X (Wᵀ p): one D-vector per step instead of a (T, D) product per sample.
+        let direction = self.w.t()?.matmul(&self.p.unsqueeze(1)?)?; // (D, 1)
+        let scores = tokens.broadcast_matmul(&direction)?.squeeze(D::Minus1)?; // (B, T)
+        let scores = match mask {
+            Some(m) => (scores + m)?,
+            None => scores,
+        };
+        let attention = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let pooled = attention.unsqueeze(1)?.matmul(tokens)?.squeeze(1)?; // (B, D)
+        Ok(Selection { pooled, attention })
+    }
+
+    pub fn named(&self) -> Vec<(String, Var)> {
+        vec![
+            ("head.w".into(), self.w.clone()),
+            ("head.p".into(), self.p.clone()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn zero_query_pools_the_mean_of_the_attended_tokens() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let head = TokenSelectionHead::new(4, &mut rng, &Device::Cpu).unwrap();
+        let tokens = Tensor::new(
+            &[[[1f32, 0., 0., 0.], [0., 1., 0., 0.], [0., 0., 1., 9.]]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let mask = Tensor::new(&[[0f32, 0., f32::MIN]], &Device::Cpu).unwrap();
+        let s = head.select(&tokens, Some(&mask)).unwrap();
+        assert_eq!(
+            s.pooled.to_vec2::<f32>().unwrap(),
+            vec![vec![0.5, 0.5, 0.0, 0.0]]
+        );
+    }
+}

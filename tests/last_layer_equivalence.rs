@@ -1,0 +1,191 @@
+//! Phase 2 from cached layer inputs (CLS query row only) is the same function as a full forward
+//! through the whole model with the re-initialised query/key in its last layer: same loss, same
+//! gradients of W_Q, b_Q, W_K, b_K (tiny fixture ViT and BERT).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use benign_attention::encoder::Model;
+use benign_attention::encoder::bert::{Bert, BertConfig, TextBatch};
+use benign_attention::encoder::vit::{Vit, VitConfig};
+use benign_attention::model::last_layer::row_indices;
+use benign_attention::model::{Classifier, LastLayer, QueryKey};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use rand::SeedableRng;
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn vb(dir: &str) -> VarBuilder<'static> {
+    unsafe {
+        VarBuilder::from_mmaped_safetensors(
+            &[fixture(dir).join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
+        .unwrap()
+    }
+}
+
+fn config<T: serde::de::DeserializeOwned>(dir: &str) -> T {
+    serde_json::from_str(&std::fs::read_to_string(fixture(dir).join("config.json")).unwrap())
+        .unwrap()
+}
+
+/// The cache's round trip: layer inputs saved as safetensors and read back.
+fn through_cache(inputs: &Tensor) -> Tensor {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cached.safetensors");
+    candle_core::safetensors::save(
+        &HashMap::from([("layer_inputs".to_string(), inputs.clone())]),
+        &path,
+    )
+    .unwrap();
+    candle_core::safetensors::load(&path, &Device::Cpu)
+        .unwrap()
+        .remove("layer_inputs")
+        .unwrap()
+}
+
+fn max_rel_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let scale = b
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .max(1e-12);
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        / scale
+}
+
+/// Loss and query/key gradients both ways; asserts they agree to 1e-4.
+fn check(
+    model: &Model,
+    classifier: &Classifier,
+    layer_inputs: &Tensor,
+    mask: Option<&Tensor>,
+    labels: &Tensor,
+) {
+    let hidden = layer_inputs.dim(2).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let qk = QueryKey::reset(hidden, &mut rng, &Device::Cpu).unwrap();
+    let layer = LastLayer::new(model, classifier);
+
+    let full_logits = layer.full_forward_logits(&qk, layer_inputs, mask).unwrap();
+    let full_loss = candle_nn::loss::cross_entropy(&full_logits, labels).unwrap();
+    let full_grads = full_loss.backward().unwrap();
+
+    let cache = layer.prepare(&through_cache(layer_inputs), mask).unwrap();
+    let rows = row_indices(
+        &(0..layer_inputs.dim(0).unwrap()).collect::<Vec<_>>(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let out = layer.forward(&qk, &cache, &rows).unwrap();
+    let loss = candle_nn::loss::cross_entropy(&out.logits, labels).unwrap();
+    let grads = loss.backward().unwrap();
+
+    let (a, b) = (
+        loss.to_scalar::<f32>().unwrap(),
+        full_loss.to_scalar::<f32>().unwrap(),
+    );
+    assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "loss {a} vs {b}");
+    let magnitude = |t: &Tensor| {
+        t.abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    for (name, var) in qk.named() {
+        let (ours, reference) = (grads.get(&var).unwrap(), full_grads.get(&var).unwrap());
+        eprintln!(
+            "{name}: max |grad| {:e}, max |Δ| {:e}",
+            magnitude(reference),
+            magnitude(&(ours - reference).unwrap())
+        );
+        if name == "key.bias" {
+            continue; // checked below: its true gradient is 0, so only the absolute size matters
+        }
+        let diff = max_rel_diff(ours, reference);
+        assert!(diff < 1e-4, "{name}: relative gradient difference {diff}");
+    }
+    // The key bias adds q₀ₕ·b_Kₕ to every score of a row, which the softmax cancels: its true
+    // gradient is 0, so both paths must leave only rounding, far below the other gradients.
+    let scale = magnitude(full_grads.get(&qk.wq).unwrap());
+    for g in [grads.get(&qk.bk).unwrap(), full_grads.get(&qk.bk).unwrap()] {
+        assert!(
+            magnitude(g) <= 1e-4 * scale,
+            "key-bias gradient {:e} vs W_Q's {scale:e}",
+            magnitude(g)
+        );
+    }
+}
+
+#[test]
+fn vit_phase2_from_cache_equals_the_full_forward() {
+    let config: VitConfig = config("tiny_vit");
+    let vit = Vit::load(vb("tiny_vit"), &config).unwrap();
+    let io =
+        candle_core::safetensors::load(fixture("tiny_vit_io.safetensors"), &Device::Cpu).unwrap();
+    let layer_inputs = vit.last_layer_input(&io["pixel_values"]).unwrap();
+    let model = Model::Vit(vit);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let classifier = Classifier::new(config.hidden_size, 5, None, &mut rng, &Device::Cpu).unwrap();
+    let labels = Tensor::new(&[3u32, 1], &Device::Cpu).unwrap();
+    check(&model, &classifier, &layer_inputs, None, &labels);
+}
+
+#[test]
+fn bert_phase2_from_cache_equals_the_full_forward() {
+    let config: BertConfig = config("tiny_bert");
+    let bert = Bert::load(vb("tiny_bert"), &config).unwrap();
+    let io =
+        candle_core::safetensors::load(fixture("tiny_bert_io.safetensors"), &Device::Cpu).unwrap();
+    let u32s = |name: &str| io[name].to_dtype(DType::U32).unwrap();
+    let batch = TextBatch {
+        input_ids: u32s("input_ids"),
+        token_type_ids: u32s("token_type_ids"),
+        attention_mask: u32s("attention_mask"),
+    };
+    let layer_inputs = bert.last_layer_input(&batch).unwrap();
+    let pooler = bert.pooler.as_ref().expect("the fixture has a pooler");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let classifier = Classifier::new(
+        config.hidden_size,
+        4,
+        Some((pooler.weight(), pooler.bias().unwrap())),
+        &mut rng,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let model = Model::Bert(bert);
+    let labels = Tensor::new(&[0u32, 2], &Device::Cpu).unwrap();
+    check(
+        &model,
+        &classifier,
+        &layer_inputs,
+        Some(&batch.attention_mask),
+        &labels,
+    );
+}
