@@ -207,3 +207,39 @@ fn tokenization_matches_bert_base_uncased() {
         }
     }
 }
+
+/// The original bert-base-uncased checkpoint names its LayerNorm parameters `gamma`/`beta` and
+/// prefixes everything with `bert.`; it must load through the same code with the same result.
+#[test]
+fn bert_checkpoints_with_gamma_beta_names_and_a_prefix_load_the_same() {
+    let original = candle_core::safetensors::load(
+        fixtures().join("tiny_bert/model.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let renamed: HashMap<String, Tensor> = original
+        .iter()
+        .map(|(name, t)| {
+            let name = name
+                .replace("LayerNorm.weight", "LayerNorm.gamma")
+                .replace("LayerNorm.bias", "LayerNorm.beta");
+            (format!("bert.{name}"), t.clone())
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    candle_core::safetensors::save(&renamed, &path).unwrap();
+    let vb =
+        unsafe { VarBuilder::from_mmaped_safetensors(&[path], DType::F32, &Device::Cpu).unwrap() };
+    let config: BertConfig = config("tiny_bert");
+    let bert = Bert::load(vb, &config).unwrap();
+    let io = load("tiny_bert_io.safetensors");
+    let u32s = |name: &str| io[name].to_dtype(DType::U32).unwrap();
+    let batch = TextBatch {
+        input_ids: u32s("input_ids"),
+        token_type_ids: u32s("token_type_ids"),
+        attention_mask: u32s("attention_mask"),
+    };
+    let last = bert.hidden_states(&batch).unwrap().pop().unwrap();
+    assert!(max_abs_diff(&last, &io["hidden_states.3"]) < 1e-4);
+}

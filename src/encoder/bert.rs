@@ -64,7 +64,11 @@ impl BertEmbeddings {
                 c.hidden_size,
                 vb.pp("token_type_embeddings"),
             )?,
-            layer_norm: candle_nn::layer_norm(c.hidden_size, c.layer_norm_eps, vb.pp("LayerNorm"))?,
+            layer_norm: super::layers::layer_norm(
+                c.hidden_size,
+                c.layer_norm_eps,
+                vb.pp("LayerNorm"),
+            )?,
         })
     }
 

@@ -84,10 +84,23 @@ pub struct Norm {
 impl Norm {
     pub fn load(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
         Ok(Self {
-            fused: candle_nn::layer_norm(size, eps, vb)?,
+            fused: layer_norm(size, eps, vb)?,
             eps,
         })
     }
+}
+
+/// A LayerNorm's `weight`/`bias`, or `gamma`/`beta` as in the original bert-base-uncased
+/// checkpoint (HF renames them when loading; so must we).
+pub fn layer_norm(size: usize, eps: f64, vb: VarBuilder) -> Result<candle_nn::LayerNorm> {
+    let (weight, bias) = match (vb.get(size, "weight"), vb.get(size, "bias")) {
+        (Ok(w), Ok(b)) => (w, b),
+        (Err(err), _) | (_, Err(err)) => match (vb.get(size, "gamma"), vb.get(size, "beta")) {
+            (Ok(w), Ok(b)) => (w, b),
+            _ => return Err(err),
+        },
+    };
+    Ok(candle_nn::LayerNorm::new(weight, bias, eps))
 }
 
 impl Module for Norm {
