@@ -3,48 +3,16 @@
 //! ViTImageProcessor's resize and normalisation, and bert-base-uncased tokenization.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
-use benign_attention::encoder::bert::{Bert, BertConfig, TextBatch};
+use benign_attention::encoder::bert::{Bert, BertConfig};
 use benign_attention::encoder::preprocess::{ImagePreprocessor, Resample};
 use benign_attention::encoder::text::TextPreprocessor;
 use benign_attention::encoder::vit::{Vit, VitConfig};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn load(name: &str) -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(fixtures().join(name), &Device::Cpu).unwrap()
-}
-
-fn model_vb(dir: &str) -> VarBuilder<'static> {
-    let path = fixtures().join(dir).join("model.safetensors");
-    unsafe { VarBuilder::from_mmaped_safetensors(&[path], DType::F32, &Device::Cpu).unwrap() }
-}
-
-fn config<T: serde::de::DeserializeOwned>(dir: &str) -> T {
-    serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join(dir).join("config.json")).unwrap(),
-    )
-    .unwrap()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
+mod common;
+use common::{bert_batch, config, fixtures, load, max_abs_diff, model_vb};
 
 #[test]
 fn tiny_vit_matches_every_hidden_state() {
@@ -72,12 +40,7 @@ fn tiny_bert_matches_every_hidden_state_and_the_pooler() {
     let config: BertConfig = config("tiny_bert");
     assert_eq!(config.layer_norm_eps, 1e-7);
     let bert = Bert::load(model_vb("tiny_bert"), &config).unwrap();
-    let u32s = |name: &str| io[name].to_dtype(DType::U32).unwrap();
-    let batch = TextBatch {
-        input_ids: u32s("input_ids"),
-        token_type_ids: u32s("token_type_ids"),
-        attention_mask: u32s("attention_mask"),
-    };
+    let batch = bert_batch(&io);
     let states = bert.hidden_states(&batch).unwrap();
     for (i, state) in states.iter().enumerate() {
         let diff = max_abs_diff(state, &io[&format!("hidden_states.{i}")]);
@@ -234,12 +197,7 @@ fn bert_checkpoints_with_gamma_beta_names_and_a_prefix_load_the_same() {
     let config: BertConfig = config("tiny_bert");
     let bert = Bert::load(vb, &config).unwrap();
     let io = load("tiny_bert_io.safetensors");
-    let u32s = |name: &str| io[name].to_dtype(DType::U32).unwrap();
-    let batch = TextBatch {
-        input_ids: u32s("input_ids"),
-        token_type_ids: u32s("token_type_ids"),
-        attention_mask: u32s("attention_mask"),
-    };
+    let batch = bert_batch(&io);
     let last = bert.hidden_states(&batch).unwrap().pop().unwrap();
     assert!(max_abs_diff(&last, &io["hidden_states.3"]) < 1e-4);
 }

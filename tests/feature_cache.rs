@@ -8,8 +8,10 @@ use benign_attention::encoder::cache::{Contents, FeatureCache};
 use benign_attention::encoder::{Backbone, BackboneFiles, TextOptions};
 use candle_core::Device;
 
+mod common;
+
 fn tiny_vit(dir: &Path) -> Backbone {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_vit");
+    let fixture = common::fixtures().join("tiny_vit");
     let preprocessor = dir.join("preprocessor_config.json");
     std::fs::write(
         &preprocessor,

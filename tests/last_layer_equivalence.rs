@@ -3,38 +3,17 @@
 //! gradients of W_Q, b_Q, W_K, b_K (tiny fixture ViT and BERT).
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use benign_attention::encoder::Model;
-use benign_attention::encoder::bert::{Bert, BertConfig, TextBatch};
+use benign_attention::encoder::bert::{Bert, BertConfig};
 use benign_attention::encoder::vit::{Vit, VitConfig};
 use benign_attention::model::last_layer::row_indices;
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
+use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 
-fn fixture(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-fn vb(dir: &str) -> VarBuilder<'static> {
-    unsafe {
-        VarBuilder::from_mmaped_safetensors(
-            &[fixture(dir).join("model.safetensors")],
-            DType::F32,
-            &Device::Cpu,
-        )
-        .unwrap()
-    }
-}
-
-fn config<T: serde::de::DeserializeOwned>(dir: &str) -> T {
-    serde_json::from_str(&std::fs::read_to_string(fixture(dir).join("config.json")).unwrap())
-        .unwrap()
-}
+mod common;
+use common::{bert_batch, config, fixtures, model_vb};
 
 /// The cache's round trip: layer inputs saved as safetensors and read back.
 fn through_cache(inputs: &Tensor) -> Tensor {
@@ -145,9 +124,10 @@ fn check(
 #[test]
 fn vit_phase2_from_cache_equals_the_full_forward() {
     let config: VitConfig = config("tiny_vit");
-    let vit = Vit::load(vb("tiny_vit"), &config).unwrap();
+    let vit = Vit::load(model_vb("tiny_vit"), &config).unwrap();
     let io =
-        candle_core::safetensors::load(fixture("tiny_vit_io.safetensors"), &Device::Cpu).unwrap();
+        candle_core::safetensors::load(fixtures().join("tiny_vit_io.safetensors"), &Device::Cpu)
+            .unwrap();
     let layer_inputs = vit.last_layer_input(&io["pixel_values"]).unwrap();
     let model = Model::Vit(vit);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
@@ -159,15 +139,11 @@ fn vit_phase2_from_cache_equals_the_full_forward() {
 #[test]
 fn bert_phase2_from_cache_equals_the_full_forward() {
     let config: BertConfig = config("tiny_bert");
-    let bert = Bert::load(vb("tiny_bert"), &config).unwrap();
+    let bert = Bert::load(model_vb("tiny_bert"), &config).unwrap();
     let io =
-        candle_core::safetensors::load(fixture("tiny_bert_io.safetensors"), &Device::Cpu).unwrap();
-    let u32s = |name: &str| io[name].to_dtype(DType::U32).unwrap();
-    let batch = TextBatch {
-        input_ids: u32s("input_ids"),
-        token_type_ids: u32s("token_type_ids"),
-        attention_mask: u32s("attention_mask"),
-    };
+        candle_core::safetensors::load(fixtures().join("tiny_bert_io.safetensors"), &Device::Cpu)
+            .unwrap();
+    let batch = bert_batch(&io);
     let layer_inputs = bert.last_layer_input(&batch).unwrap();
     let pooler = bert.pooler.as_ref().expect("the fixture has a pooler");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
