@@ -1,4 +1,6 @@
-//! Training: the optimizer of the authors' Trainer defaults; the phases and their metrics build
-//! on it.
+//! Training: the per-dataset paper defaults (`config`), the optimizer of the authors' Trainer
+//! defaults (`optim`) and the metrics the runs report (`metrics`).
 
+pub mod config;
+pub mod metrics;
 pub mod optim;

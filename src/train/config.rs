@@ -1,0 +1,91 @@
+//! Each dataset's paper defaults (configs/<dataset>.toml, PAPER.md §3), compiled in so the binary
+//! carries them; flags override them per run.
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+use super::optim::OptimizerConfig;
+use crate::data::DatasetName;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetConfig {
+    pub dataset: String,
+    pub classes: usize,
+    /// Clean phase-1 samples.
+    pub pretrain_n: usize,
+    /// Noisy phase-2 samples (the authors' default; Table 2 uses 20, 200, 1000).
+    pub n: usize,
+    pub pretrain_epochs: usize,
+    pub epochs: usize,
+    pub batch_size: usize,
+    /// In order of preference: the paper's backbone first, then offline ones.
+    pub backbones: Vec<String>,
+    pub optimizer: OptimizerConfig,
+}
+
+const CONFIGS: [(&str, &str); 6] = [
+    ("mnist", include_str!("../../configs/mnist.toml")),
+    ("cifar10", include_str!("../../configs/cifar10.toml")),
+    (
+        "pneumoniamnist",
+        include_str!("../../configs/pneumoniamnist.toml"),
+    ),
+    (
+        "breastmnist",
+        include_str!("../../configs/breastmnist.toml"),
+    ),
+    ("ag_news", include_str!("../../configs/ag_news.toml")),
+    ("trec", include_str!("../../configs/trec.toml")),
+];
+
+/// The defaults of `dataset`; an error for datasets without a paper config.
+pub fn dataset_config(dataset: &DatasetName) -> Result<DatasetConfig> {
+    let (_, text) = CONFIGS
+        .iter()
+        .find(|(name, _)| *name == dataset.id())
+        .with_context(|| {
+            format!(
+                "{dataset}: no paper config (configs/ has {})",
+                CONFIGS.map(|(n, _)| n).join(", ")
+            )
+        })?;
+    toml::from_str(text).with_context(|| format!("configs/{}.toml is invalid", dataset.id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// PAPER.md §3 table: classes and pretrain_sample_size per dataset; Trainer defaults.
+    #[test]
+    fn configs_hold_the_papers_table() {
+        let expected = [
+            (DatasetName::Mnist, 10, 10_000),
+            (DatasetName::Cifar10, 10, 10_000),
+            (DatasetName::PneumoniaMnist, 2, 3000),
+            (DatasetName::BreastMnist, 2, 200),
+            (DatasetName::AgNews, 4, 10_000),
+            (DatasetName::Trec, 6, 3000),
+        ];
+        for (name, classes, pretrain_n) in expected {
+            let c = dataset_config(&name).unwrap();
+            assert_eq!(
+                (c.dataset.as_str(), c.classes, c.pretrain_n),
+                (name.id(), classes, pretrain_n)
+            );
+            assert_eq!(
+                (c.n, c.pretrain_epochs, c.epochs, c.batch_size),
+                (200, 300, 2000, 16)
+            );
+            assert_eq!(c.optimizer, OptimizerConfig::default());
+            let paper = if name.modality() == crate::data::catalog::Modality::Image {
+                "google/vit-base-patch16-224-in21k"
+            } else {
+                "bert-base-uncased"
+            };
+            assert_eq!(c.backbones[0], paper);
+        }
+        assert!(dataset_config(&"dermamnist".parse().unwrap()).is_err());
+    }
+}

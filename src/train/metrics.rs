@@ -1,0 +1,93 @@
+//! Metrics of a classifier's logits against labels, and of attention distributions: what the
+//! per-epoch JSON lines and the paper's Fig. 9 report.
+
+use anyhow::Result;
+use candle_core::{D, Tensor};
+
+/// Cross-entropy and accuracy of logits (N, C) against labels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evaluation {
+    /// Mean cross-entropy.
+    pub loss: f64,
+    pub accuracy: f64,
+    pub predictions: Vec<u32>,
+}
+
+pub fn evaluate(logits: &Tensor, labels: &[u32]) -> Result<Evaluation> {
+    let targets = Tensor::from_slice(labels, labels.len(), logits.device())?;
+    let loss = candle_nn::loss::cross_entropy(logits, &targets)?
+        .to_dtype(candle_core::DType::F64)?
+        .to_scalar::<f64>()?;
+    let predictions: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+    let correct = predictions
+        .iter()
+        .zip(labels)
+        .filter(|(p, y)| p == y)
+        .count();
+    Ok(Evaluation {
+        loss,
+        accuracy: correct as f64 / labels.len().max(1) as f64,
+        predictions,
+    })
+}
+
+/// Share of `predictions` equal to `labels` over the samples where `keep` holds (NaN if none).
+pub fn accuracy_where(predictions: &[u32], labels: &[u32], keep: impl Fn(usize) -> bool) -> f64 {
+    let (mut hit, mut total) = (0usize, 0usize);
+    for i in (0..labels.len()).filter(|&i| keep(i)) {
+        total += 1;
+        hit += usize::from(predictions[i] == labels[i]);
+    }
+    if total == 0 {
+        f64::NAN
+    } else {
+        hit as f64 / total as f64
+    }
+}
+
+/// Mean over all rows of the largest probability, and mean entropy −Σ p log p, of attention
+/// distributions along the last dimension (any leading shape: samples, heads).
+pub fn attention_stats(attention: &Tensor) -> Result<(f64, f64)> {
+    let mean_max = attention
+        .max(D::Minus1)?
+        .mean_all()?
+        .to_dtype(candle_core::DType::F64)?
+        .to_scalar::<f64>()?;
+    // p log p with 0 log 0 = 0: clamp before the log.
+    let entropy = (attention * attention.clamp(1e-30, 1.0)?.log()?)?
+        .sum(D::Minus1)?
+        .neg()?;
+    let mean_entropy = entropy
+        .mean_all()?
+        .to_dtype(candle_core::DType::F64)?
+        .to_scalar::<f64>()?;
+    Ok((mean_max, mean_entropy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn cross_entropy_and_accuracy() {
+        let logits = Tensor::new(&[[0f32, 0.0], [2.0, 0.0]], &Device::Cpu).unwrap();
+        let e = evaluate(&logits, &[1, 0]).unwrap();
+        let expected = (2f64.ln() + (1.0 + (-2f64).exp()).ln()) / 2.0;
+        assert!((e.loss - expected).abs() < 1e-6, "{} vs {expected}", e.loss);
+        assert_eq!(e.predictions, vec![0, 0]);
+        assert_eq!(e.accuracy, 0.5);
+        assert_eq!(accuracy_where(&e.predictions, &[1, 0], |i| i == 1), 1.0);
+        assert!(accuracy_where(&e.predictions, &[1, 0], |_| false).is_nan());
+    }
+
+    #[test]
+    fn uniform_attention_has_entropy_log_t() {
+        let uniform = Tensor::full(0.25f32, (3, 2, 4), &Device::Cpu).unwrap();
+        let (max, entropy) = attention_stats(&uniform).unwrap();
+        assert!((max - 0.25).abs() < 1e-7);
+        assert!((entropy - 4f64.ln()).abs() < 1e-6);
+        let one_hot = Tensor::new(&[[1f32, 0.0, 0.0]], &Device::Cpu).unwrap();
+        assert_eq!(attention_stats(&one_hot).unwrap(), (1.0, 0.0));
+    }
+}
