@@ -4,3 +4,4 @@
 pub mod config;
 pub mod metrics;
 pub mod optim;
+pub mod phases;
