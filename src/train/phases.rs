@@ -4,7 +4,9 @@
 
 use anyhow::Result;
 use candle_core::Tensor;
+use serde::Serialize;
 
+use super::metrics::{accuracy_where, attention_stats, evaluate};
 use super::optim::{AdamW, OptimizerConfig};
 use crate::model::Classifier;
 use crate::rng::{Stream, epoch_order};
@@ -44,6 +46,118 @@ pub fn train_classifier(
             losses.push(f64::from(loss.to_scalar::<f32>()?));
         }
         on_epoch(epoch, losses.iter().sum::<f64>() / losses.len() as f64);
+    }
+    Ok(())
+}
+
+/// Which set a phase-2 forward reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Set {
+    /// The n noisy fine-tune samples.
+    Finetune,
+    Test,
+}
+
+/// Logits (B, C) and the attention that selects tokens, (B, …, T), of samples `rows` of a set.
+pub type Forward<'a> = dyn Fn(Set, &[usize]) -> Result<(Tensor, Tensor)> + 'a;
+
+/// The labels phase 2 sees and scores against.
+pub struct Phase2Data<'a> {
+    /// Noisy labels of the fine-tune set (what is trained on).
+    pub labels: &'a [u32],
+    pub clean_labels: &'a [u32],
+    pub noisy_mask: &'a [bool],
+    pub test_labels: &'a [u32],
+}
+
+/// One epoch of phase 2, as a JSON line.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochMetrics {
+    /// 1-based, as the Trainer counts.
+    pub epoch: usize,
+    /// Mean of the epoch's batch losses on the noisy labels (the Trainer's logged loss).
+    pub train_loss: f64,
+    /// Accuracy on the noisy labels, evaluated after the epoch.
+    pub train_acc: f64,
+    /// Share of noisy samples predicted as their noisy label.
+    pub memorization: f64,
+    /// Accuracy on the samples whose label was not flipped.
+    pub clean_train_acc: f64,
+    /// Mean over fine-tune samples (and heads) of the largest attention probability of the
+    /// selecting query (the paper's Fig. 9 quantity).
+    pub max_cls_attention: f64,
+    /// Mean entropy of that attention.
+    pub attention_entropy: f64,
+    pub test_loss: Option<f64>,
+    pub test_acc: Option<f64>,
+}
+
+const EVAL_BATCH: usize = 64;
+
+/// Logits and attention of a whole set, in chunks.
+fn forward_all(forward: &Forward, set: Set, len: usize) -> Result<(Tensor, Tensor)> {
+    let rows: Vec<usize> = (0..len).collect();
+    let (mut logits, mut attention) = (Vec::new(), Vec::new());
+    for chunk in rows.chunks(EVAL_BATCH) {
+        let (l, a) = forward(set, chunk)?;
+        logits.push(l.detach());
+        attention.push(a.detach());
+    }
+    Ok((Tensor::cat(&logits, 0)?, Tensor::cat(&attention, 0)?))
+}
+
+/// Phase 2: trains `params` through `forward` on the noisy labels for epochs
+/// `start_epoch..epochs` (0-based), scoring the test set every `eval_every` epochs and after the
+/// last one. `optimizer` must have been built for all `epochs` (its state restored on resume).
+#[allow(clippy::too_many_arguments)]
+pub fn train_phase2(
+    forward: &Forward,
+    optimizer: &mut AdamW,
+    data: &Phase2Data,
+    start_epoch: usize,
+    epochs: usize,
+    batch_size: usize,
+    seed: u64,
+    eval_every: usize,
+    on_epoch: &mut dyn FnMut(&EpochMetrics, &AdamW) -> Result<()>,
+) -> Result<()> {
+    let n = data.labels.len();
+    let device = candle_core::Device::Cpu;
+    let targets = Tensor::from_slice(data.labels, n, &device)?;
+    for epoch in start_epoch..epochs {
+        let order = epoch_order(n, seed, Stream::FinetuneShuffle, epoch);
+        let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
+        for batch in order.chunks(batch_size) {
+            let (logits, _) = forward(Set::Finetune, batch)?;
+            let rows = crate::model::last_layer::row_indices(batch, &device)?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &targets.index_select(&rows, 0)?)?;
+            optimizer.step(&loss.backward()?)?;
+            losses.push(f64::from(loss.to_scalar::<f32>()?));
+        }
+        let (logits, attention) = forward_all(forward, Set::Finetune, n)?;
+        let train = evaluate(&logits, data.labels)?;
+        let (max_cls_attention, attention_entropy) = attention_stats(&attention)?;
+        let last = epoch + 1 == epochs;
+        let test = if last || (epoch + 1) % eval_every.max(1) == 0 {
+            let (logits, _) = forward_all(forward, Set::Test, data.test_labels.len())?;
+            Some(evaluate(&logits, data.test_labels)?)
+        } else {
+            None
+        };
+        let metrics = EpochMetrics {
+            epoch: epoch + 1,
+            train_loss: losses.iter().sum::<f64>() / losses.len() as f64,
+            train_acc: train.accuracy,
+            memorization: accuracy_where(&train.predictions, data.labels, |i| data.noisy_mask[i]),
+            clean_train_acc: accuracy_where(&train.predictions, data.clean_labels, |i| {
+                !data.noisy_mask[i]
+            }),
+            max_cls_attention,
+            attention_entropy,
+            test_loss: test.as_ref().map(|t| t.loss),
+            test_acc: test.as_ref().map(|t| t.accuracy),
+        };
+        on_epoch(&metrics, optimizer)?;
     }
     Ok(())
 }
