@@ -18,6 +18,7 @@ use crate::encoder::{
 };
 use crate::report;
 use crate::synthetic::{self, EngineKind, Grid, SyntheticConfig, Trace};
+use crate::train::finetune::{FinetuneOptions, Mode};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,6 +42,68 @@ pub enum Command {
     Data(DataCommand),
     /// Run a dataset through a frozen backbone once and fill the feature cache.
     Extract(ExtractArgs),
+    /// The paper's real-data protocol: phase 1 on clean data, phase 2 on noisy labels (§3).
+    Finetune(FinetuneArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct FinetuneArgs {
+    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec)
+    #[arg(long)]
+    pub dataset: DatasetName,
+    /// Label-noise rate η ∈ [0, 1) on the fine-tune set
+    #[arg(long, allow_negative_numbers = true)]
+    pub eta: f64,
+    /// Fine-tune (noisy) samples [default: configs/<dataset>.toml, 200]
+    #[arg(long)]
+    pub n: Option<usize>,
+    /// Clean phase-1 samples [default: configs/<dataset>.toml; shrunk to fit partial data]
+    #[arg(long, value_name = "N")]
+    pub pretrain_n: Option<usize>,
+    /// Phase-2 epochs [default: 2000]
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Phase-1 epochs [default: 300]
+    #[arg(long, value_name = "EPOCHS")]
+    pub pretrain_epochs: Option<usize>,
+    /// Seed of the split, the label noise, the initialisations and the batch order
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Backbone hub id or folder [default: the config's preference list, paper's first]
+    #[arg(long, value_name = "ID")]
+    pub backbone: Option<String>,
+    /// `last-layer`: the paper (query/key of the last layer); `head`: the card's token-selection head
+    #[arg(long, value_enum, default_value_t = Mode::LastLayer)]
+    pub mode: Mode,
+    /// symmetric, pair, or cifar10n:aggre|random1|random2|random3|worse
+    #[arg(long, default_value = "symmetric")]
+    pub noise: NoiseModel,
+    /// Subsample the test split to this many samples [default: all]
+    #[arg(long, value_name = "M")]
+    pub test_n: Option<usize>,
+    /// Score the test set every K epochs (and after the last)
+    #[arg(long, value_name = "K", default_value_t = 50)]
+    pub eval_every: usize,
+    /// Split the test file into disjoint train and test pools (for AG-news offline); a deviation
+    #[arg(long, value_name = "F")]
+    pub carve_train_from_test: Option<f64>,
+    /// Write metrics.jsonl, pretrain.jsonl and summary.json here
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub root: DataDirArg,
+    /// Folder holding checkpoints as <org>/<name>/ [default: $BENIGN_MODELS_DIR]
+    #[arg(long, value_name = "DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// Feature cache [default: $BENIGN_CACHE_DIR, else the platform cache folder/benign-attention]
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Inputs per backbone batch when filling the cache
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub encode_batch: usize,
+    /// Add [CLS]/[SEP] when tokenizing (the authors did not)
+    #[arg(long)]
+    pub special_tokens: bool,
 }
 
 /// Where a backbone and its features come from.
@@ -311,7 +374,58 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::SyntheticSweep(args) => synthetic_sweep(args).map(|()| ExitCode::SUCCESS),
         Command::Data(command) => data_command(command),
         Command::Extract(args) => extract(args).map(|()| ExitCode::SUCCESS),
+        Command::Finetune(args) => finetune(args).map(|()| ExitCode::SUCCESS),
     }
+}
+
+fn finetune(args: FinetuneArgs) -> Result<()> {
+    let options = FinetuneOptions {
+        dataset: args.dataset,
+        eta: args.eta,
+        noise: args.noise,
+        mode: args.mode,
+        seed: args.seed,
+        n: args.n,
+        pretrain_n: args.pretrain_n,
+        epochs: args.epochs,
+        pretrain_epochs: args.pretrain_epochs,
+        backbone: args.backbone,
+        test_n: args.test_n,
+        eval_every: args.eval_every,
+        carve_train_from_test: args.carve_train_from_test,
+        data_dir: args.root.data_dir,
+        models_dir: args.models_dir,
+        cache_dir: args.cache_dir,
+        encode_batch: args.encode_batch,
+        special_tokens: args.special_tokens,
+    };
+    if let Some(out) = &args.out {
+        crate::io::ensure_dir(out)?;
+    }
+    let run = {
+        let bars = report::finetune::Bars::default();
+        crate::train::finetune::finetune(&options, &bars)?
+    };
+    for deviation in &run.summary.deviations {
+        eprintln!("note: {deviation}");
+    }
+    if let Some(out) = &args.out {
+        report::finetune::write_run(out, &run)?;
+    }
+    println!("{}", serde_json::to_string(&run.summary)?);
+    let s = &run.summary;
+    eprintln!(
+        "{} {} η {}: baseline {:.3}, train loss {:.3}, memorization {:.3}, test {:.3} ({:.0} s)",
+        s.dataset,
+        s.backbone,
+        s.eta,
+        s.baseline_test_acc,
+        s.train_loss,
+        s.memorization,
+        s.test_acc,
+        s.wall_seconds
+    );
+    Ok(())
 }
 
 fn extract(args: ExtractArgs) -> Result<()> {

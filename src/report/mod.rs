@@ -1,6 +1,7 @@
 //! Everything a run leaves for a reader: JSON/CSV tables and PNG figures.
 
 pub mod data;
+pub mod finetune;
 pub mod plot;
 pub mod progress;
 pub mod synthetic;

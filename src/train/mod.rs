@@ -2,6 +2,7 @@
 //! defaults (`optim`) and the metrics the runs report (`metrics`).
 
 pub mod config;
+pub mod finetune;
 pub mod metrics;
 pub mod optim;
 pub mod phases;

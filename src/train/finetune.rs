@@ -1,0 +1,476 @@
+//! The paper's real-data protocol on one dataset, one η, one n, one seed (PAPER.md §3):
+//! split and noise → features from the cache → phase 1 (classifier on clean data) → phase 2
+//! (the last layer's query/key, or the card's token-selection head, on the noisy samples).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::config::dataset_config;
+use super::metrics::evaluate;
+use super::optim::AdamW;
+use super::phases::{
+    EpochMetrics, Phase2Data, Set, steps_per_epoch, train_classifier, train_phase2,
+};
+use crate::data::catalog::{Completeness, Modality};
+use crate::data::noise::NoiseModel;
+use crate::data::prepare::{NoiseSpec, prepare};
+use crate::data::split::{SplitPlan, TrainSource};
+use crate::data::{self, DatasetName};
+use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
+use crate::encoder::{Backbone, Model, TextOptions, resolve};
+use crate::model::last_layer::row_indices;
+use crate::model::{Classifier, LastLayer, QueryKey, TokenSelectionHead};
+use crate::rng::{Stream, stream};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The paper: re-initialise and train the last layer's query and key.
+    LastLayer,
+    /// The card: a token-selection head on the final tokens, with a frozen linear classifier.
+    Head,
+}
+
+#[derive(Clone, Debug)]
+pub struct FinetuneOptions {
+    pub dataset: DatasetName,
+    pub eta: f64,
+    pub noise: NoiseModel,
+    pub mode: Mode,
+    pub seed: u64,
+    /// `None`: the dataset config's value.
+    pub n: Option<usize>,
+    pub pretrain_n: Option<usize>,
+    pub epochs: Option<usize>,
+    pub pretrain_epochs: Option<usize>,
+    /// `None`: the config's preference list.
+    pub backbone: Option<String>,
+    pub test_n: Option<usize>,
+    pub eval_every: usize,
+    pub carve_train_from_test: Option<f64>,
+    pub data_dir: Option<PathBuf>,
+    pub models_dir: Option<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+    pub encode_batch: usize,
+    pub special_tokens: bool,
+}
+
+/// summary.json: everything needed to read and reproduce the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct FinetuneSummary {
+    pub dataset: String,
+    pub backbone: String,
+    pub backbone_sha256: String,
+    pub backbone_source: String,
+    pub mode: Mode,
+    pub noise: String,
+    pub eta: f64,
+    pub realised_eta: f64,
+    pub n: usize,
+    pub pretrain_n: usize,
+    pub test_n: usize,
+    pub seed: u64,
+    pub epochs: usize,
+    pub pretrain_epochs: usize,
+    /// Phase-1 test accuracy (the paper's "baseline").
+    pub baseline_test_acc: f64,
+    pub train_loss: f64,
+    pub train_acc: f64,
+    pub memorization: f64,
+    pub clean_train_acc: f64,
+    pub test_acc: f64,
+    pub test_loss: f64,
+    pub max_cls_attention: f64,
+    pub attention_entropy: f64,
+    pub dataset_completeness: Completeness,
+    /// Every way this run departs from the paper's protocol, one sentence each.
+    pub deviations: Vec<String>,
+    pub wall_seconds: f64,
+}
+
+pub struct FinetuneRun {
+    pub summary: FinetuneSummary,
+    /// Phase-1 mean batch loss per epoch.
+    pub pretrain_losses: Vec<f64>,
+    pub epochs: Vec<EpochMetrics>,
+}
+
+/// Progress callbacks (the CLI draws bars; tests pass no-ops).
+pub trait Progress {
+    fn stage(&self, _what: &str, _total: usize) {}
+    fn advance(&self, _by: usize) {}
+    fn epoch(&self, _metrics: &EpochMetrics) {}
+}
+
+impl Progress for () {}
+
+/// The first backbone of `candidates` that resolves and loads; failures of earlier ones are
+/// returned as deviations.
+fn pick_backbone(
+    candidates: &[String],
+    options: &FinetuneOptions,
+) -> Result<(Backbone, Vec<String>)> {
+    let text = TextOptions {
+        special_tokens: options.special_tokens,
+        ..Default::default()
+    };
+    let mut skipped = Vec::new();
+    for id in candidates {
+        match resolve(id, options.models_dir.as_deref())
+            .and_then(|files| Backbone::load(files, &Device::Cpu, text))
+        {
+            Ok(backbone) => {
+                let deviations = skipped
+                    .iter()
+                    .map(|(paper, why): &(String, String)| {
+                        format!(
+                            "backbone {} used instead of the paper's {paper} ({why})",
+                            backbone.files.id
+                        )
+                    })
+                    .take(1)
+                    .collect();
+                return Ok((backbone, deviations));
+            }
+            Err(err) => skipped.push((id.clone(), format!("{err:#}"))),
+        }
+    }
+    let tried: Vec<String> = skipped
+        .into_iter()
+        .map(|(id, why)| format!("{id}: {why}"))
+        .collect();
+    bail!("no backbone could be loaded; tried {}", tried.join(" | "))
+}
+
+/// Final tokens (N, T, D) from cached last-layer inputs, through the frozen last layer.
+fn final_tokens(model: &Model, features: &Features) -> Result<Tensor> {
+    let inputs = features
+        .layer_inputs
+        .as_ref()
+        .context("full features expected")?;
+    let n = inputs.dim(0)?;
+    let mut out = Vec::new();
+    for start in (0..n).step_by(64) {
+        let len = 64.min(n - start);
+        let x = inputs.narrow(0, start, len)?;
+        out.push(match model {
+            Model::Vit(vit) => vit.finish(&x)?,
+            Model::Bert(bert) => {
+                let mask = features
+                    .attention_mask
+                    .as_ref()
+                    .context("text features carry their mask")?;
+                bert.finish(&x, &mask.narrow(0, start, len)?)?
+            }
+        });
+    }
+    Ok(Tensor::cat(&out, 0)?)
+}
+
+pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<FinetuneRun> {
+    let started = Instant::now();
+    if !(0.0..1.0).contains(&options.eta) {
+        bail!("--eta must be in [0, 1), got {}", options.eta);
+    }
+    if options.eval_every == 0 || options.encode_batch == 0 {
+        bail!("--eval-every and --encode-batch must be at least 1");
+    }
+    let config = dataset_config(&options.dataset)?;
+    let n = options.n.unwrap_or(config.n);
+    let epochs = options.epochs.unwrap_or(config.epochs);
+    let pretrain_epochs = options.pretrain_epochs.unwrap_or(config.pretrain_epochs);
+    if n == 0 || epochs == 0 {
+        bail!("--n and --epochs must be at least 1");
+    }
+
+    let root = data::data_root(options.data_dir.as_deref());
+    let dataset = data::load(&options.dataset, &root)?;
+    let completeness = Completeness::of(&dataset);
+    let mut deviations = Vec::new();
+
+    let candidates = match &options.backbone {
+        Some(id) => vec![id.clone()],
+        None => config.backbones.clone(),
+    };
+    let (backbone, backbone_notes) = pick_backbone(&candidates, options)?;
+    deviations.extend(backbone_notes);
+    let wanted = if options.dataset.modality() == Modality::Image {
+        "vit"
+    } else {
+        "bert"
+    };
+    match (&backbone.model, wanted) {
+        (Model::Vit(_), "vit") | (Model::Bert(_), "bert") => {}
+        _ => bail!(
+            "{}: a {wanted} backbone is needed for {}",
+            backbone.files.id,
+            options.dataset
+        ),
+    }
+
+    // The training pool; shrink pretrain_n to fit partial data, as the issue asks.
+    let pool = match (options.carve_train_from_test, &dataset.train) {
+        (Some(f), _) => (f * dataset.test.len() as f64).round() as usize,
+        (None, Some(train)) => train.len(),
+        (None, None) => 0,
+    };
+    if pool > 0 && n > pool {
+        bail!(
+            "--n {n} exceeds the {pool} samples of {}'s training pool",
+            options.dataset
+        );
+    }
+    let mut pretrain_n = options.pretrain_n.unwrap_or(config.pretrain_n);
+    if pool > 0 && pretrain_n + n > pool {
+        let shrunk = pool - n;
+        deviations.push(format!(
+            "pretrain_n shrunk from {pretrain_n} to {shrunk}: the training pool holds {pool} samples ({})",
+            completeness.line()
+        ));
+        pretrain_n = shrunk;
+    }
+    let plan = SplitPlan {
+        pretrain_n,
+        n,
+        test_n: options.test_n,
+        seed: options.seed,
+        carve_train_from_test: options.carve_train_from_test,
+    };
+    let noise = NoiseSpec {
+        model: options.noise,
+        eta: options.eta,
+        seed: options.seed,
+    };
+    let prepared = prepare(&dataset, &plan, &noise, &root)?;
+    deviations.extend(prepared.partition.deviations.iter().cloned());
+
+    // Features: each sample through the backbone at most once, whatever ran before.
+    let cache = FeatureCache::new(cache_root(options.cache_dir.as_deref()));
+    let (source_name, source) = match prepared.partition.train_source {
+        TrainSource::Train => (
+            "train",
+            dataset
+                .train
+                .as_ref()
+                .expect("the partition found a training split"),
+        ),
+        TrainSource::Test => ("test", &dataset.test),
+    };
+    let features = |what: &str,
+                    split: &str,
+                    data: &data::Split,
+                    positions: &[usize],
+                    contents: Contents|
+     -> Result<Features> {
+        progress.stage(what, positions.len());
+        let (features, stats) = cache.features(
+            &backbone,
+            options.dataset.id(),
+            split,
+            data,
+            positions,
+            contents,
+            options.encode_batch,
+            &mut |k| progress.advance(k),
+        )?;
+        progress.advance(stats.from_cache);
+        for warning in stats.warnings {
+            eprintln!("warning: {warning}");
+        }
+        Ok(features)
+    };
+    let pretrain = features(
+        "pretrain features",
+        source_name,
+        source,
+        &prepared.partition.pretrain,
+        Contents::Cls,
+    )?;
+    let finetune = features(
+        "fine-tune features",
+        source_name,
+        source,
+        &prepared.partition.finetune,
+        Contents::Full,
+    )?;
+    let test = features(
+        "test features",
+        "test",
+        &dataset.test,
+        &prepared.partition.test,
+        Contents::Full,
+    )?;
+
+    // Phase 1: the classifier on clean data.
+    let mut init_rng = stream(options.seed, Stream::Init);
+    let hidden = backbone.hidden_size();
+    let classes = dataset.num_classes();
+    let (classifier, pretrain_x, test_x) = match (options.mode, &backbone.model) {
+        (Mode::Head, _) => (
+            Classifier::new(hidden, classes, None, &mut init_rng, &Device::Cpu)?,
+            &pretrain.mean,
+            &test.mean,
+        ),
+        (Mode::LastLayer, Model::Bert(bert)) => {
+            let pooler = bert
+                .pooler
+                .as_ref()
+                .map(|p| (p.weight(), p.bias().expect("pooler.dense has a bias")));
+            (
+                Classifier::new(hidden, classes, pooler, &mut init_rng, &Device::Cpu)?,
+                &pretrain.cls,
+                &test.cls,
+            )
+        }
+        (Mode::LastLayer, Model::Vit(_)) => (
+            Classifier::new(hidden, classes, None, &mut init_rng, &Device::Cpu)?,
+            &pretrain.cls,
+            &test.cls,
+        ),
+    };
+    let mut pretrain_losses = Vec::new();
+    progress.stage("phase 1 epochs", pretrain_epochs);
+    train_classifier(
+        &classifier,
+        pretrain_x,
+        &prepared.pretrain.labels,
+        pretrain_epochs,
+        config.batch_size,
+        &config.optimizer,
+        options.seed,
+        &mut |_, loss| {
+            pretrain_losses.push(loss);
+            progress.advance(1);
+        },
+    )?;
+    let baseline_test_acc =
+        evaluate(&classifier.forward(test_x)?.detach(), &prepared.test.labels)?.accuracy;
+
+    // Phase 2 on the noisy samples.
+    let data = Phase2Data {
+        labels: &prepared.labels.labels,
+        clean_labels: &prepared.labels.clean_labels,
+        noisy_mask: &prepared.labels.noisy_mask,
+        test_labels: &prepared.test.labels,
+    };
+    let total_steps = epochs * steps_per_epoch(n, config.batch_size);
+    let mut log = Vec::new();
+    progress.stage("phase 2 epochs", epochs);
+    let mut on_epoch = |m: &EpochMetrics, _: &AdamW| -> Result<()> {
+        progress.epoch(m);
+        log.push(m.clone());
+        Ok(())
+    };
+    match options.mode {
+        Mode::LastLayer => {
+            let layer = LastLayer::new(&backbone.model, &classifier);
+            let prepare_set = |f: &Features| {
+                layer.prepare(
+                    f.layer_inputs.as_ref().expect("full features"),
+                    f.attention_mask.as_ref(),
+                )
+            };
+            let (train_cache, test_cache) = (prepare_set(&finetune)?, prepare_set(&test)?);
+            let qk = QueryKey::reset(hidden, &mut init_rng, &Device::Cpu)?;
+            let forward = |set: Set, rows: &[usize]| {
+                let cache = if set == Set::Finetune {
+                    &train_cache
+                } else {
+                    &test_cache
+                };
+                let out = layer.forward(&qk, cache, &row_indices(rows, &Device::Cpu)?)?;
+                Ok((out.logits, out.cls_attention))
+            };
+            let mut opt = AdamW::new(qk.named(), config.optimizer.clone(), total_steps)?;
+            train_phase2(
+                &forward,
+                &mut opt,
+                &data,
+                0,
+                epochs,
+                config.batch_size,
+                options.seed,
+                options.eval_every,
+                &mut on_epoch,
+            )?;
+        }
+        Mode::Head => {
+            let (train_tokens, test_tokens) = (
+                final_tokens(&backbone.model, &finetune)?,
+                final_tokens(&backbone.model, &test)?,
+            );
+            let additive = |f: &Features| -> Result<Option<Tensor>> {
+                match &f.attention_mask {
+                    Some(m) => Ok(Some(
+                        ((1.0 - m.to_dtype(candle_core::DType::F32)?)? * f64::from(f32::MIN))?,
+                    )),
+                    None => Ok(None),
+                }
+            };
+            let (train_mask, test_mask) = (additive(&finetune)?, additive(&test)?);
+            let head = TokenSelectionHead::new(hidden, &mut init_rng, &Device::Cpu)?;
+            let forward = |set: Set, rows: &[usize]| {
+                let (tokens, mask) = if set == Set::Finetune {
+                    (&train_tokens, &train_mask)
+                } else {
+                    (&test_tokens, &test_mask)
+                };
+                let idx = row_indices(rows, &Device::Cpu)?;
+                let mask = mask.as_ref().map(|m| m.index_select(&idx, 0)).transpose()?;
+                let selection = head.select(&tokens.index_select(&idx, 0)?, mask.as_ref())?;
+                Ok((classifier.forward(&selection.pooled)?, selection.attention))
+            };
+            let mut opt = AdamW::new(head.named(), config.optimizer.clone(), total_steps)?;
+            train_phase2(
+                &forward,
+                &mut opt,
+                &data,
+                0,
+                epochs,
+                config.batch_size,
+                options.seed,
+                options.eval_every,
+                &mut on_epoch,
+            )?;
+        }
+    }
+
+    let last = log.last().expect("phase 2 ran at least one epoch").clone();
+    let summary = FinetuneSummary {
+        dataset: options.dataset.to_string(),
+        backbone: backbone.files.id.clone(),
+        backbone_sha256: backbone.weights_sha256.clone(),
+        backbone_source: backbone.files.source.clone(),
+        mode: options.mode,
+        noise: options.noise.to_string(),
+        eta: options.eta,
+        realised_eta: prepared.labels.rate(),
+        n,
+        pretrain_n,
+        test_n: prepared.test.len(),
+        seed: options.seed,
+        epochs,
+        pretrain_epochs,
+        baseline_test_acc,
+        train_loss: last.train_loss,
+        train_acc: last.train_acc,
+        memorization: last.memorization,
+        clean_train_acc: last.clean_train_acc,
+        test_acc: last.test_acc.expect("the last epoch is scored"),
+        test_loss: last.test_loss.expect("the last epoch is scored"),
+        max_cls_attention: last.max_cls_attention,
+        attention_entropy: last.attention_entropy,
+        dataset_completeness: completeness,
+        deviations,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok(FinetuneRun {
+        summary,
+        pretrain_losses,
+        epochs: log,
+    })
+}

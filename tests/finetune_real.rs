@@ -1,0 +1,149 @@
+//! `finetune` on real data with a real backbone (TREC, all-MiniLM-L6-v2), small sizes: both modes
+//! run end to end and write their outputs; bad input is one line and exit 2.
+
+use std::process::{Command, Output};
+
+fn benign(args: &[&str], cache: &std::path::Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args(args)
+        .env("BENIGN_CACHE_DIR", cache)
+        .output()
+        .unwrap()
+}
+
+const SMALL: [&str; 12] = [
+    "--pretrain-n",
+    "200",
+    "--n",
+    "30",
+    "--epochs",
+    "4",
+    "--pretrain-epochs",
+    "3",
+    "--test-n",
+    "60",
+    "--eval-every",
+    "2",
+];
+
+#[test]
+fn both_modes_run_and_write_summary_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    for mode in ["last-layer", "head"] {
+        let out_dir = dir.path().join(mode);
+        let mut args = vec![
+            "finetune",
+            "--dataset",
+            "trec",
+            "--eta",
+            "0.2",
+            "--mode",
+            mode,
+            "--out",
+            out_dir.to_str().unwrap(),
+        ];
+        args.extend(SMALL);
+        let out = benign(&args, &cache);
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+                .unwrap();
+        for key in [
+            "dataset",
+            "backbone",
+            "mode",
+            "eta",
+            "n",
+            "seed",
+            "baseline_test_acc",
+            "train_loss",
+            "train_acc",
+            "memorization",
+            "clean_train_acc",
+            "test_acc",
+            "test_loss",
+            "max_cls_attention",
+            "deviations",
+        ] {
+            assert!(summary.get(key).is_some(), "{mode}: summary lacks {key}");
+        }
+        assert_eq!(summary["mode"], mode);
+        assert_eq!(summary["n"], 30);
+        // The paper's bert-base-uncased has no weights offline: the fallback is recorded.
+        assert!(
+            summary["deviations"][0]
+                .as_str()
+                .unwrap()
+                .contains("instead of the paper's bert-base-uncased")
+        );
+        let metrics = std::fs::read_to_string(out_dir.join("metrics.jsonl")).unwrap();
+        let epochs: Vec<serde_json::Value> = metrics
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(epochs.len(), 4);
+        assert!(epochs[0]["test_acc"].is_null() && epochs[1]["test_acc"].is_number());
+        assert_eq!(
+            std::fs::read_to_string(out_dir.join("pretrain.jsonl"))
+                .unwrap()
+                .lines()
+                .count(),
+            3
+        );
+    }
+    // The second mode reused the cached sentences: every sample went through MiniLM once.
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--dataset", "trec", "--eta", "1.0"], "--eta"),
+        (&["--dataset", "trec", "--eta", "-0.1"], "--eta"),
+        (
+            &["--dataset", "trec", "--eta", "0.2", "--n", "6000"],
+            "exceeds",
+        ),
+        (
+            &["--dataset", "imagenet", "--eta", "0.2"],
+            "unknown dataset",
+        ),
+        (
+            &[
+                "--dataset",
+                "trec",
+                "--eta",
+                "0.2",
+                "--backbone",
+                "org/nothing-here",
+            ],
+            "org/nothing-here",
+        ),
+        (
+            &[
+                "--dataset",
+                "trec",
+                "--eta",
+                "0.2",
+                "--backbone",
+                "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+            ],
+            "bert backbone is needed",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut full = vec!["finetune"];
+        full.extend_from_slice(args);
+        let out = benign(&full, &cache);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}:\n{err}");
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}
