@@ -23,6 +23,8 @@ use crate::data::files::sha256_hex;
 
 pub const CACHE_DIR_ENV: &str = "BENIGN_CACHE_DIR";
 const FORMAT_VERSION: u32 = 1;
+/// Samples per shard written by one extraction.
+const SHARD_SAMPLES: usize = 1024;
 
 /// What is stored per sample.
 #[derive(
@@ -187,21 +189,22 @@ impl FeatureCache {
             .collect();
         missing.sort_unstable_by_key(|&p| data.release_index[p]);
         missing.dedup_by_key(|p| data.release_index[*p]);
-        if !missing.is_empty() {
-            let mut parts: Vec<Encoded> = Vec::new();
-            for chunk in missing.chunks(batch_size.max(1)) {
-                parts.push(backbone.encode(&data.inputs, chunk)?);
+        // A shard per SHARD_SAMPLES, so an interrupted extraction keeps what it finished.
+        for part in missing.chunks(SHARD_SAMPLES) {
+            let mut encoded: Vec<Encoded> = Vec::new();
+            for chunk in part.chunks(batch_size.max(1)) {
+                encoded.push(backbone.encode(&data.inputs, chunk)?);
                 on_computed(chunk.len());
             }
             let key = key_of(
                 contents,
-                missing.iter().map(|&p| data.release_index[p]).collect(),
+                part.iter().map(|&p| data.release_index[p]).collect(),
             );
-            let tensors = shard_tensors(&parts, contents)?;
+            let tensors = shard_tensors(&encoded, contents)?;
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("{}: cannot create the cache folder", dir.display()))?;
             write_shard(&dir, &key, &tensors)?;
-            stats.computed = missing.len();
+            stats.computed += part.len();
             let s = shards.len();
             for (row, &r) in key.release_index.iter().enumerate() {
                 location.insert(r, (s, row));
