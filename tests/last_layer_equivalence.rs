@@ -13,7 +13,7 @@ use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 
 mod common;
-use common::{bert_batch, config, fixtures, model_vb};
+use common::{bert_batch, config, fixtures, max_abs, max_abs_diff, model_vb};
 
 /// The cache's round trip: layer inputs saved as safetensors and read back.
 fn through_cache(inputs: &Tensor) -> Tensor {
@@ -31,27 +31,7 @@ fn through_cache(inputs: &Tensor) -> Tensor {
 }
 
 fn max_rel_diff(a: &Tensor, b: &Tensor) -> f32 {
-    let scale = b
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-        .max(1e-12);
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-        / scale
+    max_abs_diff(a, b) / max_abs(b).max(1e-12)
 }
 
 /// Loss and query/key gradients both ways; asserts they agree to 1e-4.
@@ -86,16 +66,7 @@ fn check(
         full_loss.to_scalar::<f32>().unwrap(),
     );
     assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "loss {a} vs {b}");
-    let magnitude = |t: &Tensor| {
-        t.abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-    };
+    let magnitude = max_abs;
     for (name, var) in qk.named() {
         let (ours, reference) = (grads.get(&var).unwrap(), full_grads.get(&var).unwrap());
         eprintln!(

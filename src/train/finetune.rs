@@ -6,14 +6,14 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use super::config::dataset_config;
 use super::metrics::evaluate;
 use super::optim::AdamW;
 use super::phases::{
-    EpochMetrics, Phase2Data, Set, steps_per_epoch, train_classifier, train_phase2,
+    EpochMetrics, Forward, Phase2Data, Set, steps_per_epoch, train_classifier, train_phase2,
 };
 use crate::data::catalog::{Completeness, Modality};
 use crate::data::noise::NoiseModel;
@@ -21,6 +21,7 @@ use crate::data::prepare::{NoiseSpec, prepare};
 use crate::data::split::{SplitPlan, TrainSource};
 use crate::data::{self, DatasetName};
 use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
+use crate::encoder::layers::additive_mask;
 use crate::encoder::{Backbone, Model, TextOptions, resolve};
 use crate::model::last_layer::row_indices;
 use crate::model::{Classifier, LastLayer, QueryKey, TokenSelectionHead};
@@ -365,6 +366,21 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
         log.push(m.clone());
         Ok(())
     };
+    // The same optimizer and loop whatever is trained.
+    let mut train = |forward: &Forward, params: Vec<(String, Var)>| -> Result<()> {
+        let mut opt = AdamW::new(params, config.optimizer.clone(), total_steps)?;
+        train_phase2(
+            forward,
+            &mut opt,
+            &data,
+            0,
+            epochs,
+            config.batch_size,
+            options.seed,
+            options.eval_every,
+            &mut on_epoch,
+        )
+    };
     match options.mode {
         Mode::LastLayer => {
             let layer = LastLayer::new(&backbone.model, &classifier);
@@ -385,31 +401,19 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                 let out = layer.forward(&qk, cache, &row_indices(rows, &Device::Cpu)?)?;
                 Ok((out.logits, out.cls_attention))
             };
-            let mut opt = AdamW::new(qk.named(), config.optimizer.clone(), total_steps)?;
-            train_phase2(
-                &forward,
-                &mut opt,
-                &data,
-                0,
-                epochs,
-                config.batch_size,
-                options.seed,
-                options.eval_every,
-                &mut on_epoch,
-            )?;
+            train(&forward, qk.named())?;
         }
         Mode::Head => {
             let (train_tokens, test_tokens) = (
                 final_tokens(&backbone.model, &finetune)?,
                 final_tokens(&backbone.model, &test)?,
             );
+            // Text: HF's additive padding mask over the tokens, (N, T).
             let additive = |f: &Features| -> Result<Option<Tensor>> {
-                match &f.attention_mask {
-                    Some(m) => Ok(Some(
-                        ((1.0 - m.to_dtype(candle_core::DType::F32)?)? * f64::from(f32::MIN))?,
-                    )),
-                    None => Ok(None),
-                }
+                f.attention_mask
+                    .as_ref()
+                    .map(|m| Ok(additive_mask(m)?.squeeze(1)?.squeeze(1)?))
+                    .transpose()
             };
             let (train_mask, test_mask) = (additive(&finetune)?, additive(&test)?);
             let head = TokenSelectionHead::new(hidden, &mut init_rng, &Device::Cpu)?;
@@ -424,18 +428,7 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                 let selection = head.select(&tokens.index_select(&idx, 0)?, mask.as_ref())?;
                 Ok((classifier.forward(&selection.pooled)?, selection.attention))
             };
-            let mut opt = AdamW::new(head.named(), config.optimizer.clone(), total_steps)?;
-            train_phase2(
-                &forward,
-                &mut opt,
-                &data,
-                0,
-                epochs,
-                config.batch_size,
-                options.seed,
-                options.eval_every,
-                &mut on_epoch,
-            )?;
+            train(&forward, head.named())?;
         }
     }
 

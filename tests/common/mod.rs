@@ -43,11 +43,9 @@ pub fn bert_batch(io: &HashMap<String, Tensor>) -> TextBatch {
     }
 }
 
-pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
+/// The largest absolute entry.
+pub fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
         .unwrap()
         .flatten_all()
         .unwrap()
@@ -55,4 +53,9 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap()
+}
+
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    max_abs(&(a - b).unwrap())
 }
