@@ -104,6 +104,35 @@ pub struct FinetuneArgs {
     /// Add [CLS]/[SEP] when tokenizing (the authors did not)
     #[arg(long)]
     pub special_tokens: bool,
+    /// Where the backbone and both phases compute (cuda needs a build with `--features cuda`)
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Cpu)]
+    pub device: DeviceChoice,
+    /// Write a checkpoint to --out every K phase-2 epochs (and after phase 1 and the last epoch); 0: none
+    #[arg(long, value_name = "K", default_value_t = 100)]
+    pub checkpoint_every: usize,
+    /// Continue from the checkpoint in --out (bit for bit); starts afresh if there is none
+    #[arg(long, requires = "out")]
+    pub resume: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceChoice {
+    Cpu,
+    Cuda,
+}
+
+impl DeviceChoice {
+    /// The device, or one line on how to get it.
+    pub fn device(self) -> Result<candle_core::Device> {
+        match self {
+            DeviceChoice::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceChoice::Cuda if !cfg!(feature = "cuda") => anyhow::bail!(
+                "--device cuda: this binary was built without CUDA; rebuild with `cargo build --release --features cuda` (needs the CUDA toolkit and an NVIDIA driver)"
+            ),
+            DeviceChoice::Cuda => candle_core::Device::new_cuda(0)
+                .map_err(|e| anyhow::anyhow!("--device cuda: no usable GPU 0 ({e})")),
+        }
+    }
 }
 
 /// Where a backbone and its features come from.
@@ -398,10 +427,11 @@ fn finetune(args: FinetuneArgs) -> Result<()> {
         cache_dir: args.cache_dir,
         encode_batch: args.encode_batch,
         special_tokens: args.special_tokens,
+        out: args.out.clone(),
+        checkpoint_every: args.checkpoint_every,
+        resume: args.resume,
+        device: args.device.device()?,
     };
-    if let Some(out) = &args.out {
-        crate::io::ensure_dir(out)?;
-    }
     let run = {
         let bars = report::finetune::Bars::default();
         crate::train::finetune::finetune(&options, &bars)?

@@ -1,5 +1,6 @@
 //! The feature cache with the tiny fixture ViT: hits do no backbone work, corrupt shards are
-//! rebuilt with a warning, and leftovers of a killed extraction are not trusted.
+//! rebuilt with a warning, leftovers of a killed extraction are not trusted, and features of
+//! another backbone found in a backbone's folder are an error.
 
 use std::path::{Path, PathBuf};
 
@@ -241,4 +242,46 @@ fn leftovers_of_a_killed_extraction_are_not_trusted() {
         .unwrap();
     assert_eq!(stats.computed, 12);
     assert_eq!(backbone.forward_batches(), before + 1);
+}
+
+#[test]
+fn features_of_another_backbone_in_its_folder_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let backbone = tiny_vit(dir.path());
+    let root = dir.path().join("cache");
+    let cache = FeatureCache::new(root.clone());
+    let data = images();
+    let request = |b: &Backbone| {
+        cache.features(
+            b,
+            "toy",
+            "train",
+            &data,
+            &[0, 1],
+            Contents::Cls,
+            5,
+            &mut |_| {},
+        )
+    };
+    request(&backbone).unwrap();
+    // Another checkpoint under the same id (new weights) whose folder holds the first one's
+    // shards, as a copied cache would.
+    let mut other = tiny_vit(dir.path());
+    other.weights_sha256 = "f".repeat(64);
+    let first = std::fs::read_dir(&root)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let name = first.file_name().unwrap().to_str().unwrap().to_string();
+    let renamed = root.join(format!("{}{}", &name[..name.len() - 12], "f".repeat(12)));
+    std::fs::rename(&first, &renamed).unwrap();
+    let err = format!(
+        "{:#}",
+        request(&other).err().expect("a mixed-up cache is an error")
+    );
+    assert!(err.contains("cached features of another backbone"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(other.forward_batches(), 0);
 }

@@ -136,14 +136,139 @@ fn bad_input_is_one_line_and_exit_2() {
             ],
             "bert backbone is needed",
         ),
+        (
+            &["--dataset", "trec", "--eta", "0.2", "--device", "cuda"],
+            "--features cuda",
+        ),
     ];
+    let out_dir = dir.path().join("out");
     for (args, expected) in cases {
-        let mut full = vec!["finetune"];
+        let mut full = vec!["finetune", "--out", out_dir.to_str().unwrap()];
         full.extend_from_slice(args);
         let out = benign(&full, &cache);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}:\n{err}");
         assert!(err.contains(expected), "{args:?}: {err}");
+        assert!(!out_dir.exists(), "{args:?} left {}", out_dir.display());
     }
+}
+
+/// summary.json without its wall time, and metrics.jsonl, of a finished run.
+fn outcome(dir: &std::path::Path) -> (serde_json::Value, String) {
+    let mut summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    summary.as_object_mut().unwrap().remove("wall_seconds");
+    (
+        summary,
+        std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap(),
+    )
+}
+
+/// A run killed (SIGKILL) after a mid-phase-2 checkpoint and resumed ends exactly where an
+/// uninterrupted run ends: same summary, same per-epoch metrics.
+#[test]
+fn killed_and_resumed_run_matches_an_uninterrupted_one() {
+    use benign_attention::train::checkpoint;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let epochs = 150;
+    let args = |out: &std::path::Path| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "finetune",
+            "--dataset",
+            "trec",
+            "--eta",
+            "0.2",
+            "--pretrain-n",
+            "200",
+            "--n",
+            "30",
+            "--pretrain-epochs",
+            "2",
+            "--test-n",
+            "60",
+            "--eval-every",
+            "25",
+            "--checkpoint-every",
+            "10",
+            "--out",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.push(out.to_str().unwrap().into());
+        args.extend(["--epochs".into(), epochs.to_string()]);
+        args
+    };
+    let whole = dir.path().join("whole");
+    let out = benign(
+        &args(&whole).iter().map(String::as_str).collect::<Vec<_>>(),
+        &cache,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let killed = dir.path().join("killed");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args(args(&killed))
+        .env("BENIGN_CACHE_DIR", &cache)
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let done_at_kill = loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run finished before it could be killed"
+        );
+        if let Ok(Some(saved)) = checkpoint::load(&killed, &candle_core::Device::Cpu) {
+            if saved.state.epochs_done > 0 {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break saved.state.epochs_done;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    assert!(done_at_kill < epochs, "killed at epoch {done_at_kill}");
+    assert!(!killed.join("summary.json").exists());
+
+    let mut resume = args(&killed);
+    resume.push("--resume".into());
+    let out = benign(
+        &resume.iter().map(String::as_str).collect::<Vec<_>>(),
+        &cache,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ours, theirs) = (outcome(&killed), outcome(&whole));
+    assert_eq!(
+        ours.0, theirs.0,
+        "summary after resuming from epoch {done_at_kill}"
+    );
+    assert_eq!(
+        ours.1, theirs.1,
+        "metrics.jsonl after resuming from epoch {done_at_kill}"
+    );
+
+    // A checkpoint of another run is refused, in one line.
+    let mut other = resume.clone();
+    other[4] = "0.3".into();
+    let out = benign(
+        &other.iter().map(String::as_str).collect::<Vec<_>>(),
+        &cache,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("belongs to another run") && err.contains("eta"),
+        "{err}"
+    );
 }

@@ -3,7 +3,6 @@
 
 use benign_attention::encoder::Model;
 use benign_attention::encoder::vit::{Vit, VitConfig};
-use benign_attention::model::last_layer::row_indices;
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use benign_attention::train::phases::{
@@ -39,7 +38,7 @@ fn last_layer_training_lowers_the_loss_on_noisy_labels() {
         } else {
             &test_cache
         };
-        let out = layer.forward(&qk, cache, &row_indices(rows, &Device::Cpu)?)?;
+        let out = layer.forward(&qk, cache, rows)?;
         Ok((out.logits, out.cls_attention))
     };
     let clean: Vec<u32> = (0..16).map(|i| (i % 3) as u32).collect();

@@ -158,6 +158,20 @@ impl FeatureCache {
         // Trusted shards that cover the request's contents, loaded; untrusted ones removed.
         let mut shards: Vec<(ShardKey, HashMap<String, Tensor>)> = Vec::new();
         for (key, tensors_path, sidecar) in read_sidecars(&dir) {
+            // Features of another network under this one's folder: a copied or renamed cache.
+            // Recomputing beside them would hide the mix-up, so stop.
+            if (&key.backbone, &key.weights_sha256)
+                != (&backbone.files.id, &backbone.weights_sha256)
+            {
+                bail!(
+                    "{}: cached features of another backbone ({} weights {}), not {} weights {}; delete that folder or choose another --cache-dir",
+                    sidecar.display(),
+                    key.backbone,
+                    &key.weights_sha256[..12.min(key.weights_sha256.len())],
+                    backbone.files.id,
+                    &backbone.weights_sha256[..12],
+                );
+            }
             let expected = key_of(key.contents, key.release_index.clone());
             if key != expected || key.contents < contents {
                 continue;

@@ -7,15 +7,19 @@
 //!   scores_h = (q₀ₕ · Kₕᵀ)/√dₕ  with  q₀ = x̂₀ W_Qᵀ + b_Q,  Kₕ = X̂ W_Kₕᵀ + b_Kₕ
 //!            = ((q₀ₕ W_Kₕ) X̂ᵀ + q₀ₕ · b_Kₕ)/√dₕ
 //!
-//! so a step costs O(B(D² + H·T·D)) instead of the full layer's O(B·T·D²). The values V = X̂ W_Vᵀ
-//! + b_V are frozen and computed once per sample. It is the same function as the full forward;
+//! so a step costs O(B(D² + H·T·D)) instead of the full layer's O(B·T·D²). The keys X̂ and the
+//! values V = X̂ W_Vᵀ + b_V are frozen and derived once per sample (`prepare`); the attention
+//! over them is `attend::KeyValues`. It is the same function as the full forward;
 //! `full_forward_logits` computes that one for the equivalence test.
+
+use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::Module;
 use rand::RngExt;
 
+use super::attend::KeyValues;
 use super::classifier::Classifier;
 use crate::encoder::Model;
 use crate::encoder::layers::{SelfAttention, first_token};
@@ -79,16 +83,24 @@ impl QueryKey {
     }
 }
 
-/// Frozen per-sample tensors derived once from the cached layer inputs.
+/// Frozen per-sample data derived once from the cached layer inputs.
 pub struct LayerCache {
-    /// The layer inputs X, (N, T, D).
-    pub inputs: Tensor,
-    /// What the attention reads: LN_before(X) for ViT, X for BERT, (N, T, D).
-    pub normed: Tensor,
-    /// Frozen values, split by head, (N, H, T, d_h).
-    pub values: Tensor,
-    /// Additive padding mask (N, 1, 1, T) for text.
-    pub mask: Option<Tensor>,
+    /// The CLS / position-0 row of the layer inputs X, (N, D): the residual stream.
+    pub cls_inputs: Tensor,
+    /// That row as the attention reads it (LN_before for ViT, X for BERT), (N, D): the query's input.
+    pub cls_normed: Tensor,
+    /// Keys X̂ (what the attention reads), frozen values by head, and the text padding mask.
+    pub keys_values: Arc<KeyValues>,
+}
+
+impl LayerCache {
+    pub fn len(&self) -> usize {
+        self.keys_values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys_values.is_empty()
+    }
 }
 
 /// The logits and the CLS attention (B, H, T) of a batch.
@@ -96,6 +108,9 @@ pub struct Output {
     pub logits: Tensor,
     pub cls_attention: Tensor,
 }
+
+/// Samples per chunk when deriving the frozen values.
+const PREPARE_CHUNK: usize = 64;
 
 pub struct LastLayer<'a> {
     model: &'a Model,
@@ -114,22 +129,34 @@ impl<'a> LastLayer<'a> {
         }
     }
 
-    /// Derives the frozen per-sample tensors from cached layer inputs (and the text mask).
+    /// Derives the frozen per-sample data from cached layer inputs (N, T, D) and the text mask.
     pub fn prepare(&self, inputs: &Tensor, attention_mask: Option<&Tensor>) -> Result<LayerCache> {
-        let normed = match self.model {
-            Model::Vit(v) => v.last_layer().layernorm_before.forward(inputs)?,
-            Model::Bert(_) => inputs.clone(),
-        };
         let attention = self.attention();
-        let values = attention.split_heads(&attention.value.forward(&normed)?)?;
-        let mask = attention_mask
-            .map(crate::encoder::layers::additive_mask)
-            .transpose()?;
+        let (mut cls_inputs, mut cls_normed, mut values) = (Vec::new(), Vec::new(), Vec::new());
+        let mut normed_all = Vec::new();
+        // In chunks: the values of a whole set at once would double its peak memory.
+        let n = inputs.dim(0)?;
+        for start in (0..n).step_by(PREPARE_CHUNK) {
+            let x = inputs.narrow(0, start, PREPARE_CHUNK.min(n - start))?;
+            let normed = match self.model {
+                Model::Vit(v) => v.last_layer().layernorm_before.forward(&x)?,
+                Model::Bert(_) => x.clone(),
+            };
+            values.push(attention.split_heads(&attention.value.forward(&normed)?)?);
+            cls_inputs.push(first_token(&x)?);
+            cls_normed.push(first_token(&normed)?);
+            normed_all.push(normed);
+        }
+        let keys_values = KeyValues::new(
+            &Tensor::cat(&normed_all, 0)?,
+            Some(&Tensor::cat(&values, 0)?),
+            attention_mask,
+            1.0 / (attention.head_dim as f64).sqrt(),
+        )?;
         Ok(LayerCache {
-            inputs: inputs.clone(),
-            normed,
-            values,
-            mask,
+            cls_inputs: Tensor::cat(&cls_inputs, 0)?.contiguous()?,
+            cls_normed: Tensor::cat(&cls_normed, 0)?.contiguous()?,
+            keys_values: Arc::new(keys_values),
         })
     }
 
@@ -147,12 +174,12 @@ impl<'a> LastLayer<'a> {
     }
 
     /// The cheap path: CLS query row only, on samples `rows` of `cache`.
-    pub fn forward(&self, qk: &QueryKey, cache: &LayerCache, rows: &Tensor) -> Result<Output> {
+    pub fn forward(&self, qk: &QueryKey, cache: &LayerCache, rows: &[usize]) -> Result<Output> {
         let attention = self.attention();
         let (h, dh) = (attention.num_heads, attention.head_dim);
-        let normed = cache.normed.index_select(rows, 0)?; // (B, T, D)
-        let (b, _, d) = normed.dims3()?;
-        let x0_hat = first_token(&normed)?; // (B, D)
+        let index = row_indices(rows, cache.cls_inputs.device())?;
+        let x0_hat = cache.cls_normed.index_select(&index, 0)?; // (B, D)
+        let (b, d) = x0_hat.dims2()?;
         let q0 = x0_hat
             .matmul(&qk.wq.t()?)?
             .broadcast_add(&qk.bq)?
@@ -167,20 +194,13 @@ impl<'a> LastLayer<'a> {
             .contiguous()?;
         let key_bias = q0
             .broadcast_mul(&qk.bk.reshape((1, h, dh))?)?
-            .sum_keepdim(D::Minus1)?; // (B, H, 1)
-        let scores = r.matmul(&normed.transpose(1, 2)?.contiguous()?)?; // (B, H, T)
-        let scores = (scores.broadcast_add(&key_bias)? / (dh as f64).sqrt())?.unsqueeze(2)?; // (B, H, 1, T)
-        let scores = match &cache.mask {
-            Some(mask) => scores.broadcast_add(&mask.index_select(rows, 0)?)?,
-            None => scores,
-        };
-        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let context = probs.matmul(&cache.values.index_select(rows, 0)?)?; // (B, H, 1, d_h)
-        let context = context.reshape((b, h * dh))?;
-        let x0 = first_token(&cache.inputs.index_select(rows, 0)?)?;
+            .sum(D::Minus1)?; // (B, H)
+        let attended = cache.keys_values.attend(&r, &key_bias, rows)?;
+        let context = attended.context.reshape((b, h * dh))?;
+        let x0 = cache.cls_inputs.index_select(&index, 0)?;
         Ok(Output {
             logits: self.head(&x0, &context)?,
-            cls_attention: probs.squeeze(2)?,
+            cls_attention: attended.probs,
         })
     }
 

@@ -1,6 +1,7 @@
 //! What phase 2 trains on top of the frozen backbone: the last layer's query/key (the paper) or a
 //! token-selection head (the card), and the phase-1 classifier both read out through.
 
+pub mod attend;
 pub mod classifier;
 pub mod last_layer;
 pub mod token_selection;

@@ -4,7 +4,11 @@
 //! p train. W ~ U(±1/√D) and p = 0 as in the synthetic model (PAPER.md §2.2).
 
 use anyhow::Result;
-use candle_core::{D, Device, Tensor, Var};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use super::attend::{KeyValues, broadcast_query};
 use rand::RngExt;
 
 pub struct TokenSelectionHead {
@@ -32,18 +36,18 @@ impl TokenSelectionHead {
         })
     }
 
-    /// Σ_t softmax_t(X Wᵀ p) x_t for tokens (B, T, D); `mask` is additive, (B, T).
-    pub fn select(&self, tokens: &Tensor, mask: Option<&Tensor>) -> Result<Selection> {
+    /// Σ_t softmax_t(X Wᵀ p) x_t over samples `rows` of `tokens` (the final tokens as keys that
+    /// are also the values, scale 1, with the text padding mask).
+    pub fn select(&self, tokens: &Arc<KeyValues>, rows: &[usize]) -> Result<Selection> {
         // X Wᵀ p = X (Wᵀ p): one D-vector per step instead of a (T, D) product per sample.
-        let direction = self.w.t()?.matmul(&self.p.unsqueeze(1)?)?; // (D, 1)
-        let scores = tokens.broadcast_matmul(&direction)?.squeeze(D::Minus1)?; // (B, T)
-        let scores = match mask {
-            Some(m) => (scores + m)?,
-            None => scores,
-        };
-        let attention = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let pooled = attention.unsqueeze(1)?.matmul(tokens)?.squeeze(1)?; // (B, D)
-        Ok(Selection { pooled, attention })
+        let direction = self.p.unsqueeze(0)?.matmul(&self.w)?; // (1, D) = (Wᵀ p)ᵀ
+        let queries = broadcast_query(&direction, rows.len())?;
+        let bias = Tensor::zeros((rows.len(), 1), DType::F32, queries.device())?;
+        let attended = tokens.attend(&queries, &bias, rows)?;
+        Ok(Selection {
+            pooled: attended.context.squeeze(1)?,
+            attention: attended.probs.squeeze(1)?,
+        })
     }
 
     pub fn named(&self) -> Vec<(String, Var)> {
@@ -68,8 +72,9 @@ mod tests {
             &Device::Cpu,
         )
         .unwrap();
-        let mask = Tensor::new(&[[0f32, 0., f32::MIN]], &Device::Cpu).unwrap();
-        let s = head.select(&tokens, Some(&mask)).unwrap();
+        let mask = Tensor::new(&[[1f32, 1., 0.]], &Device::Cpu).unwrap();
+        let tokens = Arc::new(KeyValues::new(&tokens, None, Some(&mask), 1.0).unwrap());
+        let s = head.select(&tokens, &[0]).unwrap();
         assert_eq!(
             s.pooled.to_vec2::<f32>().unwrap(),
             vec![vec![0.5, 0.5, 0.0, 0.0]]

@@ -2,13 +2,16 @@
 //! split and noise → features from the cache → phase 1 (classifier on clean data) → phase 2
 //! (the last layer's query/key, or the card's token-selection head, on the noisy samples).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use super::checkpoint::{self, RunIdentity, RunState};
 use super::config::dataset_config;
 use super::metrics::evaluate;
 use super::optim::AdamW;
@@ -21,9 +24,9 @@ use crate::data::prepare::{NoiseSpec, prepare};
 use crate::data::split::{SplitPlan, TrainSource};
 use crate::data::{self, DatasetName};
 use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
-use crate::encoder::layers::additive_mask;
 use crate::encoder::{Backbone, Model, TextOptions, resolve};
-use crate::model::last_layer::row_indices;
+use crate::io::ensure_dir;
+use crate::model::attend::KeyValues;
 use crate::model::{Classifier, LastLayer, QueryKey, TokenSelectionHead};
 use crate::rng::{Stream, stream};
 
@@ -58,6 +61,14 @@ pub struct FinetuneOptions {
     pub cache_dir: Option<PathBuf>,
     pub encode_batch: usize,
     pub special_tokens: bool,
+    /// Where to write checkpoints (and where `resume` reads one).
+    pub out: Option<PathBuf>,
+    /// Phase-2 epochs between checkpoints; 0: none.
+    pub checkpoint_every: usize,
+    /// Continue from the checkpoint in `out`, if there is one.
+    pub resume: bool,
+    /// Where phase 1 and phase 2 compute; the backbone and the feature cache stay on the CPU.
+    pub device: Device,
 }
 
 /// summary.json: everything needed to read and reproduce the run.
@@ -122,7 +133,7 @@ fn pick_backbone(
     let mut skipped = Vec::new();
     for id in candidates {
         match resolve(id, options.models_dir.as_deref())
-            .and_then(|files| Backbone::load(files, &Device::Cpu, text))
+            .and_then(|files| Backbone::load(files, &options.device, text))
         {
             Ok(backbone) => {
                 let deviations = skipped
@@ -147,8 +158,9 @@ fn pick_backbone(
     bail!("no backbone could be loaded; tried {}", tried.join(" | "))
 }
 
-/// Final tokens (N, T, D) from cached last-layer inputs, through the frozen last layer.
-fn final_tokens(model: &Model, features: &Features) -> Result<Tensor> {
+/// Final tokens (N, T, D) from cached last-layer inputs, through the frozen last layer on
+/// `device` (the model's).
+fn final_tokens(model: &Model, features: &Features, device: &Device) -> Result<Tensor> {
     let inputs = features
         .layer_inputs
         .as_ref()
@@ -157,7 +169,7 @@ fn final_tokens(model: &Model, features: &Features) -> Result<Tensor> {
     let mut out = Vec::new();
     for start in (0..n).step_by(64) {
         let len = 64.min(n - start);
-        let x = inputs.narrow(0, start, len)?;
+        let x = inputs.narrow(0, start, len)?.to_device(device)?;
         out.push(match model {
             Model::Vit(vit) => vit.finish(&x)?,
             Model::Bert(bert) => {
@@ -165,7 +177,7 @@ fn final_tokens(model: &Model, features: &Features) -> Result<Tensor> {
                     .attention_mask
                     .as_ref()
                     .context("text features carry their mask")?;
-                bert.finish(&x, &mask.narrow(0, start, len)?)?
+                bert.finish(&x, &mask.narrow(0, start, len)?.to_device(device)?)?
             }
         });
     }
@@ -306,13 +318,58 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
         Contents::Full,
     )?;
 
+    let device = &options.device;
+    let on_device = |t: &Tensor| -> Result<Tensor> { Ok(t.to_device(device)?) };
+
+    // A checkpoint of this very run, when resuming.
+    let identity = RunIdentity {
+        dataset: options.dataset.to_string(),
+        backbone: backbone.files.id.clone(),
+        backbone_sha256: backbone.weights_sha256.clone(),
+        mode: format!("{:?}", options.mode),
+        noise: options.noise.to_string(),
+        eta: options.eta,
+        n,
+        pretrain_n,
+        test_n: prepared.test.len(),
+        seed: options.seed,
+        epochs,
+        pretrain_epochs,
+        eval_every: options.eval_every,
+    };
+    let resumed = match (&options.out, options.resume) {
+        (Some(dir), true) => match checkpoint::load(dir, device)? {
+            Some(saved) => {
+                identity.ensure_same(&saved.state.identity, &checkpoint::path(dir))?;
+                Some(saved)
+            }
+            None => {
+                eprintln!(
+                    "note: --resume: no checkpoint in {}, starting from the beginning",
+                    dir.display()
+                );
+                None
+            }
+        },
+        _ => None,
+    };
+    let save_checkpoint = |state: &RunState, tensors: &HashMap<String, Tensor>| -> Result<()> {
+        match &options.out {
+            Some(dir) if options.checkpoint_every > 0 => {
+                ensure_dir(dir)?;
+                checkpoint::save(dir, state, tensors)
+            }
+            _ => Ok(()),
+        }
+    };
+
     // Phase 1: the classifier on clean data.
     let mut init_rng = stream(options.seed, Stream::Init);
     let hidden = backbone.hidden_size();
     let classes = dataset.num_classes();
     let (classifier, pretrain_x, test_x) = match (options.mode, &backbone.model) {
         (Mode::Head, _) => (
-            Classifier::new(hidden, classes, None, &mut init_rng, &Device::Cpu)?,
+            Classifier::new(hidden, classes, None, &mut init_rng, device)?,
             &pretrain.mean,
             &test.mean,
         ),
@@ -322,34 +379,60 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                 .as_ref()
                 .map(|p| (p.weight(), p.bias().expect("pooler.dense has a bias")));
             (
-                Classifier::new(hidden, classes, pooler, &mut init_rng, &Device::Cpu)?,
+                Classifier::new(hidden, classes, pooler, &mut init_rng, device)?,
                 &pretrain.cls,
                 &test.cls,
             )
         }
         (Mode::LastLayer, Model::Vit(_)) => (
-            Classifier::new(hidden, classes, None, &mut init_rng, &Device::Cpu)?,
+            Classifier::new(hidden, classes, None, &mut init_rng, device)?,
             &pretrain.cls,
             &test.cls,
         ),
     };
-    let mut pretrain_losses = Vec::new();
-    progress.stage("phase 1 epochs", pretrain_epochs);
-    train_classifier(
-        &classifier,
-        pretrain_x,
-        &prepared.pretrain.labels,
-        pretrain_epochs,
-        config.batch_size,
-        &config.optimizer,
-        options.seed,
-        &mut |_, loss| {
-            pretrain_losses.push(loss);
-            progress.advance(1);
-        },
-    )?;
-    let baseline_test_acc =
-        evaluate(&classifier.forward(test_x)?.detach(), &prepared.test.labels)?.accuracy;
+    let classifier_tensors = || checkpoint::named_tensors("classifier", &classifier.named());
+    let (baseline_test_acc, pretrain_losses) = match &resumed {
+        Some(saved) => {
+            checkpoint::restore_params("classifier", &classifier.named(), &saved.tensors)?;
+            (
+                saved.state.baseline_test_acc,
+                saved.state.pretrain_losses.clone(),
+            )
+        }
+        None => {
+            let mut losses = Vec::new();
+            progress.stage("phase 1 epochs", pretrain_epochs);
+            train_classifier(
+                &classifier,
+                &on_device(pretrain_x)?,
+                &prepared.pretrain.labels,
+                pretrain_epochs,
+                config.batch_size,
+                &config.optimizer,
+                options.seed,
+                &mut |_, loss| {
+                    losses.push(loss);
+                    progress.advance(1);
+                },
+            )?;
+            let baseline = evaluate(
+                &classifier.forward(&on_device(test_x)?)?.detach(),
+                &prepared.test.labels,
+            )?
+            .accuracy;
+            let state = RunState {
+                identity: identity.clone(),
+                baseline_test_acc: baseline,
+                pretrain_losses: losses.clone(),
+                epochs_done: 0,
+                optimizer_step: 0,
+                log: Vec::new(),
+            };
+            save_checkpoint(&state, &classifier_tensors())?;
+            (baseline, losses)
+        }
+    };
+    drop(pretrain);
 
     // Phase 2 on the noisy samples.
     let data = Phase2Data {
@@ -359,21 +442,41 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
         test_labels: &prepared.test.labels,
     };
     let total_steps = epochs * steps_per_epoch(n, config.batch_size);
-    let mut log = Vec::new();
+    let (start_epoch, mut log) = match &resumed {
+        Some(saved) => (saved.state.epochs_done, saved.state.log.clone()),
+        None => (0, Vec::new()),
+    };
     progress.stage("phase 2 epochs", epochs);
-    let mut on_epoch = |m: &EpochMetrics, _: &AdamW| -> Result<()> {
+    progress.advance(start_epoch);
+    let mut on_epoch = |m: &EpochMetrics, opt: &AdamW| -> Result<()> {
         progress.epoch(m);
         log.push(m.clone());
+        if m.epoch.is_multiple_of(options.checkpoint_every.max(1)) || m.epoch == epochs {
+            let state = RunState {
+                identity: identity.clone(),
+                baseline_test_acc,
+                pretrain_losses: pretrain_losses.clone(),
+                epochs_done: m.epoch,
+                optimizer_step: opt.step,
+                log: log.clone(),
+            };
+            let mut tensors = classifier_tensors();
+            tensors.extend(opt.state());
+            save_checkpoint(&state, &tensors)?;
+        }
         Ok(())
     };
     // The same optimizer and loop whatever is trained.
     let mut train = |forward: &Forward, params: Vec<(String, Var)>| -> Result<()> {
         let mut opt = AdamW::new(params, config.optimizer.clone(), total_steps)?;
+        if let Some(saved) = resumed.as_ref().filter(|s| s.state.epochs_done > 0) {
+            opt.restore(&saved.tensors, saved.state.optimizer_step)?;
+        }
         train_phase2(
             forward,
             &mut opt,
             &data,
-            0,
+            start_epoch,
             epochs,
             config.batch_size,
             options.seed,
@@ -384,48 +487,49 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
     match options.mode {
         Mode::LastLayer => {
             let layer = LastLayer::new(&backbone.model, &classifier);
-            let prepare_set = |f: &Features| {
+            // The caches replace the features they come from (they hold what phase 2 reads).
+            let prepare_set = |f: Features| {
                 layer.prepare(
-                    f.layer_inputs.as_ref().expect("full features"),
-                    f.attention_mask.as_ref(),
+                    &on_device(f.layer_inputs.as_ref().expect("full features"))?,
+                    f.attention_mask
+                        .map(|m| m.to_device(device))
+                        .transpose()?
+                        .as_ref(),
                 )
             };
-            let (train_cache, test_cache) = (prepare_set(&finetune)?, prepare_set(&test)?);
-            let qk = QueryKey::reset(hidden, &mut init_rng, &Device::Cpu)?;
+            let (train_cache, test_cache) = (prepare_set(finetune)?, prepare_set(test)?);
+            let qk = QueryKey::reset(hidden, &mut init_rng, device)?;
             let forward = |set: Set, rows: &[usize]| {
                 let cache = if set == Set::Finetune {
                     &train_cache
                 } else {
                     &test_cache
                 };
-                let out = layer.forward(&qk, cache, &row_indices(rows, &Device::Cpu)?)?;
+                let out = layer.forward(&qk, cache, rows)?;
                 Ok((out.logits, out.cls_attention))
             };
             train(&forward, qk.named())?;
         }
         Mode::Head => {
-            let (train_tokens, test_tokens) = (
-                final_tokens(&backbone.model, &finetune)?,
-                final_tokens(&backbone.model, &test)?,
-            );
-            // Text: HF's additive padding mask over the tokens, (N, T).
-            let additive = |f: &Features| -> Result<Option<Tensor>> {
-                f.attention_mask
-                    .as_ref()
-                    .map(|m| Ok(additive_mask(m)?.squeeze(1)?.squeeze(1)?))
-                    .transpose()
+            // The final tokens are the keys and the values; text keeps HF's padding mask.
+            let tokens_of = |f: Features| -> Result<Arc<KeyValues>> {
+                let tokens = final_tokens(&backbone.model, &f, device)?;
+                Ok(Arc::new(KeyValues::new(
+                    &tokens,
+                    None,
+                    f.attention_mask.as_ref(),
+                    1.0,
+                )?))
             };
-            let (train_mask, test_mask) = (additive(&finetune)?, additive(&test)?);
-            let head = TokenSelectionHead::new(hidden, &mut init_rng, &Device::Cpu)?;
+            let (train_tokens, test_tokens) = (tokens_of(finetune)?, tokens_of(test)?);
+            let head = TokenSelectionHead::new(hidden, &mut init_rng, device)?;
             let forward = |set: Set, rows: &[usize]| {
-                let (tokens, mask) = if set == Set::Finetune {
-                    (&train_tokens, &train_mask)
+                let tokens = if set == Set::Finetune {
+                    &train_tokens
                 } else {
-                    (&test_tokens, &test_mask)
+                    &test_tokens
                 };
-                let idx = row_indices(rows, &Device::Cpu)?;
-                let mask = mask.as_ref().map(|m| m.index_select(&idx, 0)).transpose()?;
-                let selection = head.select(&tokens.index_select(&idx, 0)?, mask.as_ref())?;
+                let selection = head.select(tokens, rows)?;
                 Ok((classifier.forward(&selection.pooled)?, selection.attention))
             };
             train(&forward, head.named())?;

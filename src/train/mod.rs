@@ -1,6 +1,8 @@
 //! Training: the per-dataset paper defaults (`config`), the optimizer of the authors' Trainer
-//! defaults (`optim`) and the metrics the runs report (`metrics`).
+//! defaults (`optim`), the metrics the runs report (`metrics`), the two phases (`phases`,
+//! `finetune`) and their checkpoints (`checkpoint`).
 
+pub mod checkpoint;
 pub mod config;
 pub mod finetune;
 pub mod metrics;

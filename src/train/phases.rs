@@ -71,7 +71,7 @@ pub struct Phase2Data<'a> {
 }
 
 /// One epoch of phase 2, as a JSON line.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct EpochMetrics {
     /// 1-based, as the Trainer counts.
     pub epoch: usize,
@@ -122,15 +122,15 @@ pub fn train_phase2(
     on_epoch: &mut dyn FnMut(&EpochMetrics, &AdamW) -> Result<()>,
 ) -> Result<()> {
     let n = data.labels.len();
-    let device = candle_core::Device::Cpu;
-    let targets = Tensor::from_slice(data.labels, n, &device)?;
+    let targets = Tensor::from_slice(data.labels, n, &candle_core::Device::Cpu)?;
     for epoch in start_epoch..epochs {
         let order = epoch_order(n, seed, Stream::FinetuneShuffle, epoch);
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
         for batch in order.chunks(batch_size) {
             let (logits, _) = forward(Set::Finetune, batch)?;
-            let rows = crate::model::last_layer::row_indices(batch, &device)?;
-            let loss = candle_nn::loss::cross_entropy(&logits, &targets.index_select(&rows, 0)?)?;
+            let rows = crate::model::last_layer::row_indices(batch, targets.device())?;
+            let batch_targets = targets.index_select(&rows, 0)?.to_device(logits.device())?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &batch_targets)?;
             optimizer.step(&loss.backward()?)?;
             losses.push(f64::from(loss.to_scalar::<f32>()?));
         }

@@ -1,0 +1,210 @@
+//! Checkpoints of a `finetune` run, so that `--resume` continues bit for bit: the phase-1
+//! classifier, the phase-2 parameters with their AdamW moments and step, and the metrics so far.
+//! The batch order needs no state: epoch k's order is drawn from its own seeded stream.
+//!
+//! One file, `checkpoint.safetensors`, replaced atomically: the tensors by name, and the run state
+//! as JSON in the u8 tensor `state.json` (so tensors and state can never disagree).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use candle_core::{Device, Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+use super::phases::EpochMetrics;
+use crate::io::produce_atomic;
+
+pub const FILE: &str = "checkpoint.safetensors";
+const STATE: &str = "state.json";
+
+/// What makes two runs the same run: a checkpoint is only resumed by an identical one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunIdentity {
+    pub dataset: String,
+    pub backbone: String,
+    pub backbone_sha256: String,
+    pub mode: String,
+    pub noise: String,
+    pub eta: f64,
+    pub n: usize,
+    pub pretrain_n: usize,
+    pub test_n: usize,
+    pub seed: u64,
+    pub epochs: usize,
+    pub pretrain_epochs: usize,
+    pub eval_every: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunState {
+    pub identity: RunIdentity,
+    pub baseline_test_acc: f64,
+    pub pretrain_losses: Vec<f64>,
+    /// Phase-2 epochs finished (0: only phase 1).
+    pub epochs_done: usize,
+    pub optimizer_step: usize,
+    pub log: Vec<EpochMetrics>,
+}
+
+pub struct Checkpoint {
+    pub state: RunState,
+    pub tensors: HashMap<String, Tensor>,
+}
+
+pub fn path(dir: &Path) -> PathBuf {
+    dir.join(FILE)
+}
+
+/// Writes `state` and `tensors` to `dir`/checkpoint.safetensors, replacing the previous one only
+/// once the new one is complete.
+pub fn save(dir: &Path, state: &RunState, tensors: &HashMap<String, Tensor>) -> Result<()> {
+    let json = serde_json::to_vec(state)?;
+    let mut all = tensors.clone();
+    all.insert(
+        STATE.into(),
+        Tensor::from_vec(json.clone(), json.len(), &Device::Cpu)?,
+    );
+    // Safetensors on disk are host data.
+    let all: HashMap<String, Tensor> = all
+        .into_iter()
+        .map(|(k, t)| Ok((k, t.to_device(&Device::Cpu)?)))
+        .collect::<Result<_>>()?;
+    produce_atomic(&path(dir), |tmp| {
+        candle_core::safetensors::save(&all, tmp)
+            .with_context(|| format!("writing {}", tmp.display()))
+    })
+}
+
+/// The checkpoint in `dir`, if there is one; tensors land on `device`.
+pub fn load(dir: &Path, device: &Device) -> Result<Option<Checkpoint>> {
+    let file = path(dir);
+    if !file.exists() {
+        return Ok(None);
+    }
+    let mut tensors = candle_core::safetensors::load(&file, &Device::Cpu)
+        .with_context(|| format!("{}: not a readable checkpoint", file.display()))?;
+    let json = tensors
+        .remove(STATE)
+        .with_context(|| format!("{}: no {STATE} in the checkpoint", file.display()))?
+        .to_vec1::<u8>()?;
+    let state: RunState = serde_json::from_slice(&json)
+        .with_context(|| format!("{}: unreadable {STATE}", file.display()))?;
+    let tensors = tensors
+        .into_iter()
+        .map(|(k, t)| Ok((k, t.to_device(device)?)))
+        .collect::<Result<_>>()?;
+    Ok(Some(Checkpoint { state, tensors }))
+}
+
+impl RunIdentity {
+    /// Fails with the first field that differs, naming the checkpoint.
+    pub fn ensure_same(&self, saved: &RunIdentity, file: &Path) -> Result<()> {
+        let (ours, theirs) = (serde_json::to_value(self)?, serde_json::to_value(saved)?);
+        if let (Some(a), Some(b)) = (ours.as_object(), theirs.as_object()) {
+            for (key, value) in a {
+                if b.get(key) != Some(value) {
+                    bail!(
+                        "--resume: {} belongs to another run ({key} {} there, {value} here); use another --out or drop --resume",
+                        file.display(),
+                        b.get(key).map_or("missing".into(), |v| v.to_string()),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Named tensors of `params` under `prefix.`.
+pub fn named_tensors(prefix: &str, params: &[(String, Var)]) -> HashMap<String, Tensor> {
+    params
+        .iter()
+        .map(|(name, var)| (format!("{prefix}.{name}"), var.as_tensor().clone()))
+        .collect()
+}
+
+/// Sets `params` from what [`named_tensors`] saved under `prefix.`.
+pub fn restore_params(
+    prefix: &str,
+    params: &[(String, Var)],
+    tensors: &HashMap<String, Tensor>,
+) -> Result<()> {
+    for (name, var) in params {
+        let key = format!("{prefix}.{name}");
+        var.set(
+            tensors
+                .get(&key)
+                .with_context(|| format!("checkpoint lacks {key}"))?,
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_tensors_and_state_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let var = Var::new(&[0.1f32, -3.7e-9, 1.0 / 3.0], &Device::Cpu).unwrap();
+        let identity = RunIdentity {
+            dataset: "trec".into(),
+            backbone: "b".into(),
+            backbone_sha256: "00".into(),
+            mode: "head".into(),
+            noise: "symmetric".into(),
+            eta: 0.2,
+            n: 20,
+            pretrain_n: 100,
+            test_n: 50,
+            seed: 42,
+            epochs: 10,
+            pretrain_epochs: 2,
+            eval_every: 5,
+        };
+        let state = RunState {
+            identity: identity.clone(),
+            baseline_test_acc: 0.1 + 0.2,
+            pretrain_losses: vec![1.0 / 3.0, std::f64::consts::PI],
+            epochs_done: 4,
+            optimizer_step: 12,
+            log: vec![],
+        };
+        save(
+            dir.path(),
+            &state,
+            &named_tensors("w", &[("x".into(), var.clone())]),
+        )
+        .unwrap();
+        let loaded = load(dir.path(), &Device::Cpu).unwrap().unwrap();
+        assert_eq!(
+            loaded.state.baseline_test_acc.to_bits(),
+            (0.1f64 + 0.2).to_bits()
+        );
+        assert_eq!(loaded.state.pretrain_losses, state.pretrain_losses);
+        let other = Var::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap();
+        restore_params("w", &[("x".into(), other.clone())], &loaded.tensors).unwrap();
+        assert_eq!(
+            other.as_tensor().to_vec1::<f32>().unwrap(),
+            var.as_tensor().to_vec1::<f32>().unwrap()
+        );
+        identity
+            .ensure_same(&loaded.state.identity, Path::new("c"))
+            .unwrap();
+        let changed = RunIdentity {
+            eta: 0.3,
+            ..identity
+        };
+        let err = changed
+            .ensure_same(&loaded.state.identity, Path::new("c"))
+            .unwrap_err();
+        assert!(err.to_string().contains("eta 0.2 there, 0.3 here"), "{err}");
+        assert!(
+            load(&dir.path().join("none"), &Device::Cpu)
+                .unwrap()
+                .is_none()
+        );
+    }
+}
