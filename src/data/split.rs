@@ -1,10 +1,13 @@
 //! The paper's split (PAPER.md §3): a seeded choice without replacement of pretrain_n + n indices
-//! of the training split; the first pretrain_n form the clean phase-1 set, the next n the noisy
-//! phase-2 set. The test set is the official test split, optionally subsampled.
+//! of the training split, pretrain_n for the clean phase-1 set and n for the noisy phase-2 set,
+//! taken as the tail and the head of one seeded permutation (so that a grid over n reuses the
+//! encoded samples). The test set is the official test split, optionally subsampled (the same
+//! subsample for every seed).
 //!
 //! When a dataset's training split is absent (AG-news offline), `carve_train_from_test` splits the
 //! test split into disjoint training and test pools instead, and says so in `deviations`.
 
+use rand::seq::SliceRandom;
 use rand::seq::index::sample;
 use serde::Serialize;
 
@@ -45,6 +48,9 @@ pub struct Partition {
     /// How this split departs from the paper's protocol, one sentence each.
     pub deviations: Vec<String>,
 }
+
+/// Seed of the `--test-n` subsample: fixed, so that every seed is scored on the same samples.
+pub const TEST_SUBSAMPLE_SEED: u64 = 0;
 
 pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
     let name = dataset.name.to_string();
@@ -101,13 +107,13 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
             train_pool.len()
         )));
     }
-    let chosen = sample(
-        &mut stream(plan.seed, Stream::Split),
-        train_pool.len(),
-        wanted,
-    );
-    let chosen: Vec<usize> = chosen.into_iter().map(|k| train_pool[k]).collect();
-    let (pretrain, finetune) = chosen.split_at(plan.pretrain_n);
+    // One seeded permutation of the pool: the fine-tune set is its head and the pretrain set its
+    // tail. So for one seed the fine-tune sets are nested across n (20 ⊂ 200 ⊂ 1000) and the
+    // pretrain set does not depend on n: a grid over n encodes each sample once.
+    let mut order = train_pool;
+    order.shuffle(&mut stream(plan.seed, Stream::Split));
+    let finetune = &order[..plan.n];
+    let pretrain = &order[order.len() - plan.pretrain_n..];
 
     let test = match plan.test_n {
         Some(m) if m > test_pool.len() => {
@@ -117,8 +123,9 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
             )));
         }
         Some(m) => {
+            // The same subsample whatever the seed, as the full test set would be.
             let mut picked: Vec<usize> = sample(
-                &mut stream(plan.seed, Stream::TestSubsample),
+                &mut stream(TEST_SUBSAMPLE_SEED, Stream::TestSubsample),
                 test_pool.len(),
                 m,
             )
@@ -168,6 +175,24 @@ mod tests {
             seed: 42,
             carve_train_from_test: None,
         }
+    }
+
+    #[test]
+    fn fine_tune_sets_nest_across_n_and_pretrain_does_not_move() {
+        let data = toy(Some(1000), 100);
+        let small = partition(&data, &plan(300, 20)).unwrap();
+        let large = partition(&data, &plan(300, 200)).unwrap();
+        assert_eq!(small.finetune[..], large.finetune[..20]);
+        assert_eq!(small.pretrain, large.pretrain);
+        let other_seed = partition(
+            &data,
+            &SplitPlan {
+                seed: 7,
+                ..plan(300, 20)
+            },
+        )
+        .unwrap();
+        assert_ne!(other_seed.finetune, small.finetune);
     }
 
     #[test]
