@@ -17,6 +17,7 @@ use crate::encoder::{
     cache::{Contents, FeatureCache, cache_root},
 };
 use crate::report;
+use crate::reproduce;
 use crate::synthetic::{self, EngineKind, Grid, SyntheticConfig, Trace};
 use crate::train::finetune::{FinetuneOptions, Mode};
 
@@ -44,6 +45,129 @@ pub enum Command {
     Extract(ExtractArgs),
     /// The paper's real-data protocol: phase 1 on clean data, phase 2 on noisy labels (§3).
     Finetune(FinetuneArgs),
+    /// The paper's real-data table and figures as grids of finetune runs, with a report.
+    #[command(subcommand)]
+    Reproduce(ReproduceCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ReproduceCommand {
+    /// Table 2: datasets × n (20, 200, 1000) × η (0, 0.2) × seeds (42, 314, 2718).
+    Table2(GridArgs),
+    /// Fig. 8: η from 0 to 0.2 in steps of 0.01 at n = 200, seed 42.
+    Fig8(GridArgs),
+    /// Fig. 9: per-epoch max CLS attention, n = 200, η = 0.1, seed 42.
+    Fig9(GridArgs),
+    /// Merge the result folders of many shards (or runs) into one report.
+    Report(ReportArgs),
+    /// Write a Slurm job-array script whose tasks run one shard each.
+    Slurm(SlurmArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GridArgs {
+    /// Datasets, comma-separated [default: the six of Table 2]
+    #[arg(long, value_delimiter = ',')]
+    pub datasets: Option<Vec<DatasetName>>,
+    /// Seeds, comma-separated [default: the experiment's]
+    #[arg(long, value_delimiter = ',')]
+    pub seeds: Option<Vec<u64>>,
+    /// Fine-tune sizes n, comma-separated [default: the experiment's]
+    #[arg(long, value_delimiter = ',')]
+    pub ns: Option<Vec<usize>>,
+    /// Label-noise rates η, comma-separated [default: the experiment's]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub etas: Option<Vec<f64>>,
+    /// paper: the paper's sizes and epochs; quick: pretrain_n ≤ 500, test_n ≤ 500, 30/100 epochs
+    #[arg(long, value_enum, default_value_t = reproduce::Budget::Paper)]
+    pub budget: reproduce::Budget,
+    /// What phase 2 trains (see finetune --mode)
+    #[arg(long, value_enum, default_value_t = Mode::LastLayer)]
+    pub mode: Mode,
+    /// Result folder: runs/<run>/ and the report [default: results/<experiment>]
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Runs at once, sharing the cores [default: the number of cores]
+    #[arg(long, value_name = "J")]
+    pub jobs: Option<usize>,
+    /// Run only the K-th of N interleaved parts of the grid (1 ≤ K ≤ N)
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<reproduce::Shard>,
+    #[command(flatten)]
+    pub root: DataDirArg,
+    /// Folder holding checkpoints as <org>/<name>/ [default: $BENIGN_MODELS_DIR]
+    #[arg(long, value_name = "DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// Feature cache [default: $BENIGN_CACHE_DIR, else the platform cache folder/benign-attention]
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Where the runs compute (cuda needs a build with `--features cuda`)
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Cpu)]
+    pub device: DeviceChoice,
+}
+
+impl GridArgs {
+    /// The flags that define the grid, as a shard task would repeat them.
+    fn grid_flags(&self) -> Vec<String> {
+        fn list<T: ToString>(flag: &str, values: &Option<Vec<T>>) -> Vec<String> {
+            values.as_ref().map_or(Vec::new(), |v| {
+                vec![
+                    flag.to_string(),
+                    v.iter().map(T::to_string).collect::<Vec<_>>().join(","),
+                ]
+            })
+        }
+        let mut flags = Vec::new();
+        flags.extend(list("--datasets", &self.datasets));
+        flags.extend(list("--seeds", &self.seeds));
+        flags.extend(list("--ns", &self.ns));
+        flags.extend(list("--etas", &self.etas));
+        fn value(v: &impl clap::ValueEnum) -> String {
+            v.to_possible_value()
+                .map_or(String::new(), |p| p.get_name().to_string())
+        }
+        flags.extend(["--budget".into(), value(&self.budget)]);
+        flags.extend(["--mode".into(), value(&self.mode)]);
+        if let Some(j) = self.jobs {
+            flags.extend(["--jobs".into(), j.to_string()]);
+        }
+        flags.extend(["--device".into(), value(&self.device)]);
+        flags
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Result folders (each holding runs/)
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// Where to write results.csv, report.md and the figures
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct SlurmArgs {
+    /// Which grid
+    #[arg(value_enum)]
+    pub experiment: reproduce::Experiment,
+    /// Array tasks (shards)
+    #[arg(long, value_name = "N")]
+    pub shards: usize,
+    #[command(flatten)]
+    pub grid: GridArgs,
+    /// Wall-time limit per task
+    #[arg(long, default_value = "24:00:00")]
+    pub time: String,
+    /// Cores per task
+    #[arg(long, default_value_t = 8)]
+    pub cpus_per_task: usize,
+    /// Memory per task
+    #[arg(long, default_value = "32G")]
+    pub mem: String,
+    /// Slurm partition
+    #[arg(long)]
+    pub partition: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -113,6 +237,9 @@ pub struct FinetuneArgs {
     /// Continue from the checkpoint in --out (bit for bit); starts afresh if there is none
     #[arg(long, requires = "out")]
     pub resume: bool,
+    /// CPU threads for phases 1 and 2 (small ops: one is fastest on few cores; extraction uses all)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub train_threads: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -210,7 +337,7 @@ pub enum DataCommand {
     Split(SplitArgs),
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct DataDirArg {
     /// Folder holding one folder per dataset [default: $BENIGN_DATA_DIR, else ./datasets]
     #[arg(long, value_name = "DIR")]
@@ -404,6 +531,136 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Data(command) => data_command(command),
         Command::Extract(args) => extract(args).map(|()| ExitCode::SUCCESS),
         Command::Finetune(args) => finetune(args).map(|()| ExitCode::SUCCESS),
+        Command::Reproduce(command) => reproduce_command(command),
+    }
+}
+
+fn experiment_name(e: reproduce::Experiment) -> &'static str {
+    match e {
+        reproduce::Experiment::Table2 => "table2",
+        reproduce::Experiment::Fig8 => "fig8",
+        reproduce::Experiment::Fig9 => "fig9",
+    }
+}
+
+fn grid_of(experiment: reproduce::Experiment, args: &GridArgs) -> Result<reproduce::Grid> {
+    reproduce::Grid::new(
+        experiment,
+        args.datasets.clone(),
+        args.seeds.clone(),
+        args.ns.clone(),
+        args.etas.clone(),
+        args.budget,
+        args.mode,
+    )
+}
+
+fn reproduce_command(command: ReproduceCommand) -> Result<ExitCode> {
+    let (experiment, args) = match command {
+        ReproduceCommand::Table2(args) => (reproduce::Experiment::Table2, args),
+        ReproduceCommand::Fig8(args) => (reproduce::Experiment::Fig8, args),
+        ReproduceCommand::Fig9(args) => (reproduce::Experiment::Fig9, args),
+        ReproduceCommand::Report(args) => {
+            let runs = reproduce::merge(&args.dirs, &args.out)?;
+            println!("{runs} runs → {}", args.out.join("report.md").display());
+            return Ok(ExitCode::SUCCESS);
+        }
+        ReproduceCommand::Slurm(args) => {
+            if args.shards == 0 {
+                anyhow::bail!("--shards must be at least 1");
+            }
+            if args.grid.shard.is_some() {
+                anyhow::bail!("--shard: the script gives each task its own shard; drop the flag");
+            }
+            grid_of(args.experiment, &args.grid)?;
+            let name = experiment_name(args.experiment);
+            let out = args
+                .grid
+                .out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("results").join(name));
+            let out = std::path::absolute(&out).unwrap_or(out);
+            let env = [
+                ("BENIGN_DATA_DIR", args.grid.root.data_dir.clone()),
+                ("BENIGN_MODELS_DIR", args.grid.models_dir.clone()),
+                ("BENIGN_CACHE_DIR", args.grid.cache_dir.clone()),
+            ]
+            .into_iter()
+            .filter_map(|(k, flag)| {
+                flag.map(|p| p.display().to_string())
+                    .or_else(|| std::env::var(k).ok())
+                    .map(|v| (k.to_string(), v))
+            })
+            .collect();
+            let script = reproduce::slurm::SlurmScript {
+                experiment: name.into(),
+                grid_args: args.grid.grid_flags(),
+                shards: args.shards,
+                out: out.clone(),
+                binary: std::env::current_exe().context("locating this binary")?,
+                time: args.time,
+                cpus_per_task: args.cpus_per_task,
+                mem: args.mem,
+                partition: args.partition,
+                env,
+            };
+            let path = out.join(format!("reproduce-{name}.sbatch"));
+            crate::io::ensure_dir(&out.join("logs"))?;
+            crate::io::write_atomic(&path, |w| Ok(w.write_all(script.render().as_bytes())?))?;
+            println!("{}", path.display());
+            eprintln!(
+                "submit with `sbatch {}`; then merge with `{} reproduce report {}/shard-* --out {}/report`",
+                path.display(),
+                script.binary.display(),
+                out.display(),
+                out.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    if args.jobs == Some(0) {
+        anyhow::bail!("--jobs must be at least 1");
+    }
+    let grid = grid_of(experiment, &args)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("results").join(experiment_name(experiment)));
+    let options = reproduce::DriverOptions {
+        grid,
+        out: out.clone(),
+        jobs: args
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        shard: args.shard,
+        data_dir: args.root.data_dir.clone(),
+        models_dir: args.models_dir.clone(),
+        cache_dir: args.cache_dir.clone(),
+        device: args.device.device()?,
+    };
+    let started = std::time::Instant::now();
+    let outcome = {
+        let bars = report::finetune::Bars::default();
+        reproduce::run(&options, &bars)?
+    };
+    for note in &outcome.left_out {
+        eprintln!("left out: {note}");
+    }
+    eprintln!(
+        "{} runs done, {} were already finished, {} failed ({:.0} s); report: {}",
+        outcome.ran - outcome.failed.len(),
+        outcome.skipped,
+        outcome.failed.len(),
+        started.elapsed().as_secs_f64(),
+        out.join("report.md").display()
+    );
+    if outcome.failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for (id, err) in &outcome.failed {
+            eprintln!("failed: {id}: {err}");
+        }
+        Ok(ExitCode::from(1))
     }
 }
 
@@ -431,6 +688,7 @@ fn finetune(args: FinetuneArgs) -> Result<()> {
         checkpoint_every: args.checkpoint_every,
         resume: args.resume,
         device: args.device.device()?,
+        train_threads: args.train_threads,
     };
     let run = {
         let bars = report::finetune::Bars::default();

@@ -10,6 +10,8 @@ pub mod encoder;
 pub mod io;
 pub mod model;
 pub mod report;
+pub mod reproduce;
 pub mod rng;
+pub mod runtime;
 pub mod synthetic;
 pub mod train;

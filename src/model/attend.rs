@@ -212,12 +212,21 @@ impl KeyValues {
         Ok(())
     }
 
-    /// Scores → probabilities (in place) for query `r` and bias `c` over sample `i`.
-    fn probabilities(&self, i: usize, r: &[f32], c: f32, probs: &mut [f32]) {
-        let keys = self.sample_keys(i);
-        for (t, p) in probs.iter_mut().enumerate() {
-            *p = self.scale * (dot(r, &keys[t * self.dim..(t + 1) * self.dim]) + c);
-        }
+    /// Raw scores rₕ·kₜ of every head of sample `i`: (H, D) × (T, D)ᵀ → (H, T), one GEMM.
+    fn scores(&self, i: usize, queries: &[f32], scores: &mut [f32]) {
+        let (h, t, d) = (self.heads, self.tokens, self.dim);
+        // S (row-major H×T) = R (row-major H×D) · Kᵀ, Kᵀ read in place from K (row-major T×D).
+        matmul(
+            (h, t, d),
+            (scores, t),
+            (queries, d as isize, 1),
+            (self.sample_keys(i), 1, d as isize),
+        );
+    }
+
+    /// Raw scores → probabilities in place: scale·(s + c) + mask, then softmax.
+    fn softmax(&self, i: usize, c: f32, probs: &mut [f32]) {
+        probs.iter_mut().for_each(|p| *p = self.scale * (*p + c));
         if let Some(mask) = self.sample_mask(i) {
             probs.iter_mut().zip(mask).for_each(|(p, m)| *p += m);
         }
@@ -228,6 +237,54 @@ impl KeyValues {
             total += *p;
         }
         probs.iter_mut().for_each(|p| *p /= total);
+    }
+}
+
+/// dst (m×n, row stride `dst_rs`) = lhs (m×k) · rhs (k×n), each operand given as (data, row
+/// stride, column stride): gemm's AVX-512/AVX2 kernels, single-threaded (callers parallelise
+/// over samples).
+fn matmul(
+    (m, n, k): (usize, usize, usize),
+    (dst, dst_rs): (&mut [f32], usize),
+    (lhs, lhs_rs, lhs_cs): (&[f32], isize, isize),
+    (rhs, rhs_rs, rhs_cs): (&[f32], isize, isize),
+) {
+    let last = |rs: isize, cs: isize, rows: usize, cols: usize| {
+        (rs * (rows as isize - 1) + cs * (cols as isize - 1)) as usize
+    };
+    assert!(
+        m > 0
+            && n > 0
+            && k > 0
+            && dst.len() > last(dst_rs as isize, 1, m, n)
+            && lhs.len() > last(lhs_rs, lhs_cs, m, k)
+            && rhs.len() > last(rhs_rs, rhs_cs, k, n),
+        "matmul operands out of bounds"
+    );
+    // SAFETY: the assertion keeps every element gemm touches inside the slices; dst is borrowed
+    // mutably, so it aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            false,
+            lhs.as_ptr(),
+            lhs_cs,
+            lhs_rs,
+            rhs.as_ptr(),
+            rhs_cs,
+            rhs_rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }
 
@@ -296,10 +353,12 @@ impl CustomOp2 for FusedAttend {
             .zip(&self.rows)
             .enumerate()
             .for_each(|(b, (sample_out, &i))| {
+                let mut scores = vec![0f32; h * t];
+                kv.scores(i, &queries[b * h * d..(b + 1) * h * d], &mut scores);
                 for (k, head_out) in sample_out.chunks_mut(width).enumerate() {
-                    let r = &queries[(b * h + k) * d..(b * h + k + 1) * d];
                     let (context, probs) = head_out.split_at_mut(dv);
-                    kv.probabilities(i, r, bias[b * h + k], probs);
+                    probs.copy_from_slice(&scores[k * t..(k + 1) * t]);
+                    kv.softmax(i, bias[b * h + k], probs);
                     let values = kv.sample_values(i, k);
                     for (tt, &p) in probs.iter().enumerate() {
                         axpy(p, &values[tt * dv..(tt + 1) * dv], context);
@@ -335,27 +394,32 @@ impl CustomOp2 for FusedAttend {
             .zip(&self.rows)
             .enumerate()
             .for_each(|(bi, ((gq, gc), &i))| {
-                let keys = kv.sample_keys(i);
-                let mut dscore = vec![0f32; t];
+                let mut dscores = vec![0f32; h * t];
                 for k in 0..h {
                     let at = (bi * h + k) * width;
                     let (g_context, g_probs) = grad[at..at + width].split_at(dv);
                     let probs = &res[at + dv..at + width];
                     let values = kv.sample_values(i, k);
+                    let ds = &mut dscores[k * t..(k + 1) * t];
                     let mut weighted = 0.0;
                     for tt in 0..t {
-                        dscore[tt] = dot(g_context, &values[tt * dv..(tt + 1) * dv]) + g_probs[tt];
-                        weighted += probs[tt] * dscore[tt];
+                        ds[tt] = dot(g_context, &values[tt * dv..(tt + 1) * dv]) + g_probs[tt];
+                        weighted += probs[tt] * ds[tt];
                     }
-                    let gr = &mut gq[k * d..(k + 1) * d];
                     let mut sum = 0.0;
                     for tt in 0..t {
-                        let ds = kv.scale * probs[tt] * (dscore[tt] - weighted);
-                        sum += ds;
-                        axpy(ds, &keys[tt * d..(tt + 1) * d], gr);
+                        ds[tt] = kv.scale * probs[tt] * (ds[tt] - weighted);
+                        sum += ds[tt];
                     }
                     gc[k] = sum;
                 }
+                // ∂L/∂R (H×D) = ∂L/∂S (H×T) · K (T×D).
+                matmul(
+                    (h, d, t),
+                    (gq, d),
+                    (&dscores, t as isize, 1),
+                    (kv.sample_keys(i), d as isize, 1),
+                );
             });
         let device = queries.device();
         Ok((

@@ -1,8 +1,8 @@
 //! Outputs of `finetune`: metrics.jsonl (phase 2, one line per epoch), pretrain.jsonl (phase-1
 //! loss per epoch) and summary.json, each written atomically; and the live progress bar.
 
-use std::cell::RefCell;
 use std::path::Path;
+use std::sync::Mutex;
 
 use anyhow::Result;
 use indicatif::ProgressBar;
@@ -27,32 +27,33 @@ pub fn write_run(dir: &Path, run: &FinetuneRun) -> Result<()> {
 /// One bar per stage on stderr; phase 2 shows train/test accuracy and memorization live.
 #[derive(Default)]
 pub struct Bars {
-    bar: RefCell<Option<ProgressBar>>,
-    last_test: RefCell<Option<f64>>,
+    bar: Mutex<Option<ProgressBar>>,
+    last_test: Mutex<Option<f64>>,
 }
 
 impl Progress for Bars {
     fn stage(&self, what: &str, total: usize) {
-        if let Some(old) = self.bar.borrow_mut().take() {
+        if let Some(old) = self.bar.lock().expect("progress lock").take() {
             old.finish_and_clear();
         }
-        *self.bar.borrow_mut() = Some(super::progress::bar(total as u64, what));
+        *self.bar.lock().expect("progress lock") = Some(super::progress::bar(total as u64, what));
     }
 
     fn advance(&self, by: usize) {
-        if let Some(bar) = self.bar.borrow().as_ref() {
+        if let Some(bar) = self.bar.lock().expect("progress lock").as_ref() {
             bar.inc(by as u64);
         }
     }
 
     fn epoch(&self, m: &EpochMetrics) {
         if m.test_acc.is_some() {
-            *self.last_test.borrow_mut() = m.test_acc;
+            *self.last_test.lock().expect("progress lock") = m.test_acc;
         }
-        if let Some(bar) = self.bar.borrow().as_ref() {
+        if let Some(bar) = self.bar.lock().expect("progress lock").as_ref() {
             let test = self
                 .last_test
-                .borrow()
+                .lock()
+                .expect("progress lock")
                 .map_or("–".to_string(), |t| format!("{t:.3}"));
             bar.set_message(format!(
                 "train {:.3} · memorization {:.3} · test {test} · loss {:.3}",
@@ -65,7 +66,7 @@ impl Progress for Bars {
 
 impl Drop for Bars {
     fn drop(&mut self) {
-        if let Some(bar) = self.bar.borrow_mut().take() {
+        if let Some(bar) = self.bar.lock().expect("progress lock").take() {
             bar.finish_and_clear();
         }
     }

@@ -2,6 +2,9 @@
 
 pub mod data;
 pub mod finetune;
+pub mod paper;
 pub mod plot;
 pub mod progress;
+pub mod reproduce;
+pub mod results;
 pub mod synthetic;

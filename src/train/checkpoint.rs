@@ -3,13 +3,15 @@
 //! The batch order needs no state: epoch k's order is drawn from its own seeded stream.
 //!
 //! One file, `checkpoint.safetensors`, replaced atomically: the tensors by name, and the run state
-//! as JSON in the u8 tensor `state.json` (so tensors and state can never disagree).
+//! as JSON in the u8 tensor `state.json` (so tensors and state can never disagree). The shared
+//! phase-1 results (`finetune::phase1`) use the same format.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use candle_core::{Device, Tensor, Var};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::phases::EpochMetrics;
@@ -59,6 +61,20 @@ pub fn path(dir: &Path) -> PathBuf {
 /// Writes `state` and `tensors` to `dir`/checkpoint.safetensors, replacing the previous one only
 /// once the new one is complete.
 pub fn save(dir: &Path, state: &RunState, tensors: &HashMap<String, Tensor>) -> Result<()> {
+    save_state(&path(dir), state, tensors)
+}
+
+/// The checkpoint in `dir`, if there is one; tensors land on `device`.
+pub fn load(dir: &Path, device: &Device) -> Result<Option<Checkpoint>> {
+    Ok(load_state(&path(dir), device)?.map(|(state, tensors)| Checkpoint { state, tensors }))
+}
+
+/// Any serialisable state with named tensors, in one safetensors file written atomically.
+pub fn save_state(
+    file: &Path,
+    state: &impl Serialize,
+    tensors: &HashMap<String, Tensor>,
+) -> Result<()> {
     let json = serde_json::to_vec(state)?;
     let mut all = tensors.clone();
     all.insert(
@@ -70,31 +86,36 @@ pub fn save(dir: &Path, state: &RunState, tensors: &HashMap<String, Tensor>) -> 
         .into_iter()
         .map(|(k, t)| Ok((k, t.to_device(&Device::Cpu)?)))
         .collect::<Result<_>>()?;
-    produce_atomic(&path(dir), |tmp| {
+    if let Some(parent) = file.parent() {
+        crate::io::ensure_dir(parent)?;
+    }
+    produce_atomic(file, |tmp| {
         candle_core::safetensors::save(&all, tmp)
             .with_context(|| format!("writing {}", tmp.display()))
     })
 }
 
-/// The checkpoint in `dir`, if there is one; tensors land on `device`.
-pub fn load(dir: &Path, device: &Device) -> Result<Option<Checkpoint>> {
-    let file = path(dir);
+/// What [`save_state`] wrote, if `file` exists; tensors land on `device`.
+pub fn load_state<S: DeserializeOwned>(
+    file: &Path,
+    device: &Device,
+) -> Result<Option<(S, HashMap<String, Tensor>)>> {
     if !file.exists() {
         return Ok(None);
     }
-    let mut tensors = candle_core::safetensors::load(&file, &Device::Cpu)
+    let mut tensors = candle_core::safetensors::load(file, &Device::Cpu)
         .with_context(|| format!("{}: not a readable checkpoint", file.display()))?;
     let json = tensors
         .remove(STATE)
         .with_context(|| format!("{}: no {STATE} in the checkpoint", file.display()))?
         .to_vec1::<u8>()?;
-    let state: RunState = serde_json::from_slice(&json)
+    let state: S = serde_json::from_slice(&json)
         .with_context(|| format!("{}: unreadable {STATE}", file.display()))?;
     let tensors = tensors
         .into_iter()
         .map(|(k, t)| Ok((k, t.to_device(device)?)))
         .collect::<Result<_>>()?;
-    Ok(Some(Checkpoint { state, tensors }))
+    Ok(Some((state, tensors)))
 }
 
 impl RunIdentity {
@@ -170,7 +191,17 @@ mod tests {
             pretrain_losses: vec![1.0 / 3.0, std::f64::consts::PI],
             epochs_done: 4,
             optimizer_step: 12,
-            log: vec![],
+            log: vec![EpochMetrics {
+                epoch: 4,
+                train_loss: 0.1 + 0.2,
+                train_acc: 1.0,
+                memorization: f64::NAN,
+                clean_train_acc: 2.0 / 3.0,
+                max_cls_attention: 0.3,
+                attention_entropy: 1e-300,
+                test_loss: None,
+                test_acc: Some(0.7),
+            }],
         };
         save(
             dir.path(),
@@ -184,6 +215,14 @@ mod tests {
             (0.1f64 + 0.2).to_bits()
         );
         assert_eq!(loaded.state.pretrain_losses, state.pretrain_losses);
+        let (ours, theirs) = (&loaded.state.log[0], &state.log[0]);
+        assert!(ours.memorization.is_nan());
+        assert_eq!(ours.train_loss.to_bits(), theirs.train_loss.to_bits());
+        assert_eq!(
+            ours.clean_train_acc.to_bits(),
+            theirs.clean_train_acc.to_bits()
+        );
+        assert_eq!(ours.attention_entropy, 1e-300);
         let other = Var::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap();
         restore_params("w", &[("x".into(), other.clone())], &loaded.tensors).unwrap();
         assert_eq!(

@@ -96,13 +96,21 @@ impl AdamW {
                     .with_context(|| format!("gradient of {name}"))
             })
             .collect::<Result<_>>()?;
+        let on_host = self.params.iter().all(|(_, v)| v.device().is_cpu());
         let mut squared = 0f64;
         for g in &grads {
-            squared += g
-                .sqr()?
-                .sum_all()?
-                .to_dtype(candle_core::DType::F64)?
-                .to_scalar::<f64>()?;
+            squared += if on_host {
+                g.flatten_all()?
+                    .to_vec1::<f32>()?
+                    .iter()
+                    .map(|&x| f64::from(x) * f64::from(x))
+                    .sum::<f64>()
+            } else {
+                g.sqr()?
+                    .sum_all()?
+                    .to_dtype(candle_core::DType::F64)?
+                    .to_scalar::<f64>()?
+            };
         }
         let norm = squared.sqrt();
         // torch: clip_coef = max_norm / (norm + 1e-6), clamped to 1, always multiplied.
@@ -118,6 +126,43 @@ impl AdamW {
         let step_size = lr / (1.0 - b1.powi(t));
         let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
         for (k, (_, var)) in self.params.iter().enumerate() {
+            if on_host {
+                // One pass per parameter instead of a dozen tensor ops, each allocating: the
+                // optimizer dominated small steps (BERT's pooler has 148k parameters).
+                let host = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
+                let (g, mut m, mut v, mut theta) = (
+                    host(&grads[k])?,
+                    host(&self.first_moment[k])?,
+                    host(&self.second_moment[k])?,
+                    host(var.as_tensor())?,
+                );
+                // The constants as candle's scalar ops round them (f64 → f32), so that both
+                // paths compute the same f32 arithmetic.
+                let (one_b1, one_b2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+                let (clip, b1, b2) = (clip as f32, b1 as f32, b2 as f32);
+                let decay = (1.0 - lr * self.config.weight_decay) as f32;
+                let (inv_bias2, eps, step_size) = (
+                    (1.0 / bias2_sqrt) as f32,
+                    self.config.epsilon as f32,
+                    step_size as f32,
+                );
+                for j in 0..theta.len() {
+                    let g = g[j] * clip;
+                    m[j] = m[j] * b1 + g * one_b1;
+                    v[j] = v[j] * b2 + (g * g) * one_b2;
+                    if self.config.weight_decay != 0.0 {
+                        theta[j] *= decay;
+                    }
+                    let denom = v[j].sqrt() * inv_bias2 + eps;
+                    theta[j] -= (m[j] / denom) * step_size;
+                }
+                let shape = var.as_tensor().shape().clone();
+                let device = var.device().clone();
+                var.set(&Tensor::from_vec(theta, shape.clone(), &device)?)?;
+                self.first_moment[k] = Tensor::from_vec(m, shape.clone(), &device)?;
+                self.second_moment[k] = Tensor::from_vec(v, shape, &device)?;
+                continue;
+            }
             let g = (&grads[k] * clip)?;
             let m = ((&self.first_moment[k] * b1)? + (&g * (1.0 - b1))?)?;
             let v = ((&self.second_moment[k] * b2)? + (g.sqr()? * (1.0 - b2))?)?;

@@ -79,9 +79,11 @@ pub struct EpochMetrics {
     pub train_loss: f64,
     /// Accuracy on the noisy labels, evaluated after the epoch.
     pub train_acc: f64,
-    /// Share of noisy samples predicted as their noisy label.
+    /// Share of noisy samples predicted as their noisy label (NaN, written null, when none).
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub memorization: f64,
     /// Accuracy on the samples whose label was not flipped.
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub clean_train_acc: f64,
     /// Mean over fine-tune samples (and heads) of the largest attention probability of the
     /// selecting query (the paper's Fig. 9 quantity).

@@ -1,0 +1,500 @@
+//! `reproduce`: the paper's real-data grids (Table 2, Fig. 8, Fig. 9) as independent `finetune`
+//! runs, then one report. Each run is a folder `<out>/runs/<id>`; a run whose summary.json exists
+//! is skipped, a killed one resumes from its checkpoint, and a failed one is reported at the end
+//! without stopping the others. The feature cache is filled once for the whole grid first, so each
+//! sample passes through its backbone once whatever the grid. `--shard K/N` keeps every N-th run
+//! for a cluster's job array (`slurm` writes the script); `report` merges shard folders.
+
+pub mod slurm;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use candle_core::Device;
+
+use crate::data::{self, DatasetName};
+use crate::report::results::{RUNS, collect};
+use crate::train::config::dataset_config;
+use crate::train::finetune::{FinetuneOptions, Mode, Progress, finetune, prefetch};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Experiment {
+    /// Datasets × n × η × seeds (PAPER.md §4.1).
+    Table2,
+    /// η from 0 to 0.2 in steps of 0.01 at n = 200, seed 42.
+    Fig8,
+    /// Per-epoch max CLS attention, n = 200, η = 0.1 (the code's default noise), seed 42.
+    Fig9,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Budget {
+    /// The paper's sizes and epochs.
+    Paper,
+    /// Scaled so that Table 2 of the six datasets runs in about half an hour on two cores.
+    Quick,
+}
+
+/// What `--budget quick` changes; the report prints what each run used.
+pub mod quick {
+    pub const PRETRAIN_N: usize = 500;
+    pub const TEST_N: usize = 500;
+    pub const PRETRAIN_EPOCHS: usize = 30;
+    pub const EPOCHS: usize = 100;
+    pub const EVAL_EVERY: usize = 25;
+}
+
+/// The AG-news training file is not offline: its runs carve a training pool from the test split
+/// (a recorded deviation) with this fraction.
+pub const CARVE_FRACTION: f64 = 0.5;
+
+pub const ALL_DATASETS: [DatasetName; 6] = [
+    DatasetName::Mnist,
+    DatasetName::Cifar10,
+    DatasetName::PneumoniaMnist,
+    DatasetName::BreastMnist,
+    DatasetName::AgNews,
+    DatasetName::Trec,
+];
+
+/// The grid of one experiment; `None` fields take the experiment's defaults.
+#[derive(Clone, Debug)]
+pub struct Grid {
+    pub experiment: Experiment,
+    pub datasets: Vec<DatasetName>,
+    pub seeds: Vec<u64>,
+    pub ns: Vec<usize>,
+    pub etas: Vec<f64>,
+    pub budget: Budget,
+    pub mode: Mode,
+}
+
+impl Grid {
+    pub fn new(
+        experiment: Experiment,
+        datasets: Option<Vec<DatasetName>>,
+        seeds: Option<Vec<u64>>,
+        ns: Option<Vec<usize>>,
+        etas: Option<Vec<f64>>,
+        budget: Budget,
+        mode: Mode,
+    ) -> Result<Self> {
+        let (default_seeds, default_ns, default_etas): (Vec<u64>, Vec<usize>, Vec<f64>) =
+            match experiment {
+                Experiment::Table2 => (vec![42, 314, 2718], vec![20, 200, 1000], vec![0.0, 0.2]),
+                Experiment::Fig8 => (
+                    vec![42],
+                    vec![200],
+                    (0..=20).map(|k| f64::from(k) / 100.0).collect(),
+                ),
+                Experiment::Fig9 => (vec![42], vec![200], vec![0.1]),
+            };
+        let grid = Self {
+            experiment,
+            datasets: datasets.unwrap_or_else(|| ALL_DATASETS.to_vec()),
+            seeds: seeds.unwrap_or(default_seeds),
+            ns: ns.unwrap_or(default_ns),
+            etas: etas.unwrap_or(default_etas),
+            budget,
+            mode,
+        };
+        if grid.datasets.is_empty()
+            || grid.seeds.is_empty()
+            || grid.ns.is_empty()
+            || grid.etas.is_empty()
+        {
+            bail!("--datasets, --seeds, --ns and --etas need at least one value each");
+        }
+        if let Some(eta) = grid.etas.iter().find(|e| !(0.0..1.0).contains(*e)) {
+            bail!("--etas: every η must be in [0, 1), got {eta}");
+        }
+        if grid.ns.contains(&0) {
+            bail!("--ns: every n must be at least 1");
+        }
+        Ok(grid)
+    }
+}
+
+/// One grid point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    pub dataset: DatasetName,
+    pub n: usize,
+    pub eta: f64,
+    pub seed: u64,
+}
+
+impl Job {
+    /// The run folder's name: everything that makes the run, budget and mode included.
+    pub fn id(&self, grid: &Grid) -> String {
+        format!(
+            "{}_{}_n{}_eta{:.2}_seed{}_{}",
+            self.dataset.id(),
+            match grid.mode {
+                Mode::LastLayer => "last-layer",
+                Mode::Head => "head",
+            },
+            self.n,
+            self.eta,
+            self.seed,
+            match grid.budget {
+                Budget::Paper => "paper",
+                Budget::Quick => "quick",
+            }
+        )
+    }
+}
+
+/// `--shard K/N`: the K-th (1-based) of N interleaved parts of the grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let parsed = s
+            .split_once('/')
+            .and_then(|(k, n)| Some((k.trim().parse().ok()?, n.trim().parse().ok()?)));
+        match parsed {
+            Some((index, count)) if count >= 1 && (1..=count).contains(&index) => {
+                Ok(Self { index, count })
+            }
+            _ => Err(format!("expected K/N with 1 ≤ K ≤ N, got {s:?}")),
+        }
+    }
+}
+
+impl Shard {
+    pub fn keeps(&self, position: usize) -> bool {
+        position % self.count == self.index - 1
+    }
+}
+
+/// The grid in order (dataset, η, n, seed), without points the data cannot hold (BreastMNIST has
+/// no n = 1000), each with the reason it was left out.
+pub fn jobs(grid: &Grid, pool: &dyn Fn(&DatasetName) -> Option<usize>) -> (Vec<Job>, Vec<String>) {
+    let (mut kept, mut left_out) = (Vec::new(), Vec::new());
+    for dataset in &grid.datasets {
+        for &eta in &grid.etas {
+            for &n in &grid.ns {
+                for &seed in &grid.seeds {
+                    let job = Job {
+                        dataset: dataset.clone(),
+                        n,
+                        eta,
+                        seed,
+                    };
+                    match pool(dataset) {
+                        Some(p) if n >= p => left_out.push(format!(
+                            "{}: n = {n} does not fit the {p} training samples",
+                            job.id(grid)
+                        )),
+                        _ => kept.push(job),
+                    }
+                }
+            }
+        }
+    }
+    (kept, left_out)
+}
+
+pub struct DriverOptions {
+    pub grid: Grid,
+    pub out: PathBuf,
+    /// Runs at once.
+    pub jobs: usize,
+    pub shard: Option<Shard>,
+    pub data_dir: Option<PathBuf>,
+    pub models_dir: Option<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+    pub device: Device,
+}
+
+pub struct Outcome {
+    pub ran: usize,
+    pub skipped: usize,
+    pub failed: Vec<(String, String)>,
+    pub left_out: Vec<String>,
+}
+
+impl DriverOptions {
+    /// The `finetune` options of one grid point.
+    pub fn run_options(&self, job: &Job, carve: bool) -> Result<FinetuneOptions> {
+        let grid = &self.grid;
+        let config = dataset_config(&job.dataset)?;
+        let quick = grid.budget == Budget::Quick;
+        Ok(FinetuneOptions {
+            dataset: job.dataset.clone(),
+            eta: job.eta,
+            noise: crate::data::noise::NoiseModel::Symmetric,
+            mode: grid.mode,
+            seed: job.seed,
+            n: Some(job.n),
+            pretrain_n: Some(if quick {
+                config.pretrain_n.min(quick::PRETRAIN_N)
+            } else {
+                config.pretrain_n
+            }),
+            epochs: Some(if quick { quick::EPOCHS } else { config.epochs }),
+            pretrain_epochs: Some(if quick {
+                quick::PRETRAIN_EPOCHS
+            } else {
+                config.pretrain_epochs
+            }),
+            backbone: None,
+            test_n: None,
+            eval_every: if quick { quick::EVAL_EVERY } else { 50 },
+            carve_train_from_test: carve.then_some(CARVE_FRACTION),
+            data_dir: self.data_dir.clone(),
+            models_dir: self.models_dir.clone(),
+            cache_dir: self.cache_dir.clone(),
+            encode_batch: 32,
+            special_tokens: false,
+            out: Some(self.out.join(RUNS).join(job.id(grid))),
+            checkpoint_every: 100,
+            resume: true,
+            device: self.device.clone(),
+            // One thread per run whatever --jobs: results do not depend on how the grid ran.
+            train_threads: 1,
+        })
+    }
+}
+
+/// The size of each dataset's training pool (None when unreadable: its runs will say why), and
+/// whether it must be carved from the test split.
+fn pools(options: &DriverOptions) -> Vec<(DatasetName, Option<usize>, bool, Option<usize>)> {
+    let root = data::data_root(options.data_dir.as_deref());
+    options
+        .grid
+        .datasets
+        .iter()
+        .map(|d| match data::load(d, &root) {
+            Ok(ds) => match &ds.train {
+                Some(train) => (d.clone(), Some(train.len()), false, Some(ds.test.len())),
+                None => (
+                    d.clone(),
+                    Some((CARVE_FRACTION * ds.test.len() as f64).round() as usize),
+                    true,
+                    Some(ds.test.len()),
+                ),
+            },
+            Err(_) => (d.clone(), None, false, None),
+        })
+        .collect()
+}
+
+/// Runs the grid (or this shard of it) and writes the report into `out`.
+pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> {
+    let grid = &options.grid;
+    let pools = pools(options);
+    let pool_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.1);
+    let carve_of = |d: &DatasetName| pools.iter().any(|p| p.0 == *d && p.2);
+    let test_len_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.3);
+    let (all, left_out) = jobs(grid, &pool_of);
+    let mine: Vec<Job> = all
+        .into_iter()
+        .enumerate()
+        .filter(|(k, _)| options.shard.is_none_or(|s| s.keeps(*k)))
+        .map(|(_, j)| j)
+        .collect();
+    let mut run_options = Vec::new();
+    for job in &mine {
+        let mut o = options.run_options(job, carve_of(&job.dataset))?;
+        if grid.budget == Budget::Quick {
+            o.test_n = test_len_of(&job.dataset).map(|t| t.min(quick::TEST_N));
+        }
+        run_options.push((job.id(grid), o));
+    }
+    let finished = |o: &FinetuneOptions| {
+        o.out
+            .as_ref()
+            .is_some_and(|d| d.join("summary.json").exists())
+    };
+    let pending: Vec<&(String, FinetuneOptions)> =
+        run_options.iter().filter(|(_, o)| !finished(o)).collect();
+    let skipped = run_options.len() - pending.len();
+    eprintln!(
+        "{} runs in this {}, {} already finished",
+        run_options.len(),
+        options.shard.map_or("grid".to_string(), |s| format!(
+            "shard {}/{}",
+            s.index, s.count
+        )),
+        skipped
+    );
+
+    // Every pending run's samples through the backbones first, with all cores.
+    for dataset in &grid.datasets {
+        let group: Vec<FinetuneOptions> = pending
+            .iter()
+            .filter(|(_, o)| o.dataset == *dataset)
+            .map(|(_, o)| o.clone())
+            .collect();
+        if !group.is_empty() {
+            if let Err(err) = prefetch(&group, progress) {
+                eprintln!("warning: {dataset}: features not prefetched: {err:#}");
+            }
+        }
+    }
+
+    // Then the runs, `jobs` at a time (each trains on one thread).
+    let workers = options.jobs.clamp(1, pending.len().max(1));
+    let next = AtomicUsize::new(0);
+    let failed = Mutex::new(Vec::new());
+    let done = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, Ordering::SeqCst);
+                    let Some((id, run)) = pending.get(k) else {
+                        break;
+                    };
+                    let started = Instant::now();
+                    let result = finetune_and_write(run);
+                    let count = done.fetch_add(1, Ordering::SeqCst) + 1;
+                    match result {
+                        Ok(line) => eprintln!(
+                            "[{count}/{}] {id}: {line} ({:.0} s)",
+                            pending.len(),
+                            started.elapsed().as_secs_f64()
+                        ),
+                        Err(err) => {
+                            eprintln!("[{count}/{}] {id}: FAILED: {err:#}", pending.len());
+                            failed
+                                .lock()
+                                .expect("no worker panics holding it")
+                                .push((id.clone(), format!("{err:#}")));
+                        }
+                    }
+                }
+            });
+        }
+    });
+
+    let runs = collect(std::slice::from_ref(&options.out))?;
+    crate::report::reproduce::write_report(
+        &options.out,
+        &runs,
+        std::slice::from_ref(&options.out),
+    )?;
+    Ok(Outcome {
+        ran: pending.len(),
+        skipped,
+        failed: failed.into_inner().expect("workers are done"),
+        left_out,
+    })
+}
+
+/// One run, its outputs written; a one-line result.
+fn finetune_and_write(options: &FinetuneOptions) -> Result<String> {
+    let run = finetune(options, &())?;
+    let out = options.out.as_deref().expect("grid runs have a folder");
+    crate::report::finetune::write_run(out, &run)?;
+    let s = &run.summary;
+    Ok(format!(
+        "train loss {:.3}, memorization {:.3}, test {:.3}",
+        s.train_loss, s.memorization, s.test_acc
+    ))
+}
+
+/// `reproduce report DIR...`: one report over the runs of many result folders.
+pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<usize> {
+    let runs = collect(dirs)?;
+    if runs.is_empty() {
+        bail!(
+            "no finished runs under {}",
+            dirs.iter()
+                .map(|d| d.join(RUNS).display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    crate::report::reproduce::write_report(out, &runs, dirs)?;
+    Ok(runs.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid() -> Grid {
+        Grid::new(
+            Experiment::Table2,
+            Some(vec![DatasetName::BreastMnist, DatasetName::Trec]),
+            None,
+            None,
+            None,
+            Budget::Quick,
+            Mode::LastLayer,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn table2_grid_leaves_out_what_the_data_cannot_hold() {
+        let g = grid();
+        let pool = |d: &DatasetName| {
+            Some(if *d == DatasetName::BreastMnist {
+                546
+            } else {
+                5452
+            })
+        };
+        let (kept, left_out) = jobs(&g, &pool);
+        // 2 η × 3 n × 3 seeds per dataset, minus BreastMNIST's n = 1000.
+        assert_eq!(kept.len(), 18 + 12);
+        assert_eq!(left_out.len(), 6);
+        assert!(left_out[0].contains("breastmnist_last-layer_n1000_eta0.00_seed42_quick"));
+    }
+
+    #[test]
+    fn shards_partition_the_grid() {
+        let shards: Vec<Shard> = (1..=3).map(|k| format!("{k}/3").parse().unwrap()).collect();
+        for position in 0..10 {
+            assert_eq!(shards.iter().filter(|s| s.keeps(position)).count(), 1);
+        }
+        for bad in ["0/3", "4/3", "1/0", "x", "1-3"] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn fig8_sweeps_eta_in_hundredths() {
+        let g = Grid::new(
+            Experiment::Fig8,
+            None,
+            None,
+            None,
+            None,
+            Budget::Paper,
+            Mode::Head,
+        )
+        .unwrap();
+        assert_eq!(g.etas.len(), 21);
+        assert_eq!(g.etas[20], 0.2);
+        assert_eq!(
+            (g.ns.as_slice(), g.seeds.as_slice()),
+            (&[200][..], &[42][..])
+        );
+        assert!(
+            Grid::new(
+                Experiment::Fig8,
+                None,
+                None,
+                None,
+                Some(vec![1.0]),
+                Budget::Paper,
+                Mode::Head
+            )
+            .is_err()
+        );
+    }
+}
