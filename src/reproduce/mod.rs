@@ -42,7 +42,7 @@ pub enum Budget {
 pub mod quick {
     pub const PRETRAIN_N: usize = 500;
     pub const TEST_N: usize = 500;
-    pub const PRETRAIN_EPOCHS: usize = 30;
+    pub const PRETRAIN_EPOCHS: usize = 300;
     pub const EPOCHS: usize = 100;
     pub const EVAL_EVERY: usize = 25;
 }

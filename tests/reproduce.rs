@@ -1,0 +1,150 @@
+//! `reproduce` end to end on a small real grid (TREC, all-MiniLM-L6-v2, the quick budget): the
+//! report and figures are written, a re-run only does what is missing, and two shards merged by
+//! `reproduce report` give the same results and report as one run.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn benign(args: &[&str], cache: &Path) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args(args)
+        .env("BENIGN_CACHE_DIR", cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+const GRID: [&str; 12] = [
+    "--datasets",
+    "trec",
+    "--ns",
+    "20",
+    "--etas",
+    "0,0.2",
+    "--seeds",
+    "42",
+    "--budget",
+    "quick",
+    "--jobs",
+    "2",
+];
+
+fn grid(out: &Path, extra: &[&str], cache: &Path) -> String {
+    let mut args = vec!["reproduce", "table2", "--out", out.to_str().unwrap()];
+    args.extend(GRID);
+    args.extend(extra);
+    String::from_utf8_lossy(&benign(&args, cache).stderr).into_owned()
+}
+
+/// report.md without its line naming the source folders.
+fn report_body(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("report.md"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.contains("finished runs from"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let whole = dir.path().join("whole");
+    let log = grid(&whole, &[], &cache);
+    assert!(log.contains("2 runs in this grid, 0 already finished"), "{log}");
+    for file in ["results.csv", "report.md", "fig9_cls_attention.png", "memorization_vs_test_accuracy.png"] {
+        let len = std::fs::metadata(whole.join(file)).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 100, "{file}: {len} bytes");
+    }
+    let report = std::fs::read_to_string(whole.join("report.md")).unwrap();
+    assert!(report.contains("| trec | last-layer | 0.2 | 20 | 1 |"), "{report}");
+    assert!(report.contains("81.4 ± 0.3"), "the paper's cell is beside ours:\n{report}");
+
+    // A run lost (as when the driver is killed during it): only that one runs again.
+    let runs = whole.join("runs");
+    let mut names: Vec<String> = std::fs::read_dir(&runs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let kept_metrics = runs.join(&names[1]).join("metrics.jsonl");
+    let kept_before = std::fs::metadata(&kept_metrics).unwrap().modified().unwrap();
+    std::fs::remove_file(runs.join(&names[0]).join("summary.json")).unwrap();
+    let log = grid(&whole, &[], &cache);
+    assert!(log.contains("2 runs in this grid, 1 already finished"), "{log}");
+    assert_eq!(
+        std::fs::metadata(&kept_metrics).unwrap().modified().unwrap(),
+        kept_before,
+        "a finished run was redone"
+    );
+
+    // Two shards in sequence, merged: the same rows and the same report.
+    let (first, second) = (dir.path().join("shard-1"), dir.path().join("shard-2"));
+    grid(&first, &["--shard", "1/2"], &cache);
+    grid(&second, &["--shard", "2/2"], &cache);
+    for shard in [&first, &second] {
+        assert_eq!(std::fs::read_dir(shard.join("runs")).unwrap().count(), 1);
+    }
+    let merged = dir.path().join("merged");
+    benign(
+        &[
+            "reproduce",
+            "report",
+            first.to_str().unwrap(),
+            second.to_str().unwrap(),
+            "--out",
+            merged.to_str().unwrap(),
+        ],
+        &cache,
+    );
+    assert_eq!(
+        std::fs::read_to_string(merged.join("results.csv")).unwrap(),
+        std::fs::read_to_string(whole.join("results.csv")).unwrap()
+    );
+    assert_eq!(report_body(&merged), report_body(&whole));
+}
+
+#[test]
+fn slurm_script_and_bad_grid_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args([
+            "reproduce",
+            "slurm",
+            "table2",
+            "--shards",
+            "6",
+            "--budget",
+            "quick",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let script = std::fs::read_to_string(dir.path().join("reproduce-table2.sbatch")).unwrap();
+    assert!(script.contains("#SBATCH --array=1-6"));
+    assert!(script.contains("--shard \"$SLURM_ARRAY_TASK_ID\"/6"));
+    for (args, expected) in [
+        (vec!["reproduce", "table2", "--shard", "3/2"], "--shard"),
+        (vec!["reproduce", "fig8", "--etas", "0.1,1.5"], "--etas"),
+        (vec!["reproduce", "table2", "--datasets", "imagenet"], "imagenet"),
+        (vec!["reproduce", "report", "/nonexistent/results", "--out", "x"], "/nonexistent/results"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+            .args(&args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}
