@@ -78,7 +78,7 @@ pub struct GridArgs {
     /// Label-noise rates η, comma-separated [default: the experiment's]
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub etas: Option<Vec<f64>>,
-    /// paper: the paper's sizes and epochs; quick: pretrain_n ≤ 500, test_n ≤ 500, 300/100 epochs
+    /// paper: the paper's sizes and epochs; quick: pretrain_n ≤ 500, test_n ≤ 500, 300/50 epochs
     #[arg(long, value_enum, default_value_t = reproduce::Budget::Paper)]
     pub budget: reproduce::Budget,
     /// What phase 2 trains (see finetune --mode)

@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod data;
+pub mod diagnostics;
 pub mod encoder;
 pub mod io;
 pub mod model;

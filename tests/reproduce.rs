@@ -57,14 +57,30 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
     let cache = dir.path().join("cache");
     let whole = dir.path().join("whole");
     let log = grid(&whole, &[], &cache);
-    assert!(log.contains("2 runs in this grid, 0 already finished"), "{log}");
-    for file in ["results.csv", "report.md", "fig9_cls_attention.png", "memorization_vs_test_accuracy.png"] {
-        let len = std::fs::metadata(whole.join(file)).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        log.contains("2 runs in this grid, 0 already finished"),
+        "{log}"
+    );
+    for file in [
+        "results.csv",
+        "report.md",
+        "fig9_cls_attention.png",
+        "memorization_vs_test_accuracy.png",
+    ] {
+        let len = std::fs::metadata(whole.join(file))
+            .map(|m| m.len())
+            .unwrap_or(0);
         assert!(len > 100, "{file}: {len} bytes");
     }
     let report = std::fs::read_to_string(whole.join("report.md")).unwrap();
-    assert!(report.contains("| trec | last-layer | 0.2 | 20 | 1 |"), "{report}");
-    assert!(report.contains("81.4 ± 0.3"), "the paper's cell is beside ours:\n{report}");
+    assert!(
+        report.contains("| trec | last-layer | 0.2 | 20 | 1 |"),
+        "{report}"
+    );
+    assert!(
+        report.contains("81.4 ± 0.3"),
+        "the paper's cell is beside ours:\n{report}"
+    );
 
     // A run lost (as when the driver is killed during it): only that one runs again.
     let runs = whole.join("runs");
@@ -74,12 +90,21 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
         .collect();
     names.sort();
     let kept_metrics = runs.join(&names[1]).join("metrics.jsonl");
-    let kept_before = std::fs::metadata(&kept_metrics).unwrap().modified().unwrap();
+    let kept_before = std::fs::metadata(&kept_metrics)
+        .unwrap()
+        .modified()
+        .unwrap();
     std::fs::remove_file(runs.join(&names[0]).join("summary.json")).unwrap();
     let log = grid(&whole, &[], &cache);
-    assert!(log.contains("2 runs in this grid, 1 already finished"), "{log}");
+    assert!(
+        log.contains("2 runs in this grid, 1 already finished"),
+        "{log}"
+    );
     assert_eq!(
-        std::fs::metadata(&kept_metrics).unwrap().modified().unwrap(),
+        std::fs::metadata(&kept_metrics)
+            .unwrap()
+            .modified()
+            .unwrap(),
         kept_before,
         "a finished run was redone"
     );
@@ -127,15 +152,25 @@ fn slurm_script_and_bad_grid_flags() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let script = std::fs::read_to_string(dir.path().join("reproduce-table2.sbatch")).unwrap();
     assert!(script.contains("#SBATCH --array=1-6"));
     assert!(script.contains("--shard \"$SLURM_ARRAY_TASK_ID\"/6"));
     for (args, expected) in [
         (vec!["reproduce", "table2", "--shard", "3/2"], "--shard"),
         (vec!["reproduce", "fig8", "--etas", "0.1,1.5"], "--etas"),
-        (vec!["reproduce", "table2", "--datasets", "imagenet"], "imagenet"),
-        (vec!["reproduce", "report", "/nonexistent/results", "--out", "x"], "/nonexistent/results"),
+        (
+            vec!["reproduce", "table2", "--datasets", "imagenet"],
+            "imagenet",
+        ),
+        (
+            vec!["reproduce", "report", "/nonexistent/results", "--out", "x"],
+            "/nonexistent/results",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
             .args(&args)

@@ -168,15 +168,18 @@ fn markdown(
     )?;
     writeln!(
         md,
-        "| dataset | mode | η | n | seeds | train loss | memorization | test acc | baseline | paper train loss | paper test acc | paper baseline |"
+        "| dataset | mode | η | n | seeds | train loss | memorization | test acc | baseline | max CLS attn | QK eigen mean / var | paper train loss | paper test acc | paper baseline |"
     )?;
-    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(
+        md,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )?;
     for c in cells {
         let paper_cell = table2.cell(&c.dataset, c.eta, c.n);
         let paper_baseline = table2.dataset(&c.dataset).map(|d| d.baseline);
         writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.dataset,
             c.mode,
             c.eta,
@@ -186,6 +189,12 @@ fn markdown(
             pct(c.memorization),
             pct(c.test_acc),
             pct(c.baseline_test_acc),
+            two(c.max_cls_attention),
+            if c.qk_eigen_mean.mean.is_nan() {
+                "–".to_string()
+            } else {
+                format!("{:.2e} / {:.2e}", c.qk_eigen_mean.mean, c.qk_eigen_var.mean)
+            },
             paper_cell.map_or("–".into(), |p| printed(p.train_loss, 2)),
             paper_cell.map_or("–".into(), |p| printed(p.test_acc, 1)),
             paper_baseline.map_or("–".into(), |p| printed(p, 2)),
@@ -194,7 +203,10 @@ fn markdown(
     writeln!(
         md,
         "\nMemorization: share of the flipped samples predicted as their noisy label (– when η = 0). \
-         Train loss: mean batch loss of the last epoch, as the authors' `log_history[-4]`.\n"
+         Train loss: mean batch loss of the last epoch, as the authors' `log_history[-4]`. \
+         Max CLS attn: mean over samples and heads of the largest attention probability of the \
+         selecting query (Fig. 9). QK eigen mean / var: of the real parts of the final query-key \
+         matrix's eigenvalues, mean over heads (PAPER.md §5; definitions in `src/diagnostics.rs`).\n"
     )?;
     if !figures.is_empty() {
         writeln!(md, "## Figures\n")?;

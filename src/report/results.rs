@@ -35,8 +35,20 @@ pub struct ResultRow {
     pub test_loss: f64,
     pub max_cls_attention: f64,
     pub attention_entropy: f64,
+    /// Final query-key eigen-mean and eigen-variance of the real parts, and the variance of the
+    /// symmetric part (`diagnostics`); NaN when the run has none.
+    #[serde(default = "nan")]
+    pub qk_eigen_mean: f64,
+    #[serde(default = "nan")]
+    pub qk_eigen_var: f64,
+    #[serde(default = "nan")]
+    pub qk_sym_var: f64,
     /// Every deviation of the run, joined by " | ".
     pub deviations: String,
+}
+
+fn nan() -> f64 {
+    f64::NAN
 }
 
 /// The fields of summary.json a row needs (the rest is ignored).
@@ -63,6 +75,8 @@ struct Summary {
     test_loss: f64,
     max_cls_attention: f64,
     attention_entropy: f64,
+    #[serde(default)]
+    qk_spectrum: Option<crate::diagnostics::Spectrum>,
     deviations: Vec<String>,
 }
 
@@ -105,6 +119,9 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
         test_loss: s.test_loss,
         max_cls_attention: s.max_cls_attention,
         attention_entropy: s.attention_entropy,
+        qk_eigen_mean: s.qk_spectrum.map_or(f64::NAN, |q| q.mean_real),
+        qk_eigen_var: s.qk_spectrum.map_or(f64::NAN, |q| q.var_real),
+        qk_sym_var: s.qk_spectrum.map_or(f64::NAN, |q| q.sym_var),
         deviations: s.deviations.join(" | "),
     }))
 }
@@ -182,6 +199,8 @@ pub struct Cell {
     pub test_acc: Stat,
     pub test_loss: Stat,
     pub max_cls_attention: Stat,
+    pub qk_eigen_mean: Stat,
+    pub qk_eigen_var: Stat,
 }
 
 /// Groups rows into cells, ordered by dataset (first appearance), mode, η, then n.
@@ -221,6 +240,8 @@ pub fn aggregate(rows: &[ResultRow]) -> Vec<Cell> {
                 test_acc: stat(|r| r.test_acc),
                 test_loss: stat(|r| r.test_loss),
                 max_cls_attention: stat(|r| r.max_cls_attention),
+                qk_eigen_mean: stat(|r| r.qk_eigen_mean),
+                qk_eigen_var: stat(|r| r.qk_eigen_var),
             }
         })
         .collect()

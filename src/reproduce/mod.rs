@@ -43,8 +43,8 @@ pub mod quick {
     pub const PRETRAIN_N: usize = 500;
     pub const TEST_N: usize = 500;
     pub const PRETRAIN_EPOCHS: usize = 300;
-    pub const EPOCHS: usize = 100;
-    pub const EVAL_EVERY: usize = 25;
+    pub const EPOCHS: usize = 50;
+    pub const EVAL_EVERY: usize = 10;
 }
 
 /// The AG-news training file is not offline: its runs carve a training pool from the test split

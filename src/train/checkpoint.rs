@@ -201,6 +201,7 @@ mod tests {
                 attention_entropy: 1e-300,
                 test_loss: None,
                 test_acc: Some(0.7),
+                qk_spectrum: None,
             }],
         };
         save(

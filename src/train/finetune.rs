@@ -24,6 +24,7 @@ use crate::data::noise::NoiseModel;
 use crate::data::prepare::{NoiseSpec, prepare};
 use crate::data::split::{SplitPlan, TrainSource};
 use crate::data::{self, DatasetName};
+use crate::diagnostics::{Spectrum, head_spectrum, mean_over_heads, spectrum};
 use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
 use crate::encoder::{Backbone, Model, TextOptions, resolve};
 use crate::io::ensure_dir;
@@ -101,6 +102,8 @@ pub struct FinetuneSummary {
     pub test_loss: f64,
     pub max_cls_attention: f64,
     pub attention_entropy: f64,
+    /// Query-key eigenspectrum at the end (mean over heads; `diagnostics` has the definitions).
+    pub qk_spectrum: Option<Spectrum>,
     pub dataset_completeness: Completeness,
     /// Every way this run departs from the paper's protocol, one sentence each.
     pub deviations: Vec<String>,
@@ -705,7 +708,53 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
         };
         progress.stage("phase 2 epochs", epochs);
         progress.advance(start_epoch);
+        // The query-key eigenspectrum (PAPER.md §5), at the epochs the test set is scored.
+        let (heads, head_dim) = {
+            let attention = match &backbone.model {
+                Model::Vit(v) => &v.last_layer().attention,
+                Model::Bert(b) => &b.last_layer().attention,
+            };
+            (attention.num_heads, attention.head_dim)
+        };
+        let spectrum_of = |opt: &AdamW| -> Result<Spectrum> {
+            let host = |name: &str| -> Result<Vec<f32>> {
+                Ok(opt
+                    .param(name)
+                    .with_context(|| format!("no parameter {name}"))?
+                    .as_tensor()
+                    .flatten_all()?
+                    .to_vec1::<f32>()?)
+            };
+            Ok(match options.mode {
+                Mode::LastLayer => {
+                    let (wq, wk) = (host("query.weight")?, host("key.weight")?);
+                    let rows = head_dim * hidden;
+                    let per_head: Vec<Spectrum> = (0..heads)
+                        .map(|h| {
+                            head_spectrum(
+                                &wq[h * rows..(h + 1) * rows],
+                                &wk[h * rows..(h + 1) * rows],
+                                head_dim,
+                                1.0 / (head_dim as f64).sqrt(),
+                            )
+                        })
+                        .collect();
+                    mean_over_heads(&per_head)
+                }
+                // The head's query-key matrix is W itself (the query is p), as in the synthetic model.
+                Mode::Head => spectrum(&nalgebra::DMatrix::from_row_iterator(
+                    hidden,
+                    hidden,
+                    host("head.w")?.into_iter().map(f64::from),
+                )),
+            })
+        };
         let mut on_epoch = |m: &EpochMetrics, opt: &AdamW| -> Result<()> {
+            let mut m = m.clone();
+            if m.test_acc.is_some() {
+                m.qk_spectrum = Some(spectrum_of(opt)?);
+            }
+            let m = &m;
             progress.epoch(m);
             log.push(m.clone());
             if m.epoch.is_multiple_of(options.checkpoint_every.max(1)) || m.epoch == epochs {
@@ -818,6 +867,7 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
             test_loss: last.test_loss.expect("the last epoch is scored"),
             max_cls_attention: last.max_cls_attention,
             attention_entropy: last.attention_entropy,
+            qk_spectrum: last.qk_spectrum,
             dataset_completeness: completeness,
             deviations,
             wall_seconds: started.elapsed().as_secs_f64(),

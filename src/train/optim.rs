@@ -178,6 +178,11 @@ impl AdamW {
         Ok(norm)
     }
 
+    /// The parameter called `name`.
+    pub fn param(&self, name: &str) -> Option<&Var> {
+        self.params.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
     /// Parameters and moments by name, for checkpoints.
     pub fn state(&self) -> HashMap<String, Tensor> {
         let mut state = HashMap::new();

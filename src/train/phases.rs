@@ -92,6 +92,9 @@ pub struct EpochMetrics {
     pub attention_entropy: f64,
     pub test_loss: Option<f64>,
     pub test_acc: Option<f64>,
+    /// The query-key eigenspectrum, at the epochs the test set is scored (filled by the caller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_spectrum: Option<crate::diagnostics::Spectrum>,
 }
 
 const EVAL_BATCH: usize = 64;
@@ -158,6 +161,7 @@ pub fn train_phase2(
             attention_entropy,
             test_loss: test.as_ref().map(|t| t.loss),
             test_acc: test.as_ref().map(|t| t.accuracy),
+            qk_spectrum: None,
         };
         on_epoch(&metrics, optimizer)?;
     }

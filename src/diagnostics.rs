@@ -1,0 +1,232 @@
+//! Localization diagnostics (Bao, Hataya & Karakida, ICML 2024; PAPER.md §5): the eigenspectrum
+//! of the query-key matrix, attention entropy and the rank-collapse residual.
+//!
+//! Definitions used (the paper's are reconstructed, PAPER.md §5):
+//! - W_QK = W_Q W_Kᵀ / √d_h per head, a d × d matrix (d the model width). With torch's Linear
+//!   weights (out × in), head h's rows W_qₕ, W_kₕ (d_h × d) give W_QK = W_qₕᵀ W_kₕ / √d_h. Its
+//!   eigenvalues λ₁..λ_d are complex in general, and d − d_h of them are 0 (rank ≤ d_h).
+//! - Eigen-mean and eigen-variance over all d eigenvalues, of the real parts (mean = tr W_QK / d)
+//!   and, separately, of the moduli |λ|; population variance (divide by d).
+//! - The same two of the symmetric part (W_QK + W_QKᵀ)/2, whose eigenvalues are real; exact from
+//!   traces: mean = tr W / d, variance = ‖S‖_F² / d − mean², ‖S‖_F² = (‖W‖_F² + tr W²) / 2.
+//! - Entropy of an attention distribution: −Σ p log p (natural log; uniform over T gives log T).
+//! - Rank-collapse residual of an attention output Y (T × d): ‖Y − 1ȳᵀ‖_F / ‖Y‖_F with ȳ the mean
+//!   row, the minimiser of ‖Y − 1yᵀ‖_F (Dong et al., 2021); 0 when all rows are equal.
+
+use nalgebra::DMatrix;
+use serde::{Deserialize, Serialize};
+
+/// Eigen-statistics of one query-key matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Spectrum {
+    pub mean_real: f64,
+    pub var_real: f64,
+    pub mean_abs: f64,
+    pub var_abs: f64,
+    pub sym_mean: f64,
+    pub sym_var: f64,
+}
+
+fn mean_var(values: impl Iterator<Item = f64> + Clone, count: usize) -> (f64, f64) {
+    let n = count as f64;
+    let mean = values.clone().sum::<f64>() / n;
+    let var = values.map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    (mean, var)
+}
+
+/// Spectrum statistics from the non-zero eigenvalues of a d × d matrix (the other d − k are 0),
+/// its trace of W² and squared Frobenius norm.
+fn from_eigenvalues(
+    eigen: &[nalgebra::Complex<f64>],
+    dim: usize,
+    trace_square: f64,
+    frobenius2: f64,
+) -> Spectrum {
+    let zeros = dim - eigen.len();
+    let real = eigen
+        .iter()
+        .map(|l| l.re)
+        .chain(std::iter::repeat_n(0.0, zeros));
+    let modulus = eigen
+        .iter()
+        .map(|l| l.norm())
+        .chain(std::iter::repeat_n(0.0, zeros));
+    let (mean_real, var_real) = mean_var(real, dim);
+    let (mean_abs, var_abs) = mean_var(modulus, dim);
+    let d = dim as f64;
+    let sym_mean = mean_real;
+    let sym_var = (frobenius2 + trace_square) / 2.0 / d - sym_mean * sym_mean;
+    Spectrum {
+        mean_real,
+        var_real,
+        mean_abs,
+        var_abs,
+        sym_mean,
+        sym_var: sym_var.max(0.0),
+    }
+}
+
+/// Statistics of a square matrix (any size; O(d³) for the complex eigenvalues).
+pub fn spectrum(matrix: &DMatrix<f64>) -> Spectrum {
+    let dim = matrix.nrows();
+    assert_eq!(dim, matrix.ncols(), "a square matrix");
+    let eigen: Vec<_> = matrix.complex_eigenvalues().iter().copied().collect();
+    let trace_square = matrix.component_mul(&matrix.transpose()).sum();
+    from_eigenvalues(&eigen, dim, trace_square, matrix.norm_squared())
+}
+
+/// Statistics of W_QK = scale · W_qᵀ W_k for one head, from its d_h × d query and key rows
+/// (row-major), without forming the d × d matrix: the non-zero eigenvalues of W_qᵀ W_k are those
+/// of W_k W_qᵀ (d_h × d_h), tr W² and ‖W‖_F² are traces of d_h × d_h products.
+pub fn head_spectrum(
+    query_rows: &[f32],
+    key_rows: &[f32],
+    head_dim: usize,
+    scale: f64,
+) -> Spectrum {
+    let dim = query_rows.len() / head_dim;
+    let as_matrix = |rows: &[f32]| {
+        DMatrix::from_row_iterator(head_dim, dim, rows.iter().map(|&v| f64::from(v)))
+    };
+    let (wq, wk) = (as_matrix(query_rows), as_matrix(key_rows));
+    let small = (&wk * wq.transpose()) * scale; // d_h × d_h
+    let eigen: Vec<_> = small.complex_eigenvalues().iter().copied().collect();
+    // tr W² = tr (W_k W_qᵀ)² · scale², already in `small`; ‖W‖_F² = tr(W_q W_qᵀ W_k W_kᵀ)·scale².
+    let trace_square = (&small * &small).trace();
+    let frobenius2 = ((&wq * wq.transpose()) * (&wk * wk.transpose())).trace() * scale * scale;
+    from_eigenvalues(&eigen, dim, trace_square, frobenius2)
+}
+
+/// Mean over heads of each statistic.
+pub fn mean_over_heads(heads: &[Spectrum]) -> Spectrum {
+    let n = heads.len().max(1) as f64;
+    let avg = |f: fn(&Spectrum) -> f64| heads.iter().map(f).sum::<f64>() / n;
+    Spectrum {
+        mean_real: avg(|s| s.mean_real),
+        var_real: avg(|s| s.var_real),
+        mean_abs: avg(|s| s.mean_abs),
+        var_abs: avg(|s| s.var_abs),
+        sym_mean: avg(|s| s.sym_mean),
+        sym_var: avg(|s| s.sym_var),
+    }
+}
+
+/// −Σ p log p of one attention distribution (0 log 0 = 0).
+pub fn entropy(probs: &[f32]) -> f64 {
+    probs
+        .iter()
+        .filter(|&&p| p > 0.0)
+        .map(|&p| {
+            let p = f64::from(p);
+            -p * p.ln()
+        })
+        .sum()
+}
+
+/// ‖Y − 1ȳᵀ‖_F / ‖Y‖_F of `rows` × `cols` outputs (row-major); 0 for a zero Y.
+pub fn rank_collapse_residual(y: &[f32], rows: usize, cols: usize) -> f64 {
+    assert_eq!(y.len(), rows * cols);
+    let mut mean = vec![0f64; cols];
+    for row in y.chunks(cols) {
+        mean.iter_mut()
+            .zip(row)
+            .for_each(|(m, &v)| *m += f64::from(v));
+    }
+    mean.iter_mut().for_each(|m| *m /= rows as f64);
+    let (mut residual, mut total) = (0f64, 0f64);
+    for row in y.chunks(cols) {
+        for (&v, m) in row.iter().zip(&mean) {
+            residual += (f64::from(v) - m).powi(2);
+            total += f64::from(v).powi(2);
+        }
+    }
+    if total == 0.0 {
+        0.0
+    } else {
+        (residual / total).sqrt()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct Case {
+        matrix: Vec<Vec<f64>>,
+        mean_real: f64,
+        var_real: f64,
+        mean_abs: f64,
+        var_abs: f64,
+        sym_mean: f64,
+        sym_var: f64,
+    }
+
+    /// numpy's eigvals / eigvalsh statistics (scripts/diagnostics_fixture.py, computed once).
+    #[test]
+    fn statistics_match_numpy_on_known_matrices() {
+        let cases: std::collections::BTreeMap<String, Case> =
+            serde_json::from_str(include_str!("../tests/fixtures/spectrum.json")).unwrap();
+        assert_eq!(cases.len(), 4);
+        for (name, case) in cases {
+            let d = case.matrix.len();
+            let m = DMatrix::from_row_iterator(d, d, case.matrix.iter().flatten().copied());
+            let s = spectrum(&m);
+            for (what, ours, numpy) in [
+                ("mean_real", s.mean_real, case.mean_real),
+                ("var_real", s.var_real, case.var_real),
+                ("mean_abs", s.mean_abs, case.mean_abs),
+                ("var_abs", s.var_abs, case.var_abs),
+                ("sym_mean", s.sym_mean, case.sym_mean),
+                ("sym_var", s.sym_var, case.sym_var),
+            ] {
+                assert!(
+                    (ours - numpy).abs() < 1e-9,
+                    "{name} {what}: {ours} vs numpy {numpy}"
+                );
+            }
+        }
+    }
+
+    /// The d_h × d_h route equals the eigenvalues of the full d × d product, zeros included.
+    #[test]
+    fn head_spectrum_equals_the_full_matrix() {
+        let (dh, d) = (3, 8);
+        let wq: Vec<f32> = (0..dh * d)
+            .map(|k| ((k * 37 % 17) as f32 - 8.0) / 9.0)
+            .collect();
+        let wk: Vec<f32> = (0..dh * d)
+            .map(|k| ((k * 11 % 13) as f32 - 6.0) / 7.0)
+            .collect();
+        let scale = 1.0 / (dh as f64).sqrt();
+        let ours = head_spectrum(&wq, &wk, dh, scale);
+        let as_matrix =
+            |rows: &[f32]| DMatrix::from_row_iterator(dh, d, rows.iter().map(|&v| f64::from(v)));
+        let full = spectrum(&((as_matrix(&wq).transpose() * as_matrix(&wk)) * scale));
+        for (a, b) in [
+            (ours.mean_real, full.mean_real),
+            (ours.var_real, full.var_real),
+            (ours.mean_abs, full.mean_abs),
+            (ours.var_abs, full.var_abs),
+            (ours.sym_mean, full.sym_mean),
+            (ours.sym_var, full.sym_var),
+        ] {
+            assert!(
+                (a - b).abs() < 1e-9 * (1.0 + b.abs()),
+                "{ours:?} vs {full:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn uniform_attention_has_entropy_log_t_and_identical_tokens_do_not_disperse() {
+        let t = 197;
+        let uniform = vec![1.0 / t as f32; t];
+        assert!((entropy(&uniform) - (t as f64).ln()).abs() < 1e-5);
+        assert_eq!(entropy(&[1.0, 0.0, 0.0]), 0.0);
+        let same: Vec<f32> = (0..5).flat_map(|_| [0.3f32, -1.2, 4.0]).collect();
+        assert_eq!(rank_collapse_residual(&same, 5, 3), 0.0);
+        // Two rows ±v: the mean is 0, the whole of Y is residual.
+        assert!((rank_collapse_residual(&[1.0, 2.0, -1.0, -2.0], 2, 2) - 1.0).abs() < 1e-12);
+    }
+}
