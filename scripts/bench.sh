@@ -9,3 +9,6 @@ cargo bench --bench synthetic
 cargo bench --bench synthetic_grid
 # needs BENIGN_DATA_DIR (the data mirror)
 cargo bench --bench data_load
+# need BENIGN_MODELS_DIR (the checkpoint mirror)
+cargo bench --bench encoder
+cargo bench --bench phase2

@@ -94,6 +94,13 @@ pub struct GridArgs {
     #[arg(long, value_name = "K/N")]
     pub shard: Option<reproduce::Shard>,
     #[command(flatten)]
+    pub places: Places,
+}
+
+/// Where a real-data run finds its data and checkpoints, caches features and computes.
+#[derive(Args, Debug, Clone)]
+pub struct Places {
+    #[command(flatten)]
     pub root: DataDirArg,
     /// Folder holding checkpoints as <org>/<name>/ [default: $BENIGN_MODELS_DIR]
     #[arg(long, value_name = "DIR")]
@@ -101,7 +108,7 @@ pub struct GridArgs {
     /// Feature cache [default: $BENIGN_CACHE_DIR, else the platform cache folder/benign-attention]
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
-    /// Where the runs compute (cuda needs a build with `--features cuda`)
+    /// Where the backbone and the training compute (cuda needs a build with `--features cuda`)
     #[arg(long, value_enum, default_value_t = DeviceChoice::Cpu)]
     pub device: DeviceChoice,
 }
@@ -131,7 +138,7 @@ impl GridArgs {
         if let Some(j) = self.jobs {
             flags.extend(["--jobs".into(), j.to_string()]);
         }
-        flags.extend(["--device".into(), value(&self.device)]);
+        flags.extend(["--device".into(), value(&self.places.device)]);
         flags
     }
 }
@@ -215,22 +222,13 @@ pub struct FinetuneArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]
-    pub root: DataDirArg,
-    /// Folder holding checkpoints as <org>/<name>/ [default: $BENIGN_MODELS_DIR]
-    #[arg(long, value_name = "DIR")]
-    pub models_dir: Option<PathBuf>,
-    /// Feature cache [default: $BENIGN_CACHE_DIR, else the platform cache folder/benign-attention]
-    #[arg(long, value_name = "DIR")]
-    pub cache_dir: Option<PathBuf>,
+    pub places: Places,
     /// Inputs per backbone batch when filling the cache
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub encode_batch: usize,
     /// Add [CLS]/[SEP] when tokenizing (the authors did not)
     #[arg(long)]
     pub special_tokens: bool,
-    /// Where the backbone and both phases compute (cuda needs a build with `--features cuda`)
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Cpu)]
-    pub device: DeviceChoice,
     /// Write a checkpoint to --out every K phase-2 epochs (and after phase 1 and the last epoch); 0: none
     #[arg(long, value_name = "K", default_value_t = 100)]
     pub checkpoint_every: usize,
@@ -581,9 +579,9 @@ fn reproduce_command(command: ReproduceCommand) -> Result<ExitCode> {
                 .unwrap_or_else(|| PathBuf::from("results").join(name));
             let out = std::path::absolute(&out).unwrap_or(out);
             let env = [
-                ("BENIGN_DATA_DIR", args.grid.root.data_dir.clone()),
-                ("BENIGN_MODELS_DIR", args.grid.models_dir.clone()),
-                ("BENIGN_CACHE_DIR", args.grid.cache_dir.clone()),
+                ("BENIGN_DATA_DIR", args.grid.places.root.data_dir.clone()),
+                ("BENIGN_MODELS_DIR", args.grid.places.models_dir.clone()),
+                ("BENIGN_CACHE_DIR", args.grid.places.cache_dir.clone()),
             ]
             .into_iter()
             .filter_map(|(k, flag)| {
@@ -633,10 +631,10 @@ fn reproduce_command(command: ReproduceCommand) -> Result<ExitCode> {
             .jobs
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         shard: args.shard,
-        data_dir: args.root.data_dir.clone(),
-        models_dir: args.models_dir.clone(),
-        cache_dir: args.cache_dir.clone(),
-        device: args.device.device()?,
+        data_dir: args.places.root.data_dir.clone(),
+        models_dir: args.places.models_dir.clone(),
+        cache_dir: args.places.cache_dir.clone(),
+        device: args.places.device.device()?,
     };
     let started = std::time::Instant::now();
     let outcome = {
@@ -679,15 +677,15 @@ fn finetune(args: FinetuneArgs) -> Result<()> {
         test_n: args.test_n,
         eval_every: args.eval_every,
         carve_train_from_test: args.carve_train_from_test,
-        data_dir: args.root.data_dir,
-        models_dir: args.models_dir,
-        cache_dir: args.cache_dir,
+        data_dir: args.places.root.data_dir,
+        models_dir: args.places.models_dir,
+        cache_dir: args.places.cache_dir,
         encode_batch: args.encode_batch,
         special_tokens: args.special_tokens,
         out: args.out.clone(),
         checkpoint_every: args.checkpoint_every,
         resume: args.resume,
-        device: args.device.device()?,
+        device: args.places.device.device()?,
         train_threads: args.train_threads,
     };
     let run = {
