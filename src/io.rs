@@ -96,6 +96,11 @@ fn parent_dir(path: &Path) -> PathBuf {
     }
 }
 
+/// Reads a float that JSON wrote as null because it was NaN (serde_json writes NaN as null).
+pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,9 +141,4 @@ mod tests {
         );
         ensure_dir(&dir.path().join("a/b")).unwrap();
     }
-}
-
-/// Reads a float that JSON wrote as null because it was NaN (serde_json writes NaN as null).
-pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
-    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
 }

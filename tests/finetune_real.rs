@@ -225,12 +225,12 @@ fn killed_and_resumed_run_matches_an_uninterrupted_one() {
             child.try_wait().unwrap().is_none(),
             "the run finished before it could be killed"
         );
-        if let Ok(Some(saved)) = checkpoint::load(&killed, &candle_core::Device::Cpu) {
-            if saved.state.epochs_done > 0 {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                break saved.state.epochs_done;
-            }
+        if let Ok(Some(saved)) = checkpoint::load(&killed, &candle_core::Device::Cpu)
+            && saved.state.epochs_done > 0
+        {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break saved.state.epochs_done;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     };

@@ -17,7 +17,7 @@ pub struct SelfAttention {
 
 impl SelfAttention {
     pub fn load(vb: VarBuilder, hidden_size: usize, num_heads: usize, bias: bool) -> Result<Self> {
-        if hidden_size % num_heads != 0 {
+        if !hidden_size.is_multiple_of(num_heads) {
             candle_core::bail!(
                 "hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads}"
             );

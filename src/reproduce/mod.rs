@@ -337,10 +337,10 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
             .filter(|(_, o)| o.dataset == *dataset)
             .map(|(_, o)| o.clone())
             .collect();
-        if !group.is_empty() {
-            if let Err(err) = prefetch(&group, progress) {
-                eprintln!("warning: {dataset}: features not prefetched: {err:#}");
-            }
+        if !group.is_empty()
+            && let Err(err) = prefetch(&group, progress)
+        {
+            eprintln!("warning: {dataset}: features not prefetched: {err:#}");
         }
     }
 

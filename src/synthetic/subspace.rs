@@ -89,7 +89,7 @@ impl SubspaceEngine {
 
     /// The query p = B b (d).
     pub fn query(&self) -> Result<Vec<f64>> {
-        Ok(self.row_combination(&self.b, &self.key_basis)?)
+        self.row_combination(&self.b, &self.key_basis)
     }
 
     /// Σ_k coeffs_k · rows_k for rows of a (M, d) tensor.
