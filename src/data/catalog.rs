@@ -376,7 +376,7 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
 }
 
 /// Present vs official record counts of one split.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SplitCount {
     pub split: String,
     pub present: usize,
@@ -384,7 +384,7 @@ pub struct SplitCount {
 }
 
 /// How much of the official release a loaded dataset holds.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Completeness {
     pub dataset: String,
     pub splits: Vec<SplitCount>,

@@ -96,18 +96,6 @@ impl KeyValues {
         })
     }
 
-    pub fn len(&self) -> usize {
-        self.samples
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.samples == 0
-    }
-
-    pub fn heads(&self) -> usize {
-        self.heads
-    }
-
     fn sample_keys(&self, i: usize) -> &[f32] {
         let len = self.tokens * self.dim;
         &self.keys[i * len..(i + 1) * len]

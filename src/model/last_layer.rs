@@ -93,16 +93,6 @@ pub struct LayerCache {
     pub keys_values: Arc<KeyValues>,
 }
 
-impl LayerCache {
-    pub fn len(&self) -> usize {
-        self.keys_values.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys_values.is_empty()
-    }
-}
-
 /// The logits and the CLS attention (B, H, T) of a batch.
 pub struct Output {
     pub logits: Tensor,

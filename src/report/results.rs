@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::train::finetune::FinetuneSummary;
+
 /// A finished run, flattened from its summary.json.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ResultRow {
@@ -51,35 +53,6 @@ fn nan() -> f64 {
     f64::NAN
 }
 
-/// The fields of summary.json a row needs (the rest is ignored).
-#[derive(Deserialize)]
-struct Summary {
-    dataset: String,
-    backbone: String,
-    mode: String,
-    noise: String,
-    eta: f64,
-    realised_eta: f64,
-    n: usize,
-    seed: u64,
-    pretrain_n: usize,
-    test_n: usize,
-    epochs: usize,
-    pretrain_epochs: usize,
-    baseline_test_acc: f64,
-    train_loss: f64,
-    train_acc: f64,
-    memorization: Option<f64>,
-    clean_train_acc: Option<f64>,
-    test_acc: f64,
-    test_loss: f64,
-    max_cls_attention: f64,
-    attention_entropy: f64,
-    #[serde(default)]
-    qk_spectrum: Option<crate::diagnostics::Spectrum>,
-    deviations: Vec<String>,
-}
-
 pub const RUNS: &str = "runs";
 
 /// The row of the finished run in `dir` (None when it has not finished).
@@ -89,7 +62,7 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
         return Ok(None);
     }
     let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
-    let s: Summary = serde_json::from_str(&text)
+    let s: FinetuneSummary = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a finetune summary", path.display()))?;
     Ok(Some(ResultRow {
         run: dir
@@ -99,7 +72,11 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
             .to_string(),
         dataset: s.dataset,
         backbone: s.backbone,
-        mode: s.mode,
+        // As summary.json spells it: "last-layer" or "head".
+        mode: serde_json::to_value(s.mode)?
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
         noise: s.noise,
         eta: s.eta,
         realised_eta: s.realised_eta,
@@ -113,8 +90,8 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
         train_loss: s.train_loss,
         train_acc: s.train_acc,
         // serde_json writes NaN as null.
-        memorization: s.memorization.unwrap_or(f64::NAN),
-        clean_train_acc: s.clean_train_acc.unwrap_or(f64::NAN),
+        memorization: s.memorization,
+        clean_train_acc: s.clean_train_acc,
         test_acc: s.test_acc,
         test_loss: s.test_loss,
         max_cls_attention: s.max_cls_attention,

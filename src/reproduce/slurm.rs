@@ -1,7 +1,7 @@
 //! `reproduce slurm`: a ready Slurm job-array script. Task K of N runs `reproduce <experiment>
 //! --shard K/N` into its own folder; `reproduce report` then merges the folders.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub struct SlurmScript {
     /// The command's arguments after `reproduce <experiment>`, without --out and --shard.
@@ -30,10 +30,6 @@ fn quote(s: &str) -> String {
 }
 
 impl SlurmScript {
-    pub fn shard_dir(out: &Path, index: &str) -> PathBuf {
-        out.join(format!("shard-{index}"))
-    }
-
     pub fn render(&self) -> String {
         let out = self.out.display().to_string();
         let mut s = String::new();

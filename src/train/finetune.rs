@@ -76,7 +76,7 @@ pub struct FinetuneOptions {
 }
 
 /// summary.json: everything needed to read and reproduce the run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FinetuneSummary {
     pub dataset: String,
     pub backbone: String,
@@ -96,7 +96,10 @@ pub struct FinetuneSummary {
     pub baseline_test_acc: f64,
     pub train_loss: f64,
     pub train_acc: f64,
+    /// NaN (written null) when no label was flipped.
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub memorization: f64,
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub clean_train_acc: f64,
     pub test_acc: f64,
     pub test_loss: f64,
