@@ -109,6 +109,7 @@ fn main() {
                             BATCH,
                             0,
                             usize::MAX,
+                            None,
                             &mut |_, _| Ok(()),
                         )
                     })

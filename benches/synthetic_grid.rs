@@ -19,7 +19,8 @@ fn main() {
     let cells = grid.embed_dims().len() * grid.signal_norms().len();
 
     let started = Instant::now();
-    let rows = sweep(&base, grid, EngineKind::Subspace, &|| {}).expect("sweep succeeds");
+    let rows =
+        sweep(&base, grid, EngineKind::Subspace, Trace::FinalOnly, &|| {}).expect("sweep succeeds");
     let ours = started.elapsed().as_secs_f64();
     assert_eq!(rows.len(), cells);
 

@@ -38,6 +38,9 @@ pub enum Command {
     Synthetic(SyntheticArgs),
     /// The Fig. 5 grid over d × ‖μ‖, one run per cell, on all cores.
     SyntheticSweep(SweepArgs),
+    /// Attention localization (PAPER.md §5) across the synthetic SNR grid: final eigen-mean and
+    /// -variance of W, attention entropy of clean and noisy samples, regime; CSV and plots.
+    LocalizationSweep(LocalizationSweepArgs),
     /// Real datasets: what is present, checksums, downloads, and the paper's split.
     #[command(subcommand)]
     Data(DataCommand),
@@ -238,6 +241,15 @@ pub struct FinetuneArgs {
     /// CPU threads for phases 1 and 2 (small ops: one is fastest on few cores; extraction uses all)
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub train_threads: usize,
+    /// λ of the LocAteR penalty on the trained query-key matrix: the variance of the eigenvalues of
+    /// its symmetric part, mean over heads (README "Localization") [default: 0, the paper: none]
+    #[arg(
+        long,
+        value_name = "LAMBDA",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub locater: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -427,6 +439,10 @@ pub struct SharedHyperParams {
     /// d×d candle autograd of the authors' code (same updates, O(d²) per step).
     #[arg(long, value_enum, default_value_t = EngineKind::Subspace)]
     pub engine: EngineKind,
+    /// λ of the LocAteR penalty λ·v_sym(W), the variance of the eigenvalues of W's symmetric part
+    /// (keeps their mean; README "Localization"); needs --engine dense [default: 0, none]
+    #[arg(long, value_name = "LAMBDA", allow_negative_numbers = true)]
+    pub locater: Option<f64>,
 }
 
 impl SharedHyperParams {
@@ -446,6 +462,7 @@ impl SharedHyperParams {
         set(&mut c.rho, self.rho);
         set(&mut c.noise_ratio, self.noise_ratio);
         set(&mut c.learning_rate, self.learning_rate);
+        set(&mut c.locater, self.locater);
         if let Some(seed) = self.seed {
             c.seed = seed;
         }
@@ -480,6 +497,21 @@ pub struct SweepArgs {
     pub grid: Grid,
     /// Output folder for sweep.csv and the heat maps.
     #[arg(long, value_name = "DIR", default_value = "results/synthetic-sweep")]
+    pub out: PathBuf,
+    /// Parallel runs [default: all cores]
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+pub struct LocalizationSweepArgs {
+    #[command(flatten)]
+    pub shared: SharedHyperParams,
+    /// `coarse`: 9 × 9 cells of the Fig. 5 grid; `full`: all 39 × 39.
+    #[arg(long, value_enum, default_value_t = Grid::Coarse)]
+    pub grid: Grid,
+    /// Output folder for localization.csv and entropy_vs_eigen_variance.png.
+    #[arg(long, value_name = "DIR", default_value = "results/localization-sweep")]
     pub out: PathBuf,
     /// Parallel runs [default: all cores]
     #[arg(long, value_name = "N")]
@@ -526,6 +558,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Synthetic(args) => synthetic_run(args).map(|()| ExitCode::SUCCESS),
         Command::SyntheticSweep(args) => synthetic_sweep(args).map(|()| ExitCode::SUCCESS),
+        Command::LocalizationSweep(args) => localization_sweep(args).map(|()| ExitCode::SUCCESS),
         Command::Data(command) => data_command(command),
         Command::Extract(args) => extract(args).map(|()| ExitCode::SUCCESS),
         Command::Finetune(args) => finetune(args).map(|()| ExitCode::SUCCESS),
@@ -687,6 +720,7 @@ fn finetune(args: FinetuneArgs) -> Result<()> {
         resume: args.resume,
         device: args.places.device.device()?,
         train_threads: args.train_threads,
+        locater: args.locater,
     };
     let run = {
         let bars = report::finetune::Bars::default();
@@ -902,13 +936,21 @@ fn synthetic_run(args: SyntheticArgs) -> Result<()> {
     stdout.flush()?;
     let s = &run.summary;
     eprintln!(
-        "{}: train acc {:.3}, test acc {:.3}, noisy fitted {}/{}, clean x₁ prob {:.3} ({:.2} s){}",
+        "{}: train acc {:.3}, test acc {:.3}, noisy fitted {}/{}, clean x₁ prob {:.3}, \
+         entropy clean {:.3} / noisy {}, W eigen-variance (symmetric part) {} ({:.2} s){}",
         s.regime.name(),
         s.train_acc,
         s.test_acc,
         s.noisy_fitted,
         s.noisy_total,
         s.clean_x1_prob,
+        s.clean_entropy,
+        s.noisy_entropy
+            .map_or("-".to_string(), |e| format!("{e:.3}")),
+        match (s.qk_symmetric_init, s.qk_symmetric) {
+            (Some(a), Some(b)) => format!("{:.4} → {:.4}", a.var, b.var),
+            _ => "-".to_string(),
+        },
         s.wall_seconds,
         args.out
             .as_ref()
@@ -918,28 +960,51 @@ fn synthetic_run(args: SyntheticArgs) -> Result<()> {
     Ok(())
 }
 
-fn synthetic_sweep(args: SweepArgs) -> Result<()> {
-    let base = args.shared.config()?;
+/// Every cell of `grid` on `jobs` threads, with a progress bar: the validated base config, the
+/// rows and the wall time in seconds.
+fn run_grid(
+    shared: &SharedHyperParams,
+    grid: Grid,
+    jobs: Option<usize>,
+    trace: Trace,
+) -> Result<(SyntheticConfig, Vec<synthetic::SweepRow>, f64)> {
+    let base = shared.config()?;
     base.validate()?;
-    if args.jobs == Some(0) {
+    if jobs == Some(0) {
         anyhow::bail!("--jobs must be at least 1, got 0");
     }
     let mut pool = rayon::ThreadPoolBuilder::new();
-    if let Some(jobs) = args.jobs {
+    if let Some(jobs) = jobs {
         pool = pool.num_threads(jobs);
     }
     let pool = pool.build().context("cannot start the worker threads")?;
-    let cells = (args.grid.embed_dims().len() * args.grid.signal_norms().len()) as u64;
+    let cells = (grid.embed_dims().len() * grid.signal_norms().len()) as u64;
     let bar = report::progress::bar(cells, "runs");
     let started = std::time::Instant::now();
     let rows =
-        pool.install(|| synthetic::sweep(&base, args.grid, args.shared.engine, &|| bar.inc(1)))?;
+        pool.install(|| synthetic::sweep(&base, grid, shared.engine, trace, &|| bar.inc(1)))?;
     bar.finish_and_clear();
+    Ok((base, rows, started.elapsed().as_secs_f64()))
+}
+
+fn synthetic_sweep(args: SweepArgs) -> Result<()> {
+    let (base, rows, seconds) = run_grid(&args.shared, args.grid, args.jobs, Trace::FinalOnly)?;
     report::synthetic::write_sweep(&args.out, args.grid, &base, &rows)?;
     eprintln!(
-        "{} runs in {:.1} s; sweep.csv and heat maps in {}",
+        "{} runs in {seconds:.1} s; sweep.csv and heat maps in {}",
         rows.len(),
-        started.elapsed().as_secs_f64(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+fn localization_sweep(args: LocalizationSweepArgs) -> Result<()> {
+    let (base, rows, seconds) =
+        run_grid(&args.shared, args.grid, args.jobs, Trace::FinalWithSpectrum)?;
+    report::synthetic::write_localization(&args.out, args.grid, &base, &rows)?;
+    eprintln!(
+        "{} runs in {seconds:.1} s; localization.csv and entropy_vs_eigen_variance.png in {}",
+        rows.len(),
         args.out.display()
     );
     Ok(())

@@ -194,9 +194,9 @@ impl<'a> LastLayer<'a> {
         })
     }
 
-    /// The reference: the whole last layer with this query/key on every token, as a full
-    /// forward through the model computes it, then the CLS output. For equivalence tests.
-    pub fn full_forward_logits(
+    /// The attention output of every token, (N, T, D) before the output projection, with this
+    /// query/key: what the rank-collapse diagnostic reads and the full forward continues from.
+    pub fn token_contexts(
         &self,
         qk: &QueryKey,
         inputs: &Tensor,
@@ -223,8 +223,50 @@ impl<'a> LastLayer<'a> {
             Some(m) => scores.broadcast_add(&crate::encoder::layers::additive_mask(m)?)?,
             None => scores,
         };
-        let context =
-            SelfAttention::merge_heads(&candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(&v)?)?;
+        Ok(SelfAttention::merge_heads(
+            &candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(&v)?,
+        )?)
+    }
+
+    /// Mean over samples of the rank-collapse residual ‖Y − 1ȳᵀ‖_F / ‖Y‖_F of the attention
+    /// output Y of every (unpadded) token (`diagnostics::rank_collapse_residual`).
+    pub fn rank_collapse(
+        &self,
+        qk: &QueryKey,
+        inputs: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<f64> {
+        let contexts = self.token_contexts(qk, inputs, attention_mask)?;
+        let (n, t, d) = contexts.dims3()?;
+        let lengths: Vec<usize> = match attention_mask {
+            Some(m) => m
+                .to_dtype(DType::F32)?
+                .sum(D::Minus1)?
+                .to_vec1::<f32>()?
+                .into_iter()
+                .map(|l| l as usize)
+                .collect(),
+            None => vec![t; n],
+        };
+        let values: Vec<f32> = contexts.flatten_all()?.to_vec1()?;
+        let total: f64 = values
+            .chunks_exact(t * d)
+            .zip(&lengths)
+            // HF's text masks are a prefix of real tokens followed by padding.
+            .map(|(y, &len)| crate::diagnostics::rank_collapse_residual(&y[..len * d], len, d))
+            .sum();
+        Ok(total / n.max(1) as f64)
+    }
+
+    /// The reference: the whole last layer with this query/key on every token, as a full
+    /// forward through the model computes it, then the CLS output. For equivalence tests.
+    pub fn full_forward_logits(
+        &self,
+        qk: &QueryKey,
+        inputs: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let context = self.token_contexts(qk, inputs, attention_mask)?;
         let tokens = match self.model {
             Model::Vit(vit) => vit
                 .layernorm

@@ -45,6 +45,9 @@ pub struct ResultRow {
     pub qk_eigen_var: f64,
     #[serde(default = "nan")]
     pub qk_sym_var: f64,
+    /// Final rank-collapse residual of the last layer's token outputs; NaN when not measured.
+    #[serde(default = "nan")]
+    pub rank_collapse: f64,
     /// Every deviation of the run, joined by " | ".
     pub deviations: String,
 }
@@ -99,6 +102,7 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
         qk_eigen_mean: s.qk_spectrum.map_or(f64::NAN, |q| q.mean_real),
         qk_eigen_var: s.qk_spectrum.map_or(f64::NAN, |q| q.var_real),
         qk_sym_var: s.qk_spectrum.map_or(f64::NAN, |q| q.sym_var),
+        rank_collapse: s.rank_collapse.unwrap_or(f64::NAN),
         deviations: s.deviations.join(" | "),
     }))
 }

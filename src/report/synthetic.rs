@@ -255,6 +255,67 @@ pub fn write_sweep(
     )
 }
 
+/// localization.csv (the sweep's columns, spectrum and entropies included) and
+/// entropy_vs_eigen_variance.png: the final attention entropy of clean and of noisy training
+/// samples against the final eigen-variance of W's symmetric part, and the noisy samples' entropy
+/// against that variance's change from initialisation, one colour per regime.
+pub fn write_localization(
+    dir: &Path,
+    grid: Grid,
+    base: &SyntheticConfig,
+    rows: &[SweepRow],
+) -> Result<()> {
+    ensure_dir(dir)?;
+    write_csv(&dir.join("localization.csv"), rows)?;
+    write_json(
+        &dir.join("localization_config.json"),
+        &serde_json::json!({ "grid": grid, "base": base }),
+    )?;
+    let groups = |point: &dyn Fn(&SweepRow) -> Option<(f64, f64)>| -> Vec<ScatterGroup> {
+        Regime::ALL
+            .iter()
+            .enumerate()
+            .map(|(k, regime)| ScatterGroup {
+                label: regime.name().to_string(),
+                color: regime_color(k),
+                marker: Marker::Circle,
+                points: rows
+                    .iter()
+                    .filter(|r| r.regime == *regime)
+                    .filter_map(point)
+                    .collect(),
+            })
+            .filter(|g| !g.points.is_empty())
+            .collect()
+    };
+    let variance = "eigen-variance of W's symmetric part (final)";
+    let panels = [
+        ScatterPanel {
+            title: "clean samples".into(),
+            x_label: variance.into(),
+            y_label: "attention entropy (final)".into(),
+            groups: groups(&|r| Some((r.qk_sym_var?, r.clean_entropy))),
+        },
+        ScatterPanel {
+            title: "noisy samples".into(),
+            x_label: variance.into(),
+            y_label: "attention entropy (final)".into(),
+            groups: groups(&|r| Some((r.qk_sym_var?, r.noisy_entropy?))),
+        },
+        ScatterPanel {
+            title: "noisy samples, change from W₀".into(),
+            x_label: "eigen-variance, final − initial".into(),
+            y_label: "attention entropy (final)".into(),
+            groups: groups(&|r| Some((r.qk_sym_var? - r.qk_sym_var_init?, r.noisy_entropy?))),
+        },
+    ];
+    let title = format!(
+        "Entropy vs QK eigen-variance over d × ‖μ‖ (n = {}, η = {}, T = {}, {} steps, λ = {})",
+        base.train_n, base.noise_ratio, base.seq_len, base.num_steps, base.locater
+    );
+    scatter_panels(&dir.join("entropy_vs_eigen_variance.png"), &title, &panels)
+}
+
 fn regime_color(k: usize) -> plotters::style::RGBColor {
     // not overfitting, benign, harmful, underfitting, no label noise
     [PALETTE[2], PALETTE[1], PALETTE[0], PALETTE[4], PALETTE[7]][k]

@@ -230,6 +230,7 @@ impl DriverOptions {
         let grid = &self.grid;
         let config = dataset_config(&job.dataset)?;
         let quick = grid.budget == Budget::Quick;
+        let run_dir = self.out.join(RUNS).join(job.id(grid));
         Ok(FinetuneOptions {
             dataset: job.dataset.clone(),
             eta: job.eta,
@@ -257,12 +258,14 @@ impl DriverOptions {
             cache_dir: self.cache_dir.clone(),
             encode_batch: 32,
             special_tokens: false,
-            out: Some(self.out.join(RUNS).join(job.id(grid))),
+            out: Some(run_dir.clone()),
             checkpoint_every: 100,
-            resume: true,
+            // A killed run continues; a fresh one starts without a note about it.
+            resume: crate::train::checkpoint::path(&run_dir).exists(),
             device: self.device.clone(),
             // One thread per run whatever --jobs: results do not depend on how the grid ran.
             train_threads: 1,
+            locater: 0.0,
         })
     }
 }

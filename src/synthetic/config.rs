@@ -35,6 +35,9 @@ pub struct SyntheticConfig {
     pub paper_test_seed: bool,
     /// Evaluate and log every this many steps.
     pub log_interval: usize,
+    /// λ of the LocAteR penalty λ·v_sym(W) (`diagnostics::locater`); 0, the paper's setting: none.
+    /// Not one of the authors' keys; needs the dense engine.
+    pub locater: f64,
 }
 
 impl Default for SyntheticConfig {
@@ -52,6 +55,7 @@ impl Default for SyntheticConfig {
             seed: 42,
             paper_test_seed: false,
             log_interval: 10,
+            locater: 0.0,
         }
     }
 }
@@ -140,6 +144,12 @@ impl SyntheticConfig {
             "log-interval",
             "at least 1",
             self.log_interval.to_string(),
+        )?;
+        unit(
+            self.locater.is_finite() && self.locater >= 0.0,
+            "locater",
+            "a finite number ≥ 0",
+            self.locater.to_string(),
         )?;
         Ok(())
     }

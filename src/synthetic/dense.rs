@@ -1,6 +1,9 @@
 //! The reference engine: W (d×d) and p (d) as candle variables, the loss built as a graph,
 //! gradients by candle's autograd and plain SGD, exactly as the authors' torch code
 //! (`main.py::Attention`, full-batch `torch.optim.SGD`). O(d²) per step.
+//!
+//! The one engine that can add the LocAteR penalty (`diagnostics::locater`): its gradient has W₀
+//! and identity components, which leave the subspace the low-rank engine trains in.
 
 use anyhow::Result;
 use candle_core::{D, DType, Device, Tensor, Var};
@@ -9,6 +12,7 @@ use candle_nn::{Optimizer, SGD};
 use super::data::TokenSet;
 use super::engine::Engine;
 use super::model::Forward;
+use crate::diagnostics::{Traces, locater};
 
 pub struct DenseEngine {
     seq_len: usize,
@@ -21,6 +25,8 @@ pub struct DenseEngine {
     w: Var,
     p: Var,
     optimizer: SGD,
+    /// λ of the LocAteR penalty; 0: none.
+    locater: f64,
 }
 
 impl DenseEngine {
@@ -63,10 +69,17 @@ impl DenseEngine {
             w,
             p,
             optimizer,
+            locater: 0.0,
         })
     }
 
-    /// Mean logistic loss as a candle graph over W and p.
+    /// Adds λ · v_sym(W) to the loss that is descended (not to the logged data loss).
+    pub fn with_locater(mut self, lambda: f64) -> Self {
+        self.locater = lambda;
+        self
+    }
+
+    /// Mean logistic loss as a candle graph over W and p, plus the LocAteR penalty when λ > 0.
     pub fn loss(&self) -> Result<Tensor> {
         let n = self.labels.dim(0)?;
         // The authors compute (X W) p; X (W p) is the same function at O(d²) instead of O(nTd²).
@@ -78,7 +91,12 @@ impl DenseEngine {
         let margins = (outputs * &self.labels)?.neg()?;
         // log(1 + e^z) = max(z, 0) + log(1 + e^{−|z|}), stable for any z.
         let softplus = (margins.relu()? + (margins.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
-        Ok(softplus.mean_all()?)
+        let data_loss = softplus.mean_all()?;
+        if self.locater > 0.0 {
+            let penalty = locater::symmetric_variance(self.w.as_tensor())?;
+            return Ok((data_loss + (penalty * self.locater)?)?);
+        }
+        Ok(data_loss)
     }
 
     /// (∂L/∂W, ∂L/∂p) by autograd, as f64 row-major vectors.
@@ -91,10 +109,6 @@ impl DenseEngine {
             Ok(g.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
         };
         Ok((flat(&self.w)?, flat(&self.p)?))
-    }
-
-    pub fn key_query(&self) -> Result<Vec<f64>> {
-        Ok(self.w.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
     }
 
     pub fn query(&self) -> Result<Vec<f64>> {
@@ -120,6 +134,14 @@ impl Engine for DenseEngine {
             .to_dtype(DType::F64)?
             .flatten_all()?
             .to_vec1()?)
+    }
+
+    fn key_query(&self) -> Result<Vec<f64>> {
+        Ok(self.w.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
+    }
+
+    fn key_query_traces(&self) -> Result<Traces> {
+        Ok(Traces::of_row_major(&self.key_query()?, self.w.dim(0)?))
     }
 
     fn step(&mut self, _forward: &Forward) -> Result<()> {

@@ -6,6 +6,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use super::model::Forward;
+use crate::diagnostics::Traces;
 
 pub trait Engine {
     /// a_{i,t} = x_{i,t}^T W p for the training tokens, (n × T) row-major.
@@ -14,6 +15,10 @@ pub trait Engine {
     fn scoring_direction(&self) -> Result<Vec<f64>>;
     /// One full-batch GD update of W and p; `forward` is the model at the current parameters.
     fn step(&mut self, forward: &Forward) -> Result<()>;
+    /// The key-query matrix W, (d × d) row-major: for its complex spectrum.
+    fn key_query(&self) -> Result<Vec<f64>>;
+    /// tr W, tr W² and ‖W‖_F²: the symmetric part's spectrum, cheap enough for every logged step.
+    fn key_query_traces(&self) -> Result<Traces>;
 }
 
 /// Which computation trains W and p. Both are the same function and the same updates.

@@ -105,6 +105,18 @@ impl Forward {
         }
         sum.iter().map(|s| s / count as f64).collect()
     }
+
+    /// Mean attention entropy over the samples where `keep(i)` holds (None when none does).
+    pub fn mean_entropy(&self, keep: impl Fn(usize) -> bool) -> Option<f64> {
+        let entropies: Vec<f64> = self
+            .attention
+            .chunks_exact(self.seq_len)
+            .enumerate()
+            .filter(|(i, _)| keep(*i))
+            .map(|(_, row)| crate::diagnostics::entropy(row))
+            .collect();
+        (!entropies.is_empty()).then(|| entropies.iter().sum::<f64>() / entropies.len() as f64)
+    }
 }
 
 fn softmax_into(logits: &[f64], out: &mut [f64]) {

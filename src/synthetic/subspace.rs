@@ -13,6 +13,17 @@
 //!
 //! so a step costs O(M²) instead of O(d²), and the trajectory is the same one, up to float
 //! rounding. u = W p = W₀ (B b) + A (Q r) is formed in O(d² + dM) only when a test set is scored.
+//!
+//! The spectrum diagnostics need tr W, tr W² and ‖W‖_F² (`diagnostics::Traces`). With Δ = A Q Bᵀ,
+//! C = Bᵀ A and K = Bᵀ W₀ A (M×M, K once in O(d²M) on first use):
+//!
+//!   tr W   = tr W₀  + tr(Q C)
+//!   ‖W‖_F² = ‖W₀‖²  + 2 tr(Q G_B) + tr(Qᵀ G_A Q G_B)      (⟨W₀, Δ⟩ = tr(Q Bᵀ W₀ᵀ A) = tr(Q G_B))
+//!   tr W²  = tr W₀² + 2 tr(Q K)   + tr(Q C Q C)
+//!
+//! so a logged step costs three M×M products, never a d×d matrix.
+
+use std::cell::OnceCell;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -20,6 +31,7 @@ use candle_core::{DType, Device, Tensor};
 use super::data::TokenSet;
 use super::engine::Engine;
 use super::model::Forward;
+use crate::diagnostics::Traces;
 
 pub struct SubspaceEngine {
     /// M = n·T.
@@ -41,6 +53,18 @@ pub struct SubspaceEngine {
     q: Vec<f64>,
     /// p = B b.
     b: Vec<f64>,
+    /// What the traces of W need besides Q, built on first use.
+    trace_terms: OnceCell<TraceTerms>,
+}
+
+/// The fixed parts of tr W, tr W², ‖W‖_F² (module doc).
+struct TraceTerms {
+    initial: Traces,
+    /// C = Bᵀ A, K = Bᵀ W₀ A, G_A, G_B as (M, M) tensors.
+    cross: Tensor,
+    doubled: Tensor,
+    gram_tokens: Tensor,
+    gram_keys: Tensor,
 }
 
 impl SubspaceEngine {
@@ -70,7 +94,25 @@ impl SubspaceEngine {
             gram_keys,
             q: vec![0.0; m * m],
             b: vec![0.0; m],
+            trace_terms: OnceCell::new(),
         })
+    }
+
+    fn trace_terms(&self) -> Result<&TraceTerms> {
+        if let Some(terms) = self.trace_terms.get() {
+            return Ok(terms);
+        }
+        let (m, d) = (self.rank, self.w0.dim(0)?);
+        let tokens_t = self.tokens.t()?; // A, (d, M)
+        let square = |v: &[f64]| Tensor::from_slice(v, (m, m), &Device::Cpu);
+        let terms = TraceTerms {
+            initial: Traces::of_row_major(&self.w0.flatten_all()?.to_vec1::<f64>()?, d),
+            cross: self.key_basis.matmul(&tokens_t)?,
+            doubled: self.key_basis.matmul(&self.w0)?.matmul(&tokens_t)?,
+            gram_tokens: square(&self.gram_tokens)?,
+            gram_keys: square(&self.gram_keys)?,
+        };
+        Ok(self.trace_terms.get_or_init(|| terms))
     }
 
     /// r = G_B b and Q r.
@@ -78,13 +120,6 @@ impl SubspaceEngine {
         let r = matvec(&self.gram_keys, &self.b, self.rank);
         let qr = matvec(&self.q, &r, self.rank);
         (r, qr)
-    }
-
-    /// The full key-query matrix W = W₀ + A Q B^T, (d × d) row-major. O(d²M): for diagnostics.
-    pub fn key_query(&self) -> Result<Vec<f64>> {
-        let q = Tensor::from_slice(&self.q, (self.rank, self.rank), &Device::Cpu)?;
-        let w = (&self.w0 + self.tokens.t()?.matmul(&q)?.matmul(&self.key_basis)?)?;
-        Ok(w.flatten_all()?.to_vec1()?)
     }
 
     /// The query p = B b (d).
@@ -113,6 +148,32 @@ impl Engine for SubspaceEngine {
         let w0p = self.w0.matmul(&p)?.flatten_all()?.to_vec1::<f64>()?;
         let aqr = self.row_combination(&qr, &self.tokens)?;
         Ok(w0p.iter().zip(&aqr).map(|(a, b)| a + b).collect())
+    }
+
+    /// W = W₀ + A Q Bᵀ, O(d²M).
+    fn key_query(&self) -> Result<Vec<f64>> {
+        let q = Tensor::from_slice(&self.q, (self.rank, self.rank), &Device::Cpu)?;
+        let w = (&self.w0 + self.tokens.t()?.matmul(&q)?.matmul(&self.key_basis)?)?;
+        Ok(w.flatten_all()?.to_vec1()?)
+    }
+
+    fn key_query_traces(&self) -> Result<Traces> {
+        let terms = self.trace_terms()?;
+        let q = Tensor::from_slice(&self.q, (self.rank, self.rank), &Device::Cpu)?;
+        // Σ_ij X_ij Y_ij = tr(Xᵀ Y).
+        let dot = |x: &Tensor, y: &Tensor| -> Result<f64> { Ok((x * y)?.sum_all()?.to_scalar()?) };
+        let qc = q.matmul(&terms.cross)?;
+        let base = terms.initial;
+        Ok(Traces {
+            dim: base.dim,
+            trace: base.trace + dot(&q, &terms.cross.t()?)?,
+            frobenius2: base.frobenius2
+                + 2.0 * dot(&q, &terms.gram_keys)?
+                + dot(&terms.gram_tokens.matmul(&q)?, &q.matmul(&terms.gram_keys)?)?,
+            trace_square: base.trace_square
+                + 2.0 * dot(&q, &terms.doubled.t()?)?
+                + dot(&qc, &qc.t()?)?,
+        })
     }
 
     fn step(&mut self, forward: &Forward) -> Result<()> {
@@ -206,6 +267,21 @@ mod tests {
             fast.step(&fwd).unwrap();
         }
         assert!(max_rel(&fast.key_query().unwrap(), &dense.key_query().unwrap()) < 1e-10);
+        // The traces from M×M products equal those of the formed W.
+        let (ours, formed) = (
+            fast.key_query_traces().unwrap(),
+            Traces::of_row_major(&dense.key_query().unwrap(), config.embed_dim),
+        );
+        for (a, b) in [
+            (ours.trace, formed.trace),
+            (ours.trace_square, formed.trace_square),
+            (ours.frobenius2, formed.frobenius2),
+        ] {
+            assert!(
+                (a - b).abs() < 1e-10 * (1.0 + b.abs()),
+                "{ours:?} vs {formed:?}"
+            );
+        }
         assert!(max_rel(&fast.query().unwrap(), &dense.query().unwrap()) < 1e-10);
         assert!(
             max_rel(

@@ -66,14 +66,24 @@ pub struct SweepRow {
     pub noisy_total: usize,
     pub clean_x1_prob: f64,
     pub regime: Regime,
+    /// Final mean attention entropy of clean and of noisy training samples.
+    pub clean_entropy: f64,
+    pub noisy_entropy: Option<f64>,
+    /// W's symmetric-part eigen-mean and -variance at the end and at initialisation (empty unless
+    /// the sweep ran with `Trace::FinalWithSpectrum`).
+    pub qk_sym_mean: Option<f64>,
+    pub qk_sym_var: Option<f64>,
+    pub qk_sym_var_init: Option<f64>,
 }
 
-/// Runs every cell of `grid` with `base`'s other hyper-parameters. Rows come back ordered by
-/// (d, ‖μ‖). `on_done` is called once per finished cell, from any thread.
+/// Runs every cell of `grid` with `base`'s other hyper-parameters, each with `trace`
+/// (`FinalOnly` or `FinalWithSpectrum`). Rows come back ordered by (d, ‖μ‖). `on_done` is called
+/// once per finished cell, from any thread.
 pub fn sweep(
     base: &SyntheticConfig,
     grid: Grid,
     engine: EngineKind,
+    trace: Trace,
     on_done: &(dyn Fn() + Sync),
 ) -> Result<Vec<SweepRow>> {
     let cells: Vec<(usize, f64)> = grid
@@ -93,7 +103,7 @@ pub fn sweep(
                 signal_norm,
                 ..base.clone()
             };
-            let result = run(&config, engine, Trace::FinalOnly, &mut |_| {})
+            let result = run(&config, engine, trace, &mut |_| {})
                 .with_context(|| format!("grid cell d = {embed_dim}, ‖μ‖ = {signal_norm}"))?;
             on_done();
             let s = result.summary;
@@ -111,6 +121,11 @@ pub fn sweep(
                     noisy_total: s.noisy_total,
                     clean_x1_prob: s.clean_x1_prob,
                     regime: s.regime,
+                    clean_entropy: s.clean_entropy,
+                    noisy_entropy: s.noisy_entropy,
+                    qk_sym_mean: s.qk_symmetric.map(|q| q.mean),
+                    qk_sym_var: s.qk_symmetric.map(|q| q.var),
+                    qk_sym_var_init: s.qk_symmetric_init.map(|q| q.var),
                 },
             ))
         })

@@ -1,13 +1,19 @@
 //! One synthetic run (PAPER.md §2.3): generate the data, initialise W ~ U(±1/√d) and p = 0, run
 //! full-batch gradient descent, log every `log_interval` steps and summarise the regime.
 //!
+//! Localization diagnostics (PAPER.md §5) ride along: the attention entropy of clean and noisy
+//! samples at every logged step; with `Trace::Full` or `Trace::FinalWithSpectrum`, the symmetric
+//! part's eigen-mean and -variance of W (exact from traces) at every logged step and at step 0, and
+//! the full complex spectrum of W at the end when d ≤ [`FULL_SPECTRUM_MAX_DIM`].
+//!
 //! Step s means "after s updates": the forward at step s is the pre-update forward of update s+1
 //! (the authors record attention there), and the last logged step is s = num_steps.
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use candle_core::{DType, Device, Tensor};
+use nalgebra::DMatrix;
 use serde::Serialize;
 
 use super::config::SyntheticConfig;
@@ -16,6 +22,11 @@ use super::dense::DenseEngine;
 use super::engine::{Engine, EngineKind};
 use super::model::{Forward, Regime};
 use super::subspace::SubspaceEngine;
+use crate::diagnostics::{Spectrum, SymmetricSpectrum, spectrum};
+
+/// Largest d whose full complex spectrum is computed at the end of a run: the eigen-solver is
+/// O(d³) (about a second at d = 1000 on one core); above it only the symmetric part is reported.
+pub const FULL_SPECTRUM_MAX_DIM: usize = 1000;
 
 /// How much of the trajectory to keep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +36,8 @@ pub enum Trace {
     Full,
     /// The final step only (grids).
     FinalOnly,
+    /// The final step, with the spectrum diagnostics (and the symmetric part's at step 0).
+    FinalWithSpectrum,
 }
 
 /// Metrics at one logged step.
@@ -44,6 +57,13 @@ pub struct StepMetrics {
     pub clean_token_probs: Vec<f64>,
     /// The same over noisy training samples (empty without label noise).
     pub noisy_token_probs: Vec<f64>,
+    /// Mean attention entropy of clean training samples (log T: uniform, 0: one token).
+    pub clean_entropy: f64,
+    /// The same over noisy training samples (null without label noise).
+    pub noisy_entropy: Option<f64>,
+    /// Eigen-mean and -variance of W's symmetric part (not with `Trace::FinalOnly`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qk_symmetric: Option<SymmetricSpectrum>,
 }
 
 /// Which role a selected token plays for its sample.
@@ -86,6 +106,16 @@ pub struct RunSummary {
     pub noisy_x3_prob: Option<f64>,
     /// Most attended token of each noisy training sample, by role.
     pub noisy_selected: SelectionCounts,
+    /// Final mean attention entropy of clean training samples.
+    pub clean_entropy: f64,
+    /// The same of noisy training samples (null without label noise).
+    pub noisy_entropy: Option<f64>,
+    /// W's symmetric-part spectrum at initialisation and at the end (null with `FinalOnly`).
+    pub qk_symmetric_init: Option<SymmetricSpectrum>,
+    pub qk_symmetric: Option<SymmetricSpectrum>,
+    /// W's full spectrum at the end: real parts, moduli, symmetric part (d ≤
+    /// `FULL_SPECTRUM_MAX_DIM` and not `FinalOnly`; else null).
+    pub qk_spectrum: Option<Spectrum>,
     /// ‖μ‖/√d.
     pub snr: f64,
     pub regime: Regime,
@@ -189,6 +219,7 @@ fn step_metrics(
     test: &Forward,
     labels: &[f64],
     noisy_mask: &[bool],
+    qk_symmetric: Option<SymmetricSpectrum>,
 ) -> StepMetrics {
     let noisy_total = noisy_mask.iter().filter(|&&m| m).count();
     let noisy_fitted = (0..labels.len())
@@ -209,6 +240,9 @@ fn step_metrics(
         noisy_total,
         clean_token_probs: train.mean_attention(|i| !noisy_mask[i]),
         noisy_token_probs: train.mean_attention(|i| noisy_mask[i]),
+        clean_entropy: train.mean_entropy(|i| !noisy_mask[i]).unwrap_or(f64::NAN),
+        noisy_entropy: train.mean_entropy(|i| noisy_mask[i]),
+        qk_symmetric,
     }
 }
 
@@ -219,6 +253,12 @@ pub fn run(
     trace: Trace,
     on_step: &mut dyn FnMut(usize),
 ) -> Result<SyntheticRun> {
+    if config.locater > 0.0 && engine_kind != EngineKind::Dense {
+        bail!(
+            "--locater needs --engine dense: the penalty's gradient (2λ/d)(S − mI) leaves the \
+             low-rank subspace the subspace engine trains in"
+        );
+    }
     run_with_engine(config, engine_kind, trace, on_step, |train, w0| {
         let engine: Box<dyn Engine> = match engine_kind {
             EngineKind::Subspace => Box::new(SubspaceEngine::new(
@@ -228,13 +268,16 @@ pub fn run(
                 config.learning_rate,
             )?),
             // f32 as the authors' torch model.
-            EngineKind::Dense => Box::new(DenseEngine::new(
-                train,
-                config.signal_norm,
-                w0,
-                config.learning_rate,
-                DType::F32,
-            )?),
+            EngineKind::Dense => Box::new(
+                DenseEngine::new(
+                    train,
+                    config.signal_norm,
+                    w0,
+                    config.learning_rate,
+                    DType::F32,
+                )?
+                .with_locater(config.locater),
+            ),
         };
         Ok(engine)
     })
@@ -258,6 +301,15 @@ pub fn run_with_engine(
     let train = EvalSet::new(train, config.signal_norm)?;
     let test = EvalSet::new(test, config.signal_norm)?;
 
+    let with_spectrum = trace != Trace::FinalOnly;
+    let symmetric_of = |engine: &dyn Engine| -> Result<Option<SymmetricSpectrum>> {
+        Ok(if with_spectrum {
+            Some(engine.key_query_traces()?.symmetric())
+        } else {
+            None
+        })
+    };
+    let qk_symmetric_init = symmetric_of(engine.as_ref())?;
     let mut metrics = Vec::new();
     let mut attention_trace = Vec::new();
     let mut last = None;
@@ -281,6 +333,7 @@ pub fn run_with_engine(
                 &test_fwd,
                 &train.labels,
                 &train.noisy_mask,
+                symmetric_of(engine.as_ref())?,
             ));
             Some((test_fwd, direction))
         } else {
@@ -296,6 +349,16 @@ pub fn run_with_engine(
     }
     let (train_fwd, test_fwd, scoring_direction) = last.expect("the loop ends at the last step");
     let final_metrics = metrics.last().expect("the last step is logged");
+    let d = config.embed_dim;
+    let qk_spectrum = if with_spectrum && d <= FULL_SPECTRUM_MAX_DIM {
+        Some(spectrum(&DMatrix::from_row_slice(
+            d,
+            d,
+            &engine.key_query()?,
+        )))
+    } else {
+        None
+    };
 
     let mut noisy_selected = SelectionCounts::default();
     for i in (0..train.labels.len()).filter(|&i| train.noisy_mask[i]) {
@@ -313,6 +376,11 @@ pub fn run_with_engine(
         clean_x1_prob: probability(&final_metrics.clean_token_probs, 0).unwrap_or(f64::NAN),
         noisy_x3_prob: probability(&final_metrics.noisy_token_probs, 2),
         noisy_selected,
+        clean_entropy: final_metrics.clean_entropy,
+        noisy_entropy: final_metrics.noisy_entropy,
+        qk_symmetric_init,
+        qk_symmetric: final_metrics.qk_symmetric,
+        qk_spectrum,
         snr: config.snr(),
         regime: Regime::classify(
             final_metrics.noisy_total,

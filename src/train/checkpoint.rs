@@ -36,6 +36,9 @@ pub struct RunIdentity {
     pub epochs: usize,
     pub pretrain_epochs: usize,
     pub eval_every: usize,
+    /// A checkpoint written before this field existed had no penalty.
+    #[serde(default)]
+    pub locater: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -184,6 +187,7 @@ mod tests {
             epochs: 10,
             pretrain_epochs: 2,
             eval_every: 5,
+            locater: 0.0,
         };
         let state = RunState {
             identity: identity.clone(),
@@ -202,6 +206,7 @@ mod tests {
                 test_loss: None,
                 test_acc: Some(0.7),
                 qk_spectrum: None,
+                rank_collapse: Some(0.25),
             }],
         };
         save(

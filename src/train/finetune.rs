@@ -16,7 +16,8 @@ use super::config::{DatasetConfig, dataset_config};
 use super::metrics::evaluate;
 use super::optim::AdamW;
 use super::phases::{
-    EpochMetrics, Forward, Phase2Data, Set, steps_per_epoch, train_classifier, train_phase2,
+    EpochMetrics, Forward, Penalty, Phase2Data, Set, steps_per_epoch, train_classifier,
+    train_phase2,
 };
 use crate::data::catalog::{Completeness, Modality};
 use crate::data::files::sha256_hex;
@@ -24,6 +25,7 @@ use crate::data::noise::NoiseModel;
 use crate::data::prepare::{NoiseSpec, prepare};
 use crate::data::split::{SplitPlan, TrainSource};
 use crate::data::{self, DatasetName};
+use crate::diagnostics::locater::{head_symmetric_variance, symmetric_variance};
 use crate::diagnostics::{Spectrum, head_spectrum, mean_over_heads, spectrum};
 use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
 use crate::encoder::{Backbone, Model, TextOptions, resolve};
@@ -31,6 +33,9 @@ use crate::io::ensure_dir;
 use crate::model::attend::KeyValues;
 use crate::model::{Classifier, LastLayer, QueryKey, TokenSelectionHead};
 use crate::rng::{Stream, stream};
+
+/// Test samples whose full last layer is run at scored epochs for the rank-collapse residual.
+const RANK_PROBE: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -73,6 +78,8 @@ pub struct FinetuneOptions {
     pub device: Device,
     /// CPU threads of phases 1 and 2 (extraction uses all cores).
     pub train_threads: usize,
+    /// λ of the LocAteR penalty on the trained query-key matrix (`diagnostics::locater`); 0: none.
+    pub locater: f64,
 }
 
 /// summary.json: everything needed to read and reproduce the run.
@@ -107,6 +114,12 @@ pub struct FinetuneSummary {
     pub attention_entropy: f64,
     /// Query-key eigenspectrum at the end (mean over heads; `diagnostics` has the definitions).
     pub qk_spectrum: Option<Spectrum>,
+    /// Rank-collapse residual of the last layer's token outputs at the end (last-layer mode).
+    #[serde(default)]
+    pub rank_collapse: Option<f64>,
+    /// λ of the LocAteR penalty (0: none, the paper's protocol).
+    #[serde(default)]
+    pub locater: f64,
     pub dataset_completeness: Completeness,
     /// Every way this run departs from the paper's protocol, one sentence each.
     pub deviations: Vec<String>,
@@ -211,6 +224,12 @@ struct Setup {
 fn setup(options: &FinetuneOptions) -> Result<Setup> {
     if !(0.0..1.0).contains(&options.eta) {
         bail!("--eta must be in [0, 1), got {}", options.eta);
+    }
+    if !(options.locater.is_finite() && options.locater >= 0.0) {
+        bail!(
+            "--locater must be a finite number ≥ 0, got {}",
+            options.locater
+        );
     }
     if options.eval_every == 0 || options.encode_batch == 0 {
         bail!("--eval-every and --encode-batch must be at least 1");
@@ -554,6 +573,7 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
             epochs,
             pretrain_epochs,
             eval_every: options.eval_every,
+            locater: options.locater,
         };
         let resumed = match (&options.out, options.resume) {
             (Some(dir), true) => match checkpoint::load(dir, device)? {
@@ -719,6 +739,7 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
             };
             (attention.num_heads, attention.head_dim)
         };
+        let qk_scale = 1.0 / (head_dim as f64).sqrt();
         let spectrum_of = |opt: &AdamW| -> Result<Spectrum> {
             let host = |name: &str| -> Result<Vec<f32>> {
                 Ok(opt
@@ -738,7 +759,7 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                                 &wq[h * rows..(h + 1) * rows],
                                 &wk[h * rows..(h + 1) * rows],
                                 head_dim,
-                                1.0 / (head_dim as f64).sqrt(),
+                                qk_scale,
                             )
                         })
                         .collect();
@@ -775,8 +796,41 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
             }
             Ok(())
         };
-        // The same optimizer and loop whatever is trained.
-        let mut train = |forward: &Forward, params: Vec<(String, Var)>| -> Result<()> {
+        // LocAteR on the same query-key matrix the spectrum reads, when asked for.
+        let penalty_of = |params: &[(String, Var)]| -> Result<Option<Box<Penalty<'static>>>> {
+            if options.locater == 0.0 {
+                return Ok(None);
+            }
+            let find = |name: &str| -> Result<Tensor> {
+                Ok(params
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .with_context(|| format!("no parameter {name}"))?
+                    .1
+                    .as_tensor()
+                    .clone())
+            };
+            let lambda = options.locater;
+            Ok(Some(match options.mode {
+                Mode::LastLayer => {
+                    let (query, key) = (find("query.weight")?, find("key.weight")?);
+                    Box::new(move || -> Result<Tensor> {
+                        Ok((head_symmetric_variance(&query, &key, heads, qk_scale)? * lambda)?)
+                    }) as Box<Penalty<'static>>
+                }
+                Mode::Head => {
+                    let w = find("head.w")?;
+                    Box::new(move || -> Result<Tensor> { Ok((symmetric_variance(&w)? * lambda)?) })
+                }
+            }))
+        };
+        // The same optimizer and loop whatever is trained; `rank_probe` (last layer only: the head
+        // has one query, no token outputs) measures rank collapse at the scored epochs.
+        let mut train = |forward: &Forward,
+                         params: Vec<(String, Var)>,
+                         rank_probe: Option<&dyn Fn() -> Result<f64>>|
+         -> Result<()> {
+            let penalty = penalty_of(&params)?;
             let mut opt = AdamW::new(params, config.optimizer.clone(), total_steps)?;
             if let Some(saved) = resumed.as_ref().filter(|s| s.state.epochs_done > 0) {
                 opt.restore(&saved.tensors, saved.state.optimizer_step)?;
@@ -790,7 +844,14 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                 config.batch_size,
                 options.seed,
                 options.eval_every,
-                &mut on_epoch,
+                penalty.as_deref(),
+                &mut |m: &EpochMetrics, opt: &AdamW| {
+                    let mut m = m.clone();
+                    if let Some(probe) = rank_probe.filter(|_| m.test_acc.is_some()) {
+                        m.rank_collapse = Some(probe()?);
+                    }
+                    on_epoch(&m, opt)
+                },
             )
         };
         match options.mode {
@@ -806,8 +867,23 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                             .as_ref(),
                     )
                 };
+                // Rank collapse is read on the first test samples' full layer (every token's query).
+                let probe_n = RANK_PROBE.min(test.cls.dim(0)?);
+                let probe_inputs = on_device(
+                    &test
+                        .layer_inputs
+                        .as_ref()
+                        .expect("full features")
+                        .narrow(0, 0, probe_n)?,
+                )?;
+                let probe_mask = test
+                    .attention_mask
+                    .as_ref()
+                    .map(|m| m.narrow(0, 0, probe_n)?.to_device(device))
+                    .transpose()?;
                 let (train_cache, test_cache) = (prepare_set(finetune)?, prepare_set(test)?);
                 let qk = QueryKey::reset(hidden, &mut init_rng, device)?;
+                let rank_probe = || layer.rank_collapse(&qk, &probe_inputs, probe_mask.as_ref());
                 let forward = |set: Set, rows: &[usize]| {
                     let cache = if set == Set::Finetune {
                         &train_cache
@@ -817,7 +893,7 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                     let out = layer.forward(&qk, cache, rows)?;
                     Ok((out.logits, out.cls_attention))
                 };
-                train(&forward, qk.named())?;
+                train(&forward, qk.named(), Some(&rank_probe))?;
             }
             Mode::Head => {
                 // The final tokens are the keys and the values; text keeps HF's padding mask.
@@ -841,7 +917,7 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                     let selection = head.select(tokens, rows)?;
                     Ok((classifier.forward(&selection.pooled)?, selection.attention))
                 };
-                train(&forward, head.named())?;
+                train(&forward, head.named(), None)?;
             }
         }
 
@@ -871,6 +947,8 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
             max_cls_attention: last.max_cls_attention,
             attention_entropy: last.attention_entropy,
             qk_spectrum: last.qk_spectrum,
+            rank_collapse: last.rank_collapse,
+            locater: options.locater,
             dataset_completeness: completeness,
             deviations,
             wall_seconds: started.elapsed().as_secs_f64(),

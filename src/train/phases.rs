@@ -61,6 +61,9 @@ pub enum Set {
 /// Logits (B, C) and the attention that selects tokens, (B, …, T), of samples `rows` of a set.
 pub type Forward<'a> = dyn Fn(Set, &[usize]) -> Result<(Tensor, Tensor)> + 'a;
 
+/// A regulariser of the trained parameters, added to every batch's loss (e.g. LocAteR).
+pub type Penalty<'a> = dyn Fn() -> Result<Tensor> + 'a;
+
 /// The labels phase 2 sees and scores against.
 pub struct Phase2Data<'a> {
     /// Noisy labels of the fine-tune set (what is trained on).
@@ -95,6 +98,10 @@ pub struct EpochMetrics {
     /// The query-key eigenspectrum, at the epochs the test set is scored (filled by the caller).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qk_spectrum: Option<crate::diagnostics::Spectrum>,
+    /// Rank-collapse residual of the attention output of every token, mean over a probe of test
+    /// samples, at the scored epochs of last-layer mode (filled by the caller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_collapse: Option<f64>,
 }
 
 const EVAL_BATCH: usize = 64;
@@ -114,6 +121,7 @@ fn forward_all(forward: &Forward, set: Set, len: usize) -> Result<(Tensor, Tenso
 /// Phase 2: trains `params` through `forward` on the noisy labels for epochs
 /// `start_epoch..epochs` (0-based), scoring the test set every `eval_every` epochs and after the
 /// last one. `optimizer` must have been built for all `epochs` (its state restored on resume).
+/// `penalty` joins the descended objective; the logged train loss stays the data loss.
 #[allow(clippy::too_many_arguments)]
 pub fn train_phase2(
     forward: &Forward,
@@ -124,6 +132,7 @@ pub fn train_phase2(
     batch_size: usize,
     seed: u64,
     eval_every: usize,
+    penalty: Option<&Penalty>,
     on_epoch: &mut dyn FnMut(&EpochMetrics, &AdamW) -> Result<()>,
 ) -> Result<()> {
     let n = data.labels.len();
@@ -136,7 +145,11 @@ pub fn train_phase2(
             let rows = crate::model::last_layer::row_indices(batch, targets.device())?;
             let batch_targets = targets.index_select(&rows, 0)?.to_device(logits.device())?;
             let loss = candle_nn::loss::cross_entropy(&logits, &batch_targets)?;
-            optimizer.step(&loss.backward()?)?;
+            let objective = match penalty {
+                Some(penalty) => (&loss + penalty()?)?,
+                None => loss.clone(),
+            };
+            optimizer.step(&objective.backward()?)?;
             losses.push(f64::from(loss.to_scalar::<f32>()?));
         }
         let (logits, attention) = forward_all(forward, Set::Finetune, n)?;
@@ -162,6 +175,7 @@ pub fn train_phase2(
             test_loss: test.as_ref().map(|t| t.loss),
             test_acc: test.as_ref().map(|t| t.accuracy),
             qk_spectrum: None,
+            rank_collapse: None,
         };
         on_epoch(&metrics, optimizer)?;
     }

@@ -13,6 +13,8 @@
 //! - Rank-collapse residual of an attention output Y (T × d): ‖Y − 1ȳᵀ‖_F / ‖Y‖_F with ȳ the mean
 //!   row, the minimiser of ‖Y − 1yᵀ‖_F (Dong et al., 2021); 0 when all rows are equal.
 
+pub mod locater;
+
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +29,57 @@ pub struct Spectrum {
     pub sym_var: f64,
 }
 
+/// Eigen-mean and eigen-variance of the symmetric part (W + Wᵀ)/2 alone: exact from three traces,
+/// so cheap enough to log at every step of a d = 5000 run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SymmetricSpectrum {
+    pub mean: f64,
+    pub var: f64,
+}
+
+/// tr W, tr W² and ‖W‖_F² of a d × d matrix: all the symmetric part's spectrum needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Traces {
+    pub dim: usize,
+    pub trace: f64,
+    pub trace_square: f64,
+    pub frobenius2: f64,
+}
+
+impl Traces {
+    /// Of a d × d matrix stored row-major.
+    pub fn of_row_major(matrix: &[f64], dim: usize) -> Self {
+        assert_eq!(matrix.len(), dim * dim, "a square matrix");
+        let (mut trace, mut trace_square, mut frobenius2) = (0.0, 0.0, 0.0);
+        for r in 0..dim {
+            trace += matrix[r * dim + r];
+            for c in 0..dim {
+                let v = matrix[r * dim + c];
+                frobenius2 += v * v;
+                trace_square += v * matrix[c * dim + r];
+            }
+        }
+        Self {
+            dim,
+            trace,
+            trace_square,
+            frobenius2,
+        }
+    }
+
+    /// mean = tr W / d; variance = ‖S‖_F² / d − mean² with ‖S‖_F² = (‖W‖_F² + tr W²) / 2.
+    pub fn symmetric(&self) -> SymmetricSpectrum {
+        let d = self.dim as f64;
+        let mean = self.trace / d;
+        let var = (self.frobenius2 + self.trace_square) / 2.0 / d - mean * mean;
+        SymmetricSpectrum {
+            mean,
+            // Rounding can leave a tiny negative where the spread is 0 (W = mI).
+            var: var.max(0.0),
+        }
+    }
+}
+
 fn mean_var(values: impl Iterator<Item = f64> + Clone, count: usize) -> (f64, f64) {
     let n = count as f64;
     let mean = values.clone().sum::<f64>() / n;
@@ -34,14 +87,10 @@ fn mean_var(values: impl Iterator<Item = f64> + Clone, count: usize) -> (f64, f6
     (mean, var)
 }
 
-/// Spectrum statistics from the non-zero eigenvalues of a d × d matrix (the other d − k are 0),
-/// its trace of W² and squared Frobenius norm.
-fn from_eigenvalues(
-    eigen: &[nalgebra::Complex<f64>],
-    dim: usize,
-    trace_square: f64,
-    frobenius2: f64,
-) -> Spectrum {
+/// Spectrum statistics from the non-zero eigenvalues of a d × d matrix (the other d − k are 0)
+/// and its traces.
+fn from_eigenvalues(eigen: &[nalgebra::Complex<f64>], traces: &Traces) -> Spectrum {
+    let dim = traces.dim;
     let zeros = dim - eigen.len();
     let real = eigen
         .iter()
@@ -53,16 +102,14 @@ fn from_eigenvalues(
         .chain(std::iter::repeat_n(0.0, zeros));
     let (mean_real, var_real) = mean_var(real, dim);
     let (mean_abs, var_abs) = mean_var(modulus, dim);
-    let d = dim as f64;
-    let sym_mean = mean_real;
-    let sym_var = (frobenius2 + trace_square) / 2.0 / d - sym_mean * sym_mean;
+    let symmetric = traces.symmetric();
     Spectrum {
         mean_real,
         var_real,
         mean_abs,
         var_abs,
-        sym_mean,
-        sym_var: sym_var.max(0.0),
+        sym_mean: symmetric.mean,
+        sym_var: symmetric.var,
     }
 }
 
@@ -71,8 +118,13 @@ pub fn spectrum(matrix: &DMatrix<f64>) -> Spectrum {
     let dim = matrix.nrows();
     assert_eq!(dim, matrix.ncols(), "a square matrix");
     let eigen: Vec<_> = matrix.complex_eigenvalues().iter().copied().collect();
-    let trace_square = matrix.component_mul(&matrix.transpose()).sum();
-    from_eigenvalues(&eigen, dim, trace_square, matrix.norm_squared())
+    let traces = Traces {
+        dim,
+        trace: matrix.trace(),
+        trace_square: matrix.component_mul(&matrix.transpose()).sum(),
+        frobenius2: matrix.norm_squared(),
+    };
+    from_eigenvalues(&eigen, &traces)
 }
 
 /// Statistics of W_QK = scale · W_qᵀ W_k for one head, from its d_h × d query and key rows
@@ -91,10 +143,15 @@ pub fn head_spectrum(
     let (wq, wk) = (as_matrix(query_rows), as_matrix(key_rows));
     let small = (&wk * wq.transpose()) * scale; // d_h × d_h
     let eigen: Vec<_> = small.complex_eigenvalues().iter().copied().collect();
-    // tr W² = tr (W_k W_qᵀ)² · scale², already in `small`; ‖W‖_F² = tr(W_q W_qᵀ W_k W_kᵀ)·scale².
-    let trace_square = (&small * &small).trace();
-    let frobenius2 = ((&wq * wq.transpose()) * (&wk * wk.transpose())).trace() * scale * scale;
-    from_eigenvalues(&eigen, dim, trace_square, frobenius2)
+    // tr W = tr(W_k W_qᵀ)·scale and tr W² = tr (W_k W_qᵀ)²·scale², both in `small`;
+    // ‖W‖_F² = tr(W_q W_qᵀ W_k W_kᵀ)·scale².
+    let traces = Traces {
+        dim,
+        trace: small.trace(),
+        trace_square: (&small * &small).trace(),
+        frobenius2: ((&wq * wq.transpose()) * (&wk * wk.transpose())).trace() * scale * scale,
+    };
+    from_eigenvalues(&eigen, &traces)
 }
 
 /// Mean over heads of each statistic.
@@ -112,14 +169,12 @@ pub fn mean_over_heads(heads: &[Spectrum]) -> Spectrum {
 }
 
 /// −Σ p log p of one attention distribution (0 log 0 = 0).
-pub fn entropy(probs: &[f32]) -> f64 {
+pub fn entropy<P: Copy + Into<f64>>(probs: &[P]) -> f64 {
     probs
         .iter()
-        .filter(|&&p| p > 0.0)
-        .map(|&p| {
-            let p = f64::from(p);
-            -p * p.ln()
-        })
+        .map(|&p| p.into())
+        .filter(|&p| p > 0.0)
+        .map(|p| -p * p.ln())
         .sum()
 }
 
@@ -166,12 +221,16 @@ mod tests {
     #[test]
     fn statistics_match_numpy_on_known_matrices() {
         let cases: std::collections::BTreeMap<String, Case> =
-            serde_json::from_str(include_str!("../tests/fixtures/spectrum.json")).unwrap();
+            serde_json::from_str(include_str!("../../tests/fixtures/spectrum.json")).unwrap();
         assert_eq!(cases.len(), 4);
         for (name, case) in cases {
             let d = case.matrix.len();
             let m = DMatrix::from_row_iterator(d, d, case.matrix.iter().flatten().copied());
             let s = spectrum(&m);
+            let flat: Vec<f64> = case.matrix.iter().flatten().copied().collect();
+            let symmetric = Traces::of_row_major(&flat, d).symmetric();
+            assert!((symmetric.mean - case.sym_mean).abs() < 1e-9, "{name}");
+            assert!((symmetric.var - case.sym_var).abs() < 1e-9, "{name}");
             for (what, ours, numpy) in [
                 ("mean_real", s.mean_real, case.mean_real),
                 ("var_real", s.var_real, case.var_real),
@@ -223,7 +282,7 @@ mod tests {
         let t = 197;
         let uniform = vec![1.0 / t as f32; t];
         assert!((entropy(&uniform) - (t as f64).ln()).abs() < 1e-5);
-        assert_eq!(entropy(&[1.0, 0.0, 0.0]), 0.0);
+        assert_eq!(entropy(&[1.0f32, 0.0, 0.0]), 0.0);
         let same: Vec<f32> = (0..5).flat_map(|_| [0.3f32, -1.2, 4.0]).collect();
         assert_eq!(rank_collapse_residual(&same, 5, 3), 0.0);
         // Two rows ±v: the mean is 0, the whole of Y is residual.
