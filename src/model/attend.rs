@@ -31,6 +31,10 @@ pub struct KeyValues {
     values: Option<Vec<f32>>,
     /// Additive, (N, T).
     mask: Option<Vec<f32>>,
+    /// Tokens of each sample up to its last unmasked one: the trailing padding of text gets
+    /// probability exactly 0, so scores, softmax and sums skip it (TREC's questions fill about
+    /// a tenth of the 128 positions).
+    lengths: Vec<usize>,
     samples: usize,
     tokens: usize,
     dim: usize,
@@ -83,10 +87,22 @@ impl KeyValues {
             None => None,
         };
         let host = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+        let lengths = match attention_mask {
+            Some(m) => host(&m.to_dtype(candle_core::DType::F32)?)?
+                .chunks_exact(tokens)
+                .map(|row| {
+                    row.iter()
+                        .rposition(|&v| v != 0.0)
+                        .map_or(tokens, |last| last + 1)
+                })
+                .collect(),
+            None => vec![tokens; samples],
+        };
         Ok(Self {
             keys: host(keys)?,
             values: values.map(host).transpose()?,
             mask: mask.as_ref().map(host).transpose()?,
+            lengths,
             samples,
             tokens,
             dim,
@@ -200,20 +216,24 @@ impl KeyValues {
         Ok(())
     }
 
-    /// Raw scores rₕ·kₜ of every head of sample `i`: (H, D) × (T, D)ᵀ → (H, T), one GEMM.
+    /// Raw scores rₕ·kₜ of every head of sample `i` for its first `lengths[i]` = L tokens:
+    /// (H, D) × (L, D)ᵀ → the first L columns of (H, T), one GEMM.
     fn scores(&self, i: usize, queries: &[f32], scores: &mut [f32]) {
         let (h, t, d) = (self.heads, self.tokens, self.dim);
         // S (row-major H×T) = R (row-major H×D) · Kᵀ, Kᵀ read in place from K (row-major T×D).
         matmul(
-            (h, t, d),
+            (h, self.lengths[i], d),
             (scores, t),
             (queries, d as isize, 1),
             (self.sample_keys(i), 1, d as isize),
         );
     }
 
-    /// Raw scores → probabilities in place: scale·(s + c) + mask, then softmax.
+    /// Raw scores → probabilities in place: scale·(s + c) + mask, then softmax over the first
+    /// L tokens; the trailing padding is set to exactly 0 (what its −∞ mask gives).
     fn softmax(&self, i: usize, c: f32, probs: &mut [f32]) {
+        let (probs, padding) = probs.split_at_mut(self.lengths[i]);
+        padding.fill(0.0);
         probs.iter_mut().for_each(|p| *p = self.scale * (*p + c));
         if let Some(mask) = self.sample_mask(i) {
             probs.iter_mut().zip(mask).for_each(|(p, m)| *p += m);
@@ -348,7 +368,7 @@ impl CustomOp2 for FusedAttend {
                     probs.copy_from_slice(&scores[k * t..(k + 1) * t]);
                     kv.softmax(i, bias[b * h + k], probs);
                     let values = kv.sample_values(i, k);
-                    for (tt, &p) in probs.iter().enumerate() {
+                    for (tt, &p) in probs[..kv.lengths[i]].iter().enumerate() {
                         axpy(p, &values[tt * dv..(tt + 1) * dv], context);
                     }
                 }
@@ -383,6 +403,8 @@ impl CustomOp2 for FusedAttend {
             .enumerate()
             .for_each(|(bi, ((gq, gc), &i))| {
                 let mut dscores = vec![0f32; h * t];
+                // Past L every probability is 0, and so is every ∂L/∂s.
+                let len = kv.lengths[i];
                 for k in 0..h {
                     let at = (bi * h + k) * width;
                     let (g_context, g_probs) = grad[at..at + width].split_at(dv);
@@ -390,20 +412,20 @@ impl CustomOp2 for FusedAttend {
                     let values = kv.sample_values(i, k);
                     let ds = &mut dscores[k * t..(k + 1) * t];
                     let mut weighted = 0.0;
-                    for tt in 0..t {
+                    for tt in 0..len {
                         ds[tt] = dot(g_context, &values[tt * dv..(tt + 1) * dv]) + g_probs[tt];
                         weighted += probs[tt] * ds[tt];
                     }
                     let mut sum = 0.0;
-                    for tt in 0..t {
+                    for tt in 0..len {
                         ds[tt] = kv.scale * probs[tt] * (ds[tt] - weighted);
                         sum += ds[tt];
                     }
                     gc[k] = sum;
                 }
-                // ∂L/∂R (H×D) = ∂L/∂S (H×T) · K (T×D).
+                // ∂L/∂R (H×D) = ∂L/∂S (H×L) · K (L×D).
                 matmul(
-                    (h, d, t),
+                    (h, d, len),
                     (gq, d),
                     (&dscores, t as isize, 1),
                     (kv.sample_keys(i), d as isize, 1),

@@ -100,7 +100,23 @@ fn figure(
 
 /// Tick labels without trailing zeros: 500 rather than 500.0, 0.25 rather than 0.250.
 fn tick(v: &f64) -> String {
-    let text = format!("{v:.3}");
+    tick_with(*v, 3)
+}
+
+/// A tick formatter with enough decimals to tell apart ticks over `range` (about ten of them):
+/// an axis from 0.1667 to 0.1674 needs five, not three.
+fn ticks_for(range: (f64, f64)) -> impl Fn(&f64) -> String {
+    let step = ((range.1 - range.0) / 10.0).abs();
+    let decimals = if step > 0.0 {
+        (-step.log10()).ceil().clamp(3.0, 9.0) as usize
+    } else {
+        3
+    };
+    move |v| tick_with(*v, decimals)
+}
+
+fn tick_with(v: f64, decimals: usize) -> String {
+    let text = format!("{v:.decimals$}");
     let text = text.trim_end_matches('0').trim_end_matches('.');
     if text == "-0" {
         "0".to_string()
@@ -145,12 +161,13 @@ pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()>
                 .y_label_area_size(56)
                 .build_cartesian_2d(x0..x1, panel.y_range.0..panel.y_range.1)
                 .map_err(plot_err)?;
+            let (x_tick, y_tick) = (ticks_for((x0, x1)), ticks_for(panel.y_range));
             chart
                 .configure_mesh()
                 .x_desc(&panel.x_label)
                 .y_desc(&panel.y_label)
-                .x_label_formatter(&tick)
-                .y_label_formatter(&tick)
+                .x_label_formatter(&x_tick)
+                .y_label_formatter(&y_tick)
                 .label_style((FONT, 14))
                 .axis_desc_style((FONT, 15))
                 .light_line_style(WHITE.mix(0.0))
@@ -197,6 +214,9 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
                     .iter()
                     .flat_map(|g| g.points.iter().map(|p| p.1)),
             );
+            // Headroom for the legend, so that it hides no point.
+            let legend_rows = panel.groups.len() as f64;
+            let ys = (ys.0, ys.1 + (ys.1 - ys.0) * 0.08 * legend_rows);
             let mut chart = ChartBuilder::on(area)
                 .caption(&panel.title, (FONT, 18))
                 .margin(12)
@@ -204,12 +224,13 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
                 .y_label_area_size(56)
                 .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
                 .map_err(plot_err)?;
+            let (x_tick, y_tick) = (ticks_for(xs), ticks_for(ys));
             chart
                 .configure_mesh()
                 .x_desc(&panel.x_label)
                 .y_desc(&panel.y_label)
-                .x_label_formatter(&tick)
-                .y_label_formatter(&tick)
+                .x_label_formatter(&x_tick)
+                .y_label_formatter(&y_tick)
                 .label_style((FONT, 14))
                 .axis_desc_style((FONT, 15))
                 .light_line_style(WHITE.mix(0.0))
@@ -412,6 +433,11 @@ mod tests {
         assert_eq!(tick(&500.0), "500");
         assert_eq!(tick(&0.25), "0.25");
         assert_eq!(tick(&-0.0), "0");
+        let narrow = ticks_for((0.1667, 0.1674));
+        assert_eq!(
+            (narrow(&0.16705), narrow(&0.1670)),
+            ("0.16705".into(), "0.167".into())
+        );
         assert_eq!(subscript(12), "₁₂");
     }
 
