@@ -28,6 +28,9 @@ fn bad_flags_give_one_line_and_exit_2() {
         (&["--signal-norm", "0"], "--signal-norm"),
         (&["--num-steps", "0"], "--num-steps"),
         (&["--log-interval", "0"], "--log-interval"),
+        (&["--locater", "-1"], "--locater"),
+        // The default subspace engine cannot carry the penalty.
+        (&["--locater", "1"], "--engine dense"),
         (&["--embed-dim", "many"], "--embed-dim"),
         (&["--no-such-flag"], "--no-such-flag"),
         (
@@ -172,6 +175,39 @@ fn an_output_path_that_is_a_file_is_refused_without_writing() {
     assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn localization_sweep_writes_spectrum_columns_and_the_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("loc");
+    let out = benign(&[
+        "localization-sweep",
+        "--num-steps",
+        "30",
+        "--train-n",
+        "6",
+        "--test-n",
+        "20",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut reader = csv::Reader::from_path(out_dir.join("localization.csv")).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let column = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let (var, init) = (column("qk_sym_var"), column("qk_sym_var_init"));
+    let records: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    assert_eq!(records.len(), 81, "the coarse grid by default");
+    for record in &records {
+        let v: f64 = record[var].parse().unwrap();
+        let v0: f64 = record[init].parse().unwrap();
+        assert!(
+            (v - v0).abs() < 0.05 && v > 0.1,
+            "W₀ dominates W's spectrum: {v} vs {v0}"
+        );
+    }
+    assert!(out_dir.join("entropy_vs_eigen_variance.png").exists());
 }
 
 #[test]

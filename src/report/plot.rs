@@ -144,7 +144,46 @@ fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
-/// Line charts, one panel each, with a legend per panel.
+/// The legend corner that covers the fewest drawn points of `series` (each segment sampled, so
+/// that a straight line across a corner counts), within the plotted ranges.
+fn emptiest_corner(series: &[Series], x: (f64, f64), y: (f64, f64)) -> SeriesLabelPosition {
+    // Normalised boxes (x from, x to, y from, y to) a legend of a few rows roughly covers.
+    let corners = [
+        (SeriesLabelPosition::MiddleRight, (0.5, 1.0, 0.3, 0.7)),
+        (SeriesLabelPosition::UpperRight, (0.5, 1.0, 0.6, 1.0)),
+        (SeriesLabelPosition::UpperLeft, (0.0, 0.5, 0.6, 1.0)),
+        (SeriesLabelPosition::LowerRight, (0.5, 1.0, 0.0, 0.4)),
+        (SeriesLabelPosition::LowerLeft, (0.0, 0.5, 0.0, 0.4)),
+    ];
+    let normalised: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|s| {
+            s.points.windows(2).flat_map(|w| {
+                (0..8).map(move |k| {
+                    let f = k as f64 / 8.0;
+                    (
+                        w[0].0 + f * (w[1].0 - w[0].0),
+                        w[0].1 + f * (w[1].1 - w[0].1),
+                    )
+                })
+            })
+        })
+        .map(|(px, py)| ((px - x.0) / (x.1 - x.0), (py - y.0) / (y.1 - y.0)))
+        .collect();
+    let covered = |(x0, x1, y0, y1): (f64, f64, f64, f64)| {
+        normalised
+            .iter()
+            .filter(|(px, py)| (x0..=x1).contains(px) && (y0..=y1).contains(py))
+            .count()
+    };
+    corners
+        .into_iter()
+        .min_by_key(|(_, area)| covered(*area))
+        .map(|(position, _)| position)
+        .expect("five candidates")
+}
+
+/// Line charts, one panel each, with a legend per panel where it hides the least.
 pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()> {
     figure(path, title, panels.len(), (620, 460), |areas| {
         for (area, panel) in areas.iter().zip(panels) {
@@ -185,9 +224,10 @@ pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()>
                     });
                 }
             }
+            let legend_at = emptiest_corner(&panel.series, (x0, x1), panel.y_range);
             chart
                 .configure_series_labels()
-                .position(SeriesLabelPosition::MiddleRight)
+                .position(legend_at)
                 .label_font((FONT, 13))
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK.mix(0.4))

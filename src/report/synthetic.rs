@@ -173,6 +173,22 @@ pub fn plot_selected_tokens(path: &Path, run: &SyntheticRun) -> Result<()> {
     scatter_panels(path, &title, &panels)
 }
 
+/// `<name>.csv`, one row per cell, and `<name>_config.json`, the grid and the base config.
+fn write_grid_table(
+    dir: &Path,
+    name: &str,
+    grid: Grid,
+    base: &SyntheticConfig,
+    rows: &[SweepRow],
+) -> Result<()> {
+    ensure_dir(dir)?;
+    write_csv(&dir.join(format!("{name}.csv")), rows)?;
+    write_json(
+        &dir.join(format!("{name}_config.json")),
+        &serde_json::json!({ "grid": grid, "base": base }),
+    )
+}
+
 /// sweep.csv, heatmap_train_loss.png, heatmap_test_loss.png and regime.png under `dir`.
 pub fn write_sweep(
     dir: &Path,
@@ -180,12 +196,7 @@ pub fn write_sweep(
     base: &SyntheticConfig,
     rows: &[SweepRow],
 ) -> Result<()> {
-    ensure_dir(dir)?;
-    write_csv(&dir.join("sweep.csv"), rows)?;
-    write_json(
-        &dir.join("sweep_config.json"),
-        &serde_json::json!({ "grid": grid, "base": base }),
-    )?;
+    write_grid_table(dir, "sweep", grid, base, rows)?;
     let xs: Vec<f64> = grid.embed_dims().into_iter().map(|d| d as f64).collect();
     let ys = grid.signal_norms();
     // Rows are ordered by (d, ‖μ‖); the plots index cells by (‖μ‖ row, d column).
@@ -265,12 +276,7 @@ pub fn write_localization(
     base: &SyntheticConfig,
     rows: &[SweepRow],
 ) -> Result<()> {
-    ensure_dir(dir)?;
-    write_csv(&dir.join("localization.csv"), rows)?;
-    write_json(
-        &dir.join("localization_config.json"),
-        &serde_json::json!({ "grid": grid, "base": base }),
-    )?;
+    write_grid_table(dir, "localization", grid, base, rows)?;
     let groups = |point: &dyn Fn(&SweepRow) -> Option<(f64, f64)>| -> Vec<ScatterGroup> {
         Regime::ALL
             .iter()
