@@ -177,12 +177,12 @@ fn an_output_path_that_is_a_file_is_refused_without_writing() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
-#[test]
-fn localization_sweep_writes_spectrum_columns_and_the_plot() {
-    let dir = tempfile::tempdir().unwrap();
-    let out_dir = dir.path().join("loc");
+/// `command` (a sweep) on the coarse grid with tiny runs, writing to `out_dir`.
+fn tiny_coarse_sweep(command: &str, out_dir: &std::path::Path) {
     let out = benign(&[
-        "localization-sweep",
+        command,
+        "--grid",
+        "coarse",
         "--num-steps",
         "30",
         "--train-n",
@@ -192,13 +192,20 @@ fn localization_sweep_writes_spectrum_columns_and_the_plot() {
         "--out",
         out_dir.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{command}: {}", stderr(&out));
+}
+
+#[test]
+fn localization_sweep_writes_spectrum_columns_and_the_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("loc");
+    tiny_coarse_sweep("localization-sweep", &out_dir);
     let mut reader = csv::Reader::from_path(out_dir.join("localization.csv")).unwrap();
     let headers = reader.headers().unwrap().clone();
     let column = |name: &str| headers.iter().position(|h| h == name).unwrap();
     let (var, init) = (column("qk_sym_var"), column("qk_sym_var_init"));
     let records: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
-    assert_eq!(records.len(), 81, "the coarse grid by default");
+    assert_eq!(records.len(), 81);
     for record in &records {
         let v: f64 = record[var].parse().unwrap();
         let v0: f64 = record[init].parse().unwrap();
@@ -214,20 +221,7 @@ fn localization_sweep_writes_spectrum_columns_and_the_plot() {
 fn coarse_sweep_writes_csv_and_heat_maps() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("sweep");
-    let out = benign(&[
-        "synthetic-sweep",
-        "--grid",
-        "coarse",
-        "--num-steps",
-        "30",
-        "--train-n",
-        "6",
-        "--test-n",
-        "20",
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    tiny_coarse_sweep("synthetic-sweep", &out_dir);
     let mut reader = csv::Reader::from_path(out_dir.join("sweep.csv")).unwrap();
     let headers = reader.headers().unwrap().clone();
     for column in [
