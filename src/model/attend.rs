@@ -88,14 +88,7 @@ impl KeyValues {
         };
         let host = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
         let lengths = match attention_mask {
-            Some(m) => host(&m.to_dtype(candle_core::DType::F32)?)?
-                .chunks_exact(tokens)
-                .map(|row| {
-                    row.iter()
-                        .rposition(|&v| v != 0.0)
-                        .map_or(tokens, |last| last + 1)
-                })
-                .collect(),
+            Some(m) => unpadded_lengths(m)?,
             None => vec![tokens; samples],
         };
         Ok(Self {
@@ -246,6 +239,24 @@ impl KeyValues {
         }
         probs.iter_mut().for_each(|p| *p /= total);
     }
+}
+
+/// Tokens of each row of a 0/1 padding mask (N, T) up to its last unmasked one (all T when
+/// none is unmasked): what is left once the trailing padding is cut.
+pub fn unpadded_lengths(attention_mask: &Tensor) -> Result<Vec<usize>> {
+    let tokens = attention_mask.dim(D::Minus1)?;
+    let mask: Vec<f32> = attention_mask
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1()?;
+    Ok(mask
+        .chunks_exact(tokens)
+        .map(|row| {
+            row.iter()
+                .rposition(|&v| v != 0.0)
+                .map_or(tokens, |last| last + 1)
+        })
+        .collect())
 }
 
 /// dst (m×n, row stride `dst_rs`) = lhs (m×k) · rhs (k×n), each operand given as (data, row

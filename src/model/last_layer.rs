@@ -238,21 +238,15 @@ impl<'a> LastLayer<'a> {
     ) -> Result<f64> {
         let contexts = self.token_contexts(qk, inputs, attention_mask)?;
         let (n, t, d) = contexts.dims3()?;
-        let lengths: Vec<usize> = match attention_mask {
-            Some(m) => m
-                .to_dtype(DType::F32)?
-                .sum(D::Minus1)?
-                .to_vec1::<f32>()?
-                .into_iter()
-                .map(|l| l as usize)
-                .collect(),
+        let lengths = match attention_mask {
+            Some(m) => super::attend::unpadded_lengths(m)?,
             None => vec![t; n],
         };
         let values: Vec<f32> = contexts.flatten_all()?.to_vec1()?;
         let total: f64 = values
             .chunks_exact(t * d)
             .zip(&lengths)
-            // HF's text masks are a prefix of real tokens followed by padding.
+            // The trailing padding is cut (HF pads text on the right).
             .map(|(y, &len)| crate::diagnostics::rank_collapse_residual(&y[..len * d], len, d))
             .sum();
         Ok(total / n.max(1) as f64)

@@ -206,7 +206,7 @@ fn markdown(
          Train loss: mean batch loss of the last epoch, as the authors' `log_history[-4]`. \
          Max CLS attn: mean over samples and heads of the largest attention probability of the \
          selecting query (Fig. 9). QK eigen mean / var: of the real parts of the final query-key \
-         matrix's eigenvalues, mean over heads (PAPER.md §5; definitions in `src/diagnostics.rs`).\n"
+         matrix's eigenvalues, mean over heads (PAPER.md §5; definitions in `src/diagnostics/`).\n"
     )?;
     if !figures.is_empty() {
         writeln!(md, "## Figures\n")?;

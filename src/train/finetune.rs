@@ -740,14 +740,17 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
             (attention.num_heads, attention.head_dim)
         };
         let qk_scale = 1.0 / (head_dim as f64).sqrt();
+        // The query-key parameters by name, as the optimizer holds them.
+        let param = |opt: &AdamW, name: &str| -> Result<Tensor> {
+            Ok(opt
+                .param(name)
+                .with_context(|| format!("no parameter {name}"))?
+                .as_tensor()
+                .clone())
+        };
         let spectrum_of = |opt: &AdamW| -> Result<Spectrum> {
             let host = |name: &str| -> Result<Vec<f32>> {
-                Ok(opt
-                    .param(name)
-                    .with_context(|| format!("no parameter {name}"))?
-                    .as_tensor()
-                    .flatten_all()?
-                    .to_vec1::<f32>()?)
+                Ok(param(opt, name)?.flatten_all()?.to_vec1()?)
             };
             Ok(match options.mode {
                 Mode::LastLayer => {
@@ -774,11 +777,6 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
             })
         };
         let mut on_epoch = |m: &EpochMetrics, opt: &AdamW| -> Result<()> {
-            let mut m = m.clone();
-            if m.test_acc.is_some() {
-                m.qk_spectrum = Some(spectrum_of(opt)?);
-            }
-            let m = &m;
             progress.epoch(m);
             log.push(m.clone());
             if m.epoch.is_multiple_of(options.checkpoint_every.max(1)) || m.epoch == epochs {
@@ -797,19 +795,11 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
             Ok(())
         };
         // LocAteR on the same query-key matrix the spectrum reads, when asked for.
-        let penalty_of = |params: &[(String, Var)]| -> Result<Option<Box<Penalty<'static>>>> {
+        let penalty_of = |opt: &AdamW| -> Result<Option<Box<Penalty<'static>>>> {
             if options.locater == 0.0 {
                 return Ok(None);
             }
-            let find = |name: &str| -> Result<Tensor> {
-                Ok(params
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .with_context(|| format!("no parameter {name}"))?
-                    .1
-                    .as_tensor()
-                    .clone())
-            };
+            let find = |name: &str| param(opt, name);
             let lambda = options.locater;
             Ok(Some(match options.mode {
                 Mode::LastLayer => {
@@ -824,14 +814,15 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                 }
             }))
         };
-        // The same optimizer and loop whatever is trained; `rank_probe` (last layer only: the head
-        // has one query, no token outputs) measures rank collapse at the scored epochs.
+        // The same optimizer and loop whatever is trained. At the scored epochs the diagnostics
+        // join the metrics: the query-key spectrum, and rank collapse through `rank_probe` (last
+        // layer only: the head has one query, no token outputs).
         let mut train = |forward: &Forward,
                          params: Vec<(String, Var)>,
                          rank_probe: Option<&dyn Fn() -> Result<f64>>|
          -> Result<()> {
-            let penalty = penalty_of(&params)?;
             let mut opt = AdamW::new(params, config.optimizer.clone(), total_steps)?;
+            let penalty = penalty_of(&opt)?;
             if let Some(saved) = resumed.as_ref().filter(|s| s.state.epochs_done > 0) {
                 opt.restore(&saved.tensors, saved.state.optimizer_step)?;
             }
@@ -847,8 +838,9 @@ pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<Fi
                 penalty.as_deref(),
                 &mut |m: &EpochMetrics, opt: &AdamW| {
                     let mut m = m.clone();
-                    if let Some(probe) = rank_probe.filter(|_| m.test_acc.is_some()) {
-                        m.rank_collapse = Some(probe()?);
+                    if m.test_acc.is_some() {
+                        m.qk_spectrum = Some(spectrum_of(opt)?);
+                        m.rank_collapse = rank_probe.map(|probe| probe()).transpose()?;
                     }
                     on_epoch(&m, opt)
                 },
