@@ -101,6 +101,61 @@ pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Resul
     Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
+/// Serde through `Display` / `FromStr`: enums with a canonical spelling (dataset names, noise
+/// models) are written the way users type them on the command line.
+pub mod as_string {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    pub fn serialize<T: Display, S: serde::Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(value)
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: serde::Deserializer<'de>,
+    {
+        let text = <String as serde::Deserialize>::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A JSON value as (dotted path, leaf) pairs in document order: `{"a": {"b": 1}}` gives
+/// `("a.b", 1)`. Arrays are leaves. What results.csv's columns and a checkpoint's identity check
+/// read, so that a new field of a run's description is a new column without further code.
+pub fn flatten_json(value: &serde_json::Value) -> Vec<(String, serde_json::Value)> {
+    fn walk(prefix: &str, value: &serde_json::Value, out: &mut Vec<(String, serde_json::Value)>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, child) in map {
+                    let path = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    walk(&path, child, out);
+                }
+            }
+            leaf => out.push((prefix.to_string(), leaf.clone())),
+        }
+    }
+    let mut out = Vec::new();
+    walk("", value, &mut out);
+    out
+}
+
+/// A short hex digest of a value's JSON: names and keys that change whenever the value does.
+pub fn json_digest(value: &impl Serialize) -> Result<String> {
+    use sha2::Digest;
+    let json = serde_json::to_vec(value).context("serialising a key")?;
+    Ok(sha2::Sha256::digest(&json)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,10 @@ use candle_core::Device;
 mod common;
 
 fn tiny_vit(dir: &Path) -> Backbone {
+    tiny_vit_with(dir, common::fixtures().join("tiny_vit").join("config.json"))
+}
+
+fn tiny_vit_with(dir: &Path, config: PathBuf) -> Backbone {
     let fixture = common::fixtures().join("tiny_vit");
     let preprocessor = dir.join("preprocessor_config.json");
     std::fs::write(
@@ -21,7 +25,7 @@ fn tiny_vit(dir: &Path) -> Backbone {
     .unwrap();
     let files = BackboneFiles {
         id: "fixture/tiny-vit".into(),
-        config: fixture.join("config.json"),
+        config,
         weights: fixture.join("model.safetensors"),
         preprocessor: Some(preprocessor),
         tokenizer: None,
@@ -72,7 +76,7 @@ fn shard_files(root: &Path) -> Vec<PathBuf> {
 fn second_request_does_no_backbone_work_and_subsets_come_from_the_cache() {
     let dir = tempfile::tempdir().unwrap();
     let backbone = tiny_vit(dir.path());
-    let cache = FeatureCache::new(dir.path().join("cache"));
+    let cache = FeatureCache::open(dir.path().join("cache")).unwrap();
     let data = images();
     let all: Vec<usize> = (0..12).collect();
     let (first, stats) = cache
@@ -145,7 +149,7 @@ fn a_corrupt_shard_is_rebuilt_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
     let backbone = tiny_vit(dir.path());
     let root = dir.path().join("cache");
-    let cache = FeatureCache::new(root.clone());
+    let cache = FeatureCache::open(root.clone()).unwrap();
     let data = images();
     let all: Vec<usize> = (0..12).collect();
     let (first, _) = cache
@@ -196,7 +200,7 @@ fn leftovers_of_a_killed_extraction_are_not_trusted() {
     let dir = tempfile::tempdir().unwrap();
     let backbone = tiny_vit(dir.path());
     let root = dir.path().join("cache");
-    let cache = FeatureCache::new(root.clone());
+    let cache = FeatureCache::open(root.clone()).unwrap();
     let data = images();
     let all: Vec<usize> = (0..12).collect();
     cache
@@ -242,6 +246,10 @@ fn leftovers_of_a_killed_extraction_are_not_trusted() {
         .unwrap();
     assert_eq!(stats.computed, 12);
     assert_eq!(backbone.forward_batches(), before + 1);
+    assert!(
+        !folder.join(".tmp-abc.safetensors").exists(),
+        "the killed writer's temporary file was swept"
+    );
 }
 
 #[test]
@@ -249,7 +257,7 @@ fn features_of_another_backbone_in_its_folder_are_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let backbone = tiny_vit(dir.path());
     let root = dir.path().join("cache");
-    let cache = FeatureCache::new(root.clone());
+    let cache = FeatureCache::open(root.clone()).unwrap();
     let data = images();
     let request = |b: &Backbone| {
         cache.features(
@@ -284,4 +292,148 @@ fn features_of_another_backbone_in_its_folder_are_an_error() {
     assert!(err.contains("cached features of another backbone"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert_eq!(other.forward_batches(), 0);
+}
+
+fn request(
+    cache: &FeatureCache,
+    backbone: &Backbone,
+    split: &str,
+    data: &Split,
+) -> (benign_attention::encoder::cache::Features, benign_attention::encoder::cache::CacheStats) {
+    let all: Vec<usize> = (0..data.len()).collect();
+    cache
+        .features(backbone, "toy", split, data, &all, Contents::Full, 12, &mut |_| {})
+        .unwrap()
+}
+
+#[test]
+fn a_sample_whose_bytes_changed_is_recomputed_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let backbone = tiny_vit(dir.path());
+    let cache = FeatureCache::open(dir.path().join("cache")).unwrap();
+    let data = images();
+    let (before, _) = request(&cache, &backbone, "test", &data);
+    // The data file replaced: sample 3 has other pixels under the same release index.
+    let mut replaced = data.clone();
+    if let Inputs::Images(set) = &mut replaced.inputs {
+        let len = set.image_len();
+        set.pixels[3 * len..4 * len].iter_mut().for_each(|p| *p = 255 - *p);
+    }
+    let (after, stats) = request(&cache, &backbone, "test", &replaced);
+    assert_eq!(stats.computed, 1);
+    let (b, a) = (
+        before.cls.to_vec2::<f32>().unwrap(),
+        after.cls.to_vec2::<f32>().unwrap(),
+    );
+    assert_ne!(b[3], a[3]);
+    assert_eq!(b[0], a[0]);
+}
+
+#[test]
+fn another_config_json_is_another_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = images();
+    let cache = FeatureCache::open(dir.path().join("cache")).unwrap();
+    let fixture = common::fixtures().join("tiny_vit").join("config.json");
+    request(&cache, &tiny_vit(dir.path()), "test", &data);
+    // Fewer layers read from the same weights: other features.
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&fixture).unwrap()).unwrap();
+    let layers = config["num_hidden_layers"].as_u64().unwrap();
+    assert!(layers > 1);
+    config["num_hidden_layers"] = (layers - 1).into();
+    let edited = dir.path().join("config.json");
+    std::fs::write(&edited, config.to_string()).unwrap();
+    let (_, stats) = request(&cache, &tiny_vit_with(dir.path(), edited), "test", &data);
+    assert_eq!(stats.computed, 12);
+}
+
+/// Every file of a shard folder, found by its extension.
+fn shard_of(root: &Path, extension: &str) -> PathBuf {
+    shard_files(root)
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == extension))
+        .unwrap()
+}
+
+#[test]
+fn a_shard_with_non_finite_values_is_rebuilt_even_with_a_matching_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let backbone = tiny_vit(dir.path());
+    let root = dir.path().join("cache");
+    let cache = FeatureCache::open(root.clone()).unwrap();
+    let data = images();
+    request(&cache, &backbone, "test", &data);
+    let (tensors_path, sidecar_path) = (shard_of(&root, "safetensors"), shard_of(&root, "json"));
+    let mut tensors = candle_core::safetensors::load(&tensors_path, &Device::Cpu).unwrap();
+    let cls = tensors["cls"].clone();
+    let poisoned = (cls.clone() * f64::NAN).unwrap();
+    tensors.insert("cls".into(), poisoned);
+    candle_core::safetensors::save(&tensors, &tensors_path).unwrap();
+    // The sidecar re-sealed to the poisoned file, as a consistent but wrong writer would.
+    let digest = {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(std::fs::read(&tensors_path).unwrap());
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let mut sidecar: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&sidecar_path).unwrap()).unwrap();
+    sidecar["tensors_sha256"] = digest.into();
+    std::fs::write(&sidecar_path, sidecar.to_string()).unwrap();
+    let (features, stats) = request(&cache, &backbone, "test", &data);
+    assert_eq!(stats.computed, 12, "{:?}", stats.warnings);
+    assert!(stats.warnings[0].contains("non-finite"), "{:?}", stats.warnings);
+    assert_eq!(
+        features.cls.to_vec2::<f32>().unwrap(),
+        cls.to_vec2::<f32>().unwrap()
+    );
+}
+
+#[test]
+fn rows_of_another_split_are_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let backbone = tiny_vit(dir.path());
+    let root = dir.path().join("cache");
+    let cache = FeatureCache::open(root.clone()).unwrap();
+    let data = images();
+    request(&cache, &backbone, "train", &data);
+    // The train folder's shard copied into the test folder under its own name.
+    let (tensors, sidecar) = (shard_of(&root, "safetensors"), shard_of(&root, "json"));
+    let test_dir = tensors.parent().unwrap().with_file_name("test");
+    std::fs::create_dir_all(&test_dir).unwrap();
+    for file in [&tensors, &sidecar] {
+        std::fs::copy(file, test_dir.join(file.file_name().unwrap())).unwrap();
+    }
+    let (_, stats) = request(&cache, &backbone, "test", &data);
+    assert_eq!(stats.computed, 12);
+}
+
+#[test]
+fn concurrent_writers_compute_each_sample_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let backbone = tiny_vit(dir.path());
+    let root = dir.path().join("cache");
+    let data = images();
+    let computed: usize = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    // Each worker opens the cache on its own, as two processes would.
+                    let cache = FeatureCache::open(root.clone()).unwrap();
+                    request(&cache, &backbone, "test", &data).1.computed
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    assert_eq!(computed, 12);
+}
+
+#[test]
+fn an_unwritable_cache_is_refused_when_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let err = FeatureCache::open(file.join("cache")).err().unwrap().to_string();
+    assert!(err.contains("cannot be written"), "{err}");
 }

@@ -54,26 +54,32 @@ fn both_modes_run_and_write_summary_and_metrics() {
             serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
                 .unwrap();
         for key in [
-            "dataset",
-            "backbone",
-            "mode",
-            "eta",
-            "n",
-            "seed",
+            "config.dataset",
+            "config.mode",
+            "config.eta",
+            "config.n",
+            "config.seed",
+            "resolved.backbone",
             "baseline_test_acc",
-            "train_loss",
-            "train_acc",
-            "memorization",
-            "clean_train_acc",
-            "test_acc",
-            "test_loss",
-            "max_cls_attention",
+            "final.train_loss",
+            "final.train_acc",
+            "final.memorization",
+            "final.clean_train_acc",
+            "final.test_acc",
+            "final.test_loss",
+            "final.max_cls_attention",
             "deviations",
         ] {
-            assert!(summary.get(key).is_some(), "{mode}: summary lacks {key}");
+            let value = key.split('.').fold(&summary, |v, k| &v[k]);
+            assert!(!value.is_null(), "{mode}: summary lacks {key}");
         }
-        assert_eq!(summary["mode"], mode);
-        assert_eq!(summary["n"], 30);
+        assert_eq!(summary["config"]["mode"], mode);
+        assert_eq!(summary["config"]["n"], 30);
+        // config.json beside it is the configuration the summary reports.
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out_dir.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(config, summary["config"]);
         // The paper's bert-base-uncased has no weights offline: the fallback is recorded.
         assert!(
             summary["deviations"][0]
@@ -139,6 +145,29 @@ fn bad_input_is_one_line_and_exit_2() {
         (
             &["--dataset", "trec", "--eta", "0.2", "--device", "cuda"],
             "--features cuda",
+        ),
+        // Empty selections, refused by the flag that made them.
+        (
+            &["--dataset", "trec", "--eta", "0.2", "--pretrain-n", "0"],
+            "--pretrain-n",
+        ),
+        (
+            &["--dataset", "trec", "--eta", "0.2", "--test-n", "0"],
+            "--test-n",
+        ),
+        // An unwritable cache is reported before any backbone is looked for.
+        (
+            &[
+                "--dataset",
+                "trec",
+                "--eta",
+                "0.2",
+                "--backbone",
+                "org/nothing-here",
+                "--cache-dir",
+                "/dev/null/cache",
+            ],
+            "cannot be written",
         ),
     ];
     let out_dir = dir.path().join("out");

@@ -10,7 +10,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use md5::Md5;
 use sha2::{Digest, Sha256};
 
-use super::catalog::{Manifest, ManifestFile, check_file};
+use super::catalog::{DatasetName, Manifest, ManifestFile, check_file};
+use super::Dataset;
 
 /// What a fetch did, file by file.
 #[derive(Debug, Default)]
@@ -84,6 +85,25 @@ fn by_hand(manifest: &Manifest, dir: &Path) -> String {
 
 /// Downloads every missing or wrong file of `manifest` into `root/<folder>`. A failed fetch
 /// leaves no temporary file, and no folder it created.
+/// [`super::load`], fetching the dataset first when its folder is absent (checksummed, as
+/// `data fetch` does), the way `load_dataset` users expect; without a network the load's own
+/// error stays, with the download's reason beside it.
+pub fn load_or_fetch(name: &DatasetName, root: &Path) -> Result<Dataset> {
+    let absent = !super::catalog::dataset_dir(name, root).is_dir();
+    let manifest = name.manifest();
+    if let (true, Some(manifest)) = (absent, manifest) {
+        eprintln!(
+            "{name}: no copy under {}; downloading the official files",
+            root.display()
+        );
+        if let Err(download) = fetch(&manifest, root) {
+            let missing = super::load(name, root).err().map_or(String::new(), |e| format!("{e}; "));
+            bail!("{missing}the download failed too: {download:#}");
+        }
+    }
+    Ok(super::load(name, root)?)
+}
+
 pub fn fetch(manifest: &Manifest, root: &Path) -> Result<FetchReport> {
     let dir = root.join(&manifest.folder);
     let created = !dir.exists();

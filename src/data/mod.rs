@@ -53,6 +53,26 @@ pub enum Inputs {
 }
 
 impl Inputs {
+    /// A digest of sample `i`'s raw bytes (pixels with their shape, or the text): what the
+    /// feature cache checks a stored sample against, so that replaced files are not served.
+    pub fn sample_digest(&self, i: usize) -> String {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        match self {
+            Inputs::Images(set) => {
+                for dim in [set.channels, set.height, set.width] {
+                    hasher.update((dim as u64).to_le_bytes());
+                }
+                hasher.update(set.image(i));
+            }
+            Inputs::Texts(texts) => hasher.update(texts[i].as_bytes()),
+        }
+        hasher.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Inputs::Images(set) => set.count,

@@ -21,11 +21,18 @@ use serde::{Deserialize, Serialize};
 /// Eigen-statistics of one query-key matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Spectrum {
+    // JSON writes NaN (a non-finite matrix) as null.
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub mean_real: f64,
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub var_real: f64,
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub mean_abs: f64,
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub var_abs: f64,
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub sym_mean: f64,
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub sym_var: f64,
 }
 
@@ -117,6 +124,10 @@ fn from_eigenvalues(eigen: &[nalgebra::Complex<f64>], traces: &Traces) -> Spectr
 pub fn spectrum(matrix: &DMatrix<f64>) -> Spectrum {
     let dim = matrix.nrows();
     assert_eq!(dim, matrix.ncols(), "a square matrix");
+    // The eigenvalue iteration does not terminate on NaN or infinite entries.
+    if !matrix.iter().all(|v| v.is_finite()) {
+        return Spectrum::undefined();
+    }
     let eigen: Vec<_> = matrix.complex_eigenvalues().iter().copied().collect();
     let traces = Traces {
         dim,
@@ -141,6 +152,9 @@ pub fn head_spectrum(
         DMatrix::from_row_iterator(head_dim, dim, rows.iter().map(|&v| f64::from(v)))
     };
     let (wq, wk) = (as_matrix(query_rows), as_matrix(key_rows));
+    if !wq.iter().chain(wk.iter()).all(|v| v.is_finite()) {
+        return Spectrum::undefined();
+    }
     let small = (&wk * wq.transpose()) * scale; // d_h × d_h
     let eigen: Vec<_> = small.complex_eigenvalues().iter().copied().collect();
     // tr W = tr(W_k W_qᵀ)·scale and tr W² = tr (W_k W_qᵀ)²·scale², both in `small`;
@@ -152,6 +166,20 @@ pub fn head_spectrum(
         frobenius2: ((&wq * wq.transpose()) * (&wk * wk.transpose())).trace() * scale * scale,
     };
     from_eigenvalues(&eigen, &traces)
+}
+
+impl Spectrum {
+    /// Every statistic NaN: the spectrum of a matrix with non-finite entries.
+    pub fn undefined() -> Self {
+        Self {
+            mean_real: f64::NAN,
+            var_real: f64::NAN,
+            mean_abs: f64::NAN,
+            var_abs: f64::NAN,
+            sym_mean: f64::NAN,
+            sym_var: f64::NAN,
+        }
+    }
 }
 
 /// Mean over heads of each statistic.

@@ -46,6 +46,8 @@ impl Default for TextOptions {
 pub struct Backbone {
     pub files: BackboneFiles,
     pub weights_sha256: String,
+    /// sha256 of config.json: the architecture the weights are read into (part of the cache key).
+    pub config_sha256: String,
     pub model: Model,
     pub preprocessing: Preprocessing,
     pub device: Device,
@@ -129,6 +131,7 @@ impl Backbone {
             ),
         };
         Ok(Self {
+            config_sha256: crate::data::files::sha256_hex(config_text.as_bytes()),
             files,
             weights_sha256,
             model,

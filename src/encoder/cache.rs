@@ -1,14 +1,19 @@
 //! Feature cache: each image or sentence goes through a frozen backbone once per backbone,
-//! whatever split, seed or grid later asks for it.
+//! whatever split, seed or grid later asks for it, and a cached feature is only served for the
+//! very sample, network and preprocessing it was computed from.
 //!
-//! Layout: `<root>/<backbone>-<weights sha256[..12]>/<preprocessing hash>/<dataset>/<split>/`
-//! holds shards, each a safetensors file of features for a set of samples and a JSON sidecar with
-//! its full key (backbone id + weights sha256, preprocessing, dataset, split, the samples' release
-//! indices, contents). Samples are identified by their release index, so a cache stays valid
-//! when more of a partial dataset arrives. A shard is trusted only when its sidecar names it and
-//! its tensors have the promised shapes; both files are written to temporary names and renamed,
-//! the sidecar last, so a killed extraction leaves nothing a later run would trust. A shard that
-//! fails to load is deleted and its samples recomputed, with a warning.
+//! Layout: `<root>/<backbone>-<weights sha256[..12]>/<hash of preprocessing and config.json>/
+//! <dataset>/<split>/` holds shards: a safetensors file of features for a set of samples and a
+//! JSON sidecar with its key (backbone id, weights and config.json sha256, preprocessing, dataset,
+//! split, contents, and per sample its release index and a digest of its raw bytes) and the
+//! sha256 of the safetensors file. A sample is served from a shard only when both its release
+//! index and its bytes' digest match, so a replaced data file is recomputed, not reused; a shard is
+//! read only when its file matches the recorded sha256 and every value is finite, else it is
+//! deleted and its samples recomputed, with a warning. Both files are written to temporary names
+//! and renamed, the sidecar last, so a killed extraction leaves nothing a later run would trust.
+//! Writers of one folder take an exclusive file lock (`.lock`), so concurrent processes (Slurm
+//! array tasks) compute each sample once and the lock holder may sweep temporary files that
+//! killed writers left.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -22,9 +27,11 @@ use crate::data::Split;
 use crate::data::files::sha256_hex;
 
 pub const CACHE_DIR_ENV: &str = "BENIGN_CACHE_DIR";
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
 /// Samples per shard written by one extraction.
 const SHARD_SAMPLES: usize = 1024;
+/// The lock file of a shard folder.
+const LOCK: &str = ".lock";
 
 /// What is stored per sample.
 #[derive(
@@ -62,22 +69,32 @@ pub struct CacheStats {
     pub warnings: Vec<String>,
 }
 
+/// Everything a shard's features depend on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct ShardKey {
     version: u32,
     backbone: String,
     weights_sha256: String,
+    config_sha256: String,
     preprocessing: String,
     dataset: String,
     split: String,
     contents: Contents,
     release_index: Vec<usize>,
+    /// `Inputs::sample_digest` of each sample, aligned with `release_index`.
+    sample_digest: Vec<String>,
+}
+
+/// A shard's sidecar: its key and the checksum of its tensors file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Sidecar {
+    key: ShardKey,
+    tensors_sha256: String,
 }
 
 impl ShardKey {
-    fn file_stem(&self) -> String {
-        let json = serde_json::to_vec(self).expect("keys serialise");
-        format!("shard-{}", &sha256_hex(&json)[..16])
+    fn file_stem(&self) -> Result<String> {
+        Ok(format!("shard-{}", &crate::io::json_digest(self)?[..16]))
     }
 }
 
@@ -110,20 +127,91 @@ fn slug(text: &str) -> String {
         .collect()
 }
 
+/// The exclusive lock of a shard folder, held while samples are computed and written.
+struct FolderLock(std::fs::File);
+
+impl FolderLock {
+    /// Blocks until no other process writes into `dir`.
+    fn acquire(dir: &Path) -> Result<Self> {
+        let file = Self::file(dir)?;
+        file.lock()
+            .with_context(|| format!("{}: cannot lock the cache folder", dir.display()))?;
+        Ok(Self(file))
+    }
+
+    /// The lock if no other process holds it.
+    fn try_acquire(dir: &Path) -> Result<Option<Self>> {
+        let file = Self::file(dir)?;
+        Ok(file.try_lock().ok().map(|()| Self(file)))
+    }
+
+    fn file(dir: &Path) -> Result<std::fs::File> {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(LOCK))
+            .with_context(|| format!("{}: cannot open the cache lock", dir.display()))
+    }
+
+    /// Removes the temporary files of writers that were killed: whoever holds the lock is the
+    /// only writer, so every temporary file present is stale.
+    fn sweep(&self, dir: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(".tmp") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+impl Drop for FolderLock {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+    }
+}
+
 impl FeatureCache {
-    pub fn new(root: PathBuf) -> Self {
-        Self { root }
+    /// The cache under `root`, created if needed; an error now if it cannot be written, so that a
+    /// run does not find out after its backbone work.
+    pub fn open(root: PathBuf) -> Result<Self> {
+        let unwritable = |e: std::io::Error| {
+            anyhow::anyhow!(
+                "{}: the feature cache folder cannot be written ({e}); choose another --cache-dir or set {CACHE_DIR_ENV}",
+                root.display()
+            )
+        };
+        std::fs::create_dir_all(&root).map_err(unwritable)?;
+        tempfile::Builder::new()
+            .prefix(".tmp-probe-")
+            .tempfile_in(&root)
+            .map_err(unwritable)?;
+        Ok(Self { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     fn dir(&self, backbone: &Backbone, dataset: &str, split: &str) -> PathBuf {
-        let prep = sha256_hex(backbone.preprocessing_fingerprint().as_bytes());
+        let inputs = sha256_hex(
+            format!(
+                "{}\n{}",
+                backbone.preprocessing_fingerprint(),
+                backbone.config_sha256
+            )
+            .as_bytes(),
+        );
         self.root
             .join(format!(
                 "{}-{}",
                 slug(&backbone.files.id),
                 &backbone.weights_sha256[..12]
             ))
-            .join(&prep[..12])
+            .join(&inputs[..12])
             .join(slug(dataset))
             .join(split)
     }
@@ -142,22 +230,105 @@ impl FeatureCache {
         batch_size: usize,
         on_computed: &mut dyn FnMut(usize),
     ) -> Result<(Features, CacheStats)> {
+        if positions.is_empty() {
+            bail!("{dataset} {split}: no samples requested");
+        }
         let dir = self.dir(backbone, dataset, split);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("{}: cannot create the cache folder", dir.display()))?;
+        if let Some(lock) = FolderLock::try_acquire(&dir)? {
+            lock.sweep(&dir);
+        }
         let mut stats = CacheStats::default();
-        let key_of = |contents: Contents, release_index: Vec<usize>| ShardKey {
+        let key_of = |contents: Contents, positions: &[usize]| ShardKey {
             version: FORMAT_VERSION,
             backbone: backbone.files.id.clone(),
             weights_sha256: backbone.weights_sha256.clone(),
+            config_sha256: backbone.config_sha256.clone(),
             preprocessing: backbone.preprocessing_fingerprint(),
             dataset: dataset.to_string(),
             split: split.to_string(),
             contents,
-            release_index,
+            release_index: positions.iter().map(|&p| data.release_index[p]).collect(),
+            sample_digest: positions
+                .iter()
+                .map(|&p| data.inputs.sample_digest(p))
+                .collect(),
         };
+        // Each requested sample by what identifies its features: release index and bytes.
+        let wanted: Vec<(usize, String)> = positions
+            .iter()
+            .map(|&p| (data.release_index[p], data.inputs.sample_digest(p)))
+            .collect();
 
-        // Trusted shards that cover the request's contents, loaded; untrusted ones removed.
-        let mut shards: Vec<(ShardKey, HashMap<String, Tensor>)> = Vec::new();
-        for (key, tensors_path, sidecar) in read_sidecars(&dir) {
+        let mut store = ShardStore::default();
+        store.scan(&dir, backbone, &key_of, contents, &wanted, &mut stats)?;
+        let mut missing: Vec<usize> = positions
+            .iter()
+            .zip(&wanted)
+            .filter(|(_, id)| !store.location.contains_key(*id))
+            .map(|(&p, _)| p)
+            .collect();
+        if !missing.is_empty() {
+            // One writer per folder: wait for the others, then see what they wrote meanwhile.
+            let lock = FolderLock::acquire(&dir)?;
+            lock.sweep(&dir);
+            store.scan(&dir, backbone, &key_of, contents, &wanted, &mut stats)?;
+            missing.retain(|&p| {
+                let id = (data.release_index[p], data.inputs.sample_digest(p));
+                !store.location.contains_key(&id)
+            });
+            missing.sort_unstable_by_key(|&p| data.release_index[p]);
+            missing.dedup_by_key(|p| data.release_index[*p]);
+            // A shard per SHARD_SAMPLES, so an interrupted extraction keeps what it finished.
+            for part in missing.chunks(SHARD_SAMPLES) {
+                let mut encoded: Vec<Encoded> = Vec::new();
+                for chunk in part.chunks(batch_size.max(1)) {
+                    encoded.push(backbone.encode(&data.inputs, chunk)?);
+                    on_computed(chunk.len());
+                }
+                let key = key_of(contents, part);
+                let tensors = shard_tensors(&encoded, contents)?;
+                ensure_finite(&tensors, backbone, &key)?;
+                write_shard(&dir, &key, &tensors)?;
+                stats.computed += part.len();
+                store.add(key, tensors);
+            }
+        }
+        stats.from_cache = positions.len() - stats.computed.min(positions.len());
+        let features = store.gather(&wanted, contents)?;
+        Ok((features, stats))
+    }
+}
+
+/// The trusted shards a request reads, and where each requested sample is.
+#[derive(Default)]
+struct ShardStore {
+    shards: Vec<HashMap<String, Tensor>>,
+    /// (release index, sample digest) → (shard, row).
+    location: HashMap<(usize, String), (usize, usize)>,
+    /// Sidecars already read (by path), so a second scan only opens new shards.
+    seen: std::collections::HashSet<PathBuf>,
+}
+
+impl ShardStore {
+    /// Loads the shards of `dir` that hold requested samples; untrusted ones are removed.
+    fn scan(
+        &mut self,
+        dir: &Path,
+        backbone: &Backbone,
+        key_of: &dyn Fn(Contents, &[usize]) -> ShardKey,
+        contents: Contents,
+        wanted: &[(usize, String)],
+        stats: &mut CacheStats,
+    ) -> Result<()> {
+        let needed: std::collections::HashSet<&(usize, String)> = wanted.iter().collect();
+        let expected = key_of(contents, &[]);
+        for (sidecar_path, sidecar) in read_sidecars(dir) {
+            if !self.seen.insert(sidecar_path.clone()) {
+                continue;
+            }
+            let key = &sidecar.key;
             // Features of another network under this one's folder: a copied or renamed cache.
             // Recomputing beside them would hide the mix-up, so stop.
             if (&key.backbone, &key.weights_sha256)
@@ -165,75 +336,84 @@ impl FeatureCache {
             {
                 bail!(
                     "{}: cached features of another backbone ({} weights {}), not {} weights {}; delete that folder or choose another --cache-dir",
-                    sidecar.display(),
+                    sidecar_path.display(),
                     key.backbone,
                     &key.weights_sha256[..12.min(key.weights_sha256.len())],
                     backbone.files.id,
                     &backbone.weights_sha256[..12],
                 );
             }
-            let expected = key_of(key.contents, key.release_index.clone());
-            if key != expected || key.contents < contents {
+            let same_source = ShardKey {
+                contents: key.contents,
+                release_index: Vec::new(),
+                sample_digest: Vec::new(),
+                ..key.clone()
+            } == ShardKey {
+                contents: key.contents,
+                ..expected.clone()
+            };
+            let rows: Vec<(usize, (usize, String))> = key
+                .release_index
+                .iter()
+                .zip(&key.sample_digest)
+                .map(|(&r, d)| (r, d.clone()))
+                .enumerate()
+                .filter(|(_, id)| needed.contains(id) && !self.location.contains_key(id))
+                .collect();
+            if !same_source
+                || key.contents < contents
+                || key.release_index.len() != key.sample_digest.len()
+                || rows.is_empty()
+            {
                 continue;
             }
-            match load_shard(&tensors_path, &key, backbone.hidden_size()) {
-                Ok(tensors) => shards.push((key, tensors)),
+            let tensors_path = sidecar_path.with_extension("safetensors");
+            match load_shard(&tensors_path, &sidecar, backbone.hidden_size()) {
+                Ok(tensors) => {
+                    let s = self.shards.len();
+                    self.shards.push(tensors);
+                    for (row, id) in rows {
+                        self.location.insert(id, (s, row));
+                    }
+                }
                 Err(err) => {
                     stats.warnings.push(format!(
                         "{}: {err:#}; rebuilding its samples",
                         tensors_path.display()
                     ));
-                    let _ = std::fs::remove_file(&sidecar);
+                    let _ = std::fs::remove_file(&sidecar_path);
                     let _ = std::fs::remove_file(&tensors_path);
                 }
             }
         }
-        let mut location: HashMap<usize, (usize, usize)> = HashMap::new();
-        for (s, (key, _)) in shards.iter().enumerate() {
-            for (row, &r) in key.release_index.iter().enumerate() {
-                location.entry(r).or_insert((s, row));
-            }
-        }
+        Ok(())
+    }
 
-        // Compute what is missing, once per sample, and store it as a new shard.
-        let mut missing: Vec<usize> = positions
-            .iter()
-            .copied()
-            .filter(|&p| !location.contains_key(&data.release_index[p]))
-            .collect();
-        missing.sort_unstable_by_key(|&p| data.release_index[p]);
-        missing.dedup_by_key(|p| data.release_index[*p]);
-        // A shard per SHARD_SAMPLES, so an interrupted extraction keeps what it finished.
-        for part in missing.chunks(SHARD_SAMPLES) {
-            let mut encoded: Vec<Encoded> = Vec::new();
-            for chunk in part.chunks(batch_size.max(1)) {
-                encoded.push(backbone.encode(&data.inputs, chunk)?);
-                on_computed(chunk.len());
-            }
-            let key = key_of(
-                contents,
-                part.iter().map(|&p| data.release_index[p]).collect(),
-            );
-            let tensors = shard_tensors(&encoded, contents)?;
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("{}: cannot create the cache folder", dir.display()))?;
-            write_shard(&dir, &key, &tensors)?;
-            stats.computed += part.len();
-            let s = shards.len();
-            for (row, &r) in key.release_index.iter().enumerate() {
-                location.insert(r, (s, row));
-            }
-            shards.push((key, tensors));
+    fn add(&mut self, key: ShardKey, tensors: HashMap<String, Tensor>) {
+        let s = self.shards.len();
+        for (row, id) in key
+            .release_index
+            .into_iter()
+            .zip(key.sample_digest)
+            .enumerate()
+        {
+            self.location.insert(id, (s, row));
         }
-        stats.from_cache = positions.len() - stats.computed.min(positions.len());
+        self.shards.push(tensors);
+    }
 
-        // Gather rows in request order: one index_select per shard, then one to restore order.
+    /// The requested rows in request order: one index_select per shard, then one to restore
+    /// the order.
+    fn gather(&self, wanted: &[(usize, String)], contents: Contents) -> Result<Features> {
         let mut by_shard: BTreeMap<usize, Vec<(usize, u32)>> = BTreeMap::new();
-        for (k, &p) in positions.iter().enumerate() {
-            let (s, row) = location[&data.release_index[p]];
+        for (k, id) in wanted.iter().enumerate() {
+            let &(s, row) = self
+                .location
+                .get(id)
+                .context("a requested sample is in no shard")?;
             by_shard.entry(s).or_default().push((k, row as u32));
         }
-        let mut restore = vec![0u32; positions.len()];
+        let mut restore = vec![0u32; wanted.len()];
         let mut next = 0u32;
         for rows in by_shard.values() {
             for &(k, _) in rows {
@@ -243,7 +423,7 @@ impl FeatureCache {
         }
         let restore = Tensor::new(restore, &Device::Cpu)?;
         let gather = |name: &str| -> Result<Option<Tensor>> {
-            if !by_shard.keys().all(|&s| shards[s].1.contains_key(name)) {
+            if !by_shard.keys().all(|&s| self.shards[s].contains_key(name)) {
                 return Ok(None);
             }
             let pieces: Vec<Tensor> = by_shard
@@ -253,14 +433,14 @@ impl FeatureCache {
                         rows.iter().map(|&(_, r)| r).collect::<Vec<u32>>(),
                         &Device::Cpu,
                     )?;
-                    shards[s].1[name].index_select(&idx, 0)
+                    self.shards[s][name].index_select(&idx, 0)
                 })
                 .collect::<candle_core::Result<_>>()?;
             Ok(Some(Tensor::cat(&pieces, 0)?.index_select(&restore, 0)?))
         };
         let wants_full = contents == Contents::Full;
-        let features = Features {
-            release_index: positions.iter().map(|&p| data.release_index[p]).collect(),
+        Ok(Features {
+            release_index: wanted.iter().map(|(r, _)| *r).collect(),
             cls: gather("cls")?.context("cache shards lack the cls feature")?,
             pooled: gather("pooled")?,
             mean: gather("mean")?.context("cache shards lack the mean feature")?,
@@ -274,17 +454,16 @@ impl FeatureCache {
             } else {
                 None
             },
-        };
-        Ok((features, stats))
+        })
     }
 }
 
-/// Every `shard-*.json` in `dir` that parses: (key, tensors path, sidecar path).
-fn read_sidecars(dir: &Path) -> Vec<(ShardKey, PathBuf, PathBuf)> {
+/// Every `shard-*.json` in `dir` that parses and names its own file: (sidecar path, sidecar).
+fn read_sidecars(dir: &Path) -> Vec<(PathBuf, Sidecar)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
-    let mut found: BTreeMap<PathBuf, (ShardKey, PathBuf)> = BTreeMap::new();
+    let mut found: BTreeMap<PathBuf, Sidecar> = BTreeMap::new();
     for entry in entries.flatten() {
         let path = entry.path();
         let name = path
@@ -294,27 +473,36 @@ fn read_sidecars(dir: &Path) -> Vec<(ShardKey, PathBuf, PathBuf)> {
         if !(name.starts_with("shard-") && name.ends_with(".json")) {
             continue;
         }
-        let Some(key) = std::fs::read(&path)
+        let Some(sidecar) = std::fs::read(&path)
             .ok()
-            .and_then(|b| serde_json::from_slice::<ShardKey>(&b).ok())
+            .and_then(|b| serde_json::from_slice::<Sidecar>(&b).ok())
         else {
             continue;
         };
         // A sidecar only vouches for the shard its key names.
-        if Some(key.file_stem().as_str()) != path.file_stem().and_then(|s| s.to_str()) {
+        let stem = sidecar.key.file_stem().ok();
+        if stem.as_deref() != path.file_stem().and_then(|s| s.to_str()) {
             continue;
         }
-        let tensors = path.with_extension("safetensors");
-        found.insert(path, (key, tensors));
+        found.insert(path, sidecar);
     }
-    found
-        .into_iter()
-        .map(|(sidecar, (key, tensors))| (key, tensors, sidecar))
-        .collect()
+    found.into_iter().collect()
 }
 
-fn load_shard(path: &Path, key: &ShardKey, hidden: usize) -> Result<HashMap<String, Tensor>> {
-    let tensors = candle_core::safetensors::load(path, &Device::Cpu).context("unreadable")?;
+/// The tensors of a shard, checked against its sidecar: the file's sha256, the shapes, and
+/// finite values.
+fn load_shard(path: &Path, sidecar: &Sidecar, hidden: usize) -> Result<HashMap<String, Tensor>> {
+    let bytes = std::fs::read(path).context("unreadable")?;
+    let sha = sha256_hex(&bytes);
+    if sha != sidecar.tensors_sha256 {
+        bail!(
+            "sha256 {} differs from the {} its sidecar recorded",
+            &sha[..12],
+            &sidecar.tensors_sha256[..12.min(sidecar.tensors_sha256.len())]
+        );
+    }
+    let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).context("unreadable")?;
+    let key = &sidecar.key;
     let n = key.release_index.len();
     for name in ["cls", "mean"] {
         let t = tensors
@@ -332,13 +520,50 @@ fn load_shard(path: &Path, key: &ShardKey, hidden: usize) -> Result<HashMap<Stri
             bail!("layer_inputs has shape {:?} for {n} samples", inputs.dims());
         }
     }
+    if let Some(name) = first_non_finite(&tensors)? {
+        bail!("{name} holds non-finite values");
+    }
     Ok(tensors)
+}
+
+/// The name of the first float tensor holding a NaN or an infinity.
+fn first_non_finite(tensors: &HashMap<String, Tensor>) -> Result<Option<String>> {
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    for name in names {
+        let t = &tensors[name];
+        if t.dtype() != DType::F32 {
+            continue;
+        }
+        let values: Vec<f32> = t.flatten_all()?.to_vec1()?;
+        if values.iter().any(|v| !v.is_finite()) {
+            return Ok(Some(name.clone()));
+        }
+    }
+    Ok(None)
+}
+
+/// Extraction stops at the first non-finite feature, naming the backbone and the samples: a
+/// broken checkpoint or preprocessing must not reach the cache.
+fn ensure_finite(tensors: &HashMap<String, Tensor>, backbone: &Backbone, key: &ShardKey) -> Result<()> {
+    if let Some(name) = first_non_finite(tensors)? {
+        let shown: Vec<String> = key.release_index.iter().take(5).map(usize::to_string).collect();
+        bail!(
+            "{}: non-finite {name} features for {} {} samples (release indices {}{}); check its config.json and preprocessor config",
+            backbone.files.id,
+            key.dataset,
+            key.split,
+            shown.join(", "),
+            if key.release_index.len() > 5 { ", …" } else { "" }
+        );
+    }
+    Ok(())
 }
 
 fn shard_tensors(parts: &[Encoded], contents: Contents) -> Result<HashMap<String, Tensor>> {
     let cat = |pick: &dyn Fn(&Encoded) -> Option<&Tensor>| -> Result<Option<Tensor>> {
         let pieces: Vec<&Tensor> = parts.iter().filter_map(pick).collect();
-        if pieces.len() != parts.len() {
+        if pieces.is_empty() || pieces.len() != parts.len() {
             return Ok(None);
         }
         Ok(Some(
@@ -351,12 +576,12 @@ fn shard_tensors(parts: &[Encoded], contents: Contents) -> Result<HashMap<String
     tensors.insert(
         "cls".to_string(),
         cat(&|e| Some(&e.cls))?
-            .expect("every batch has cls")
+            .context("no batch was encoded")?
             .to_dtype(DType::F32)?,
     );
     tensors.insert(
         "mean".to_string(),
-        cat(&|e| Some(&e.mean))?.expect("every batch has the mean"),
+        cat(&|e| Some(&e.mean))?.context("no batch was encoded")?,
     );
     if let Some(pooled) = cat(&|e| e.pooled.as_ref())? {
         tensors.insert("pooled".into(), pooled);
@@ -364,7 +589,7 @@ fn shard_tensors(parts: &[Encoded], contents: Contents) -> Result<HashMap<String
     if contents == Contents::Full {
         tensors.insert(
             "layer_inputs".into(),
-            cat(&|e| Some(&e.layer_inputs))?.expect("every batch has layer inputs"),
+            cat(&|e| Some(&e.layer_inputs))?.context("no batch was encoded")?,
         );
         if let Some(mask) = cat(&|e| e.attention_mask.as_ref())? {
             tensors.insert("attention_mask".into(), mask);
@@ -375,7 +600,7 @@ fn shard_tensors(parts: &[Encoded], contents: Contents) -> Result<HashMap<String
 
 /// Tensors first, then the sidecar that vouches for them; each to a temporary name, then renamed.
 fn write_shard(dir: &Path, key: &ShardKey, tensors: &HashMap<String, Tensor>) -> Result<()> {
-    let stem = key.file_stem();
+    let stem = key.file_stem()?;
     let target = dir.join(format!("{stem}.safetensors"));
     let tmp = tempfile::Builder::new()
         .prefix(".tmp-")
@@ -383,7 +608,14 @@ fn write_shard(dir: &Path, key: &ShardKey, tensors: &HashMap<String, Tensor>) ->
         .tempfile_in(dir)?;
     candle_core::safetensors::save(tensors, tmp.path())
         .with_context(|| format!("{}: cannot write", target.display()))?;
+    let tensors_sha256 = sha256_hex(
+        &std::fs::read(tmp.path()).with_context(|| format!("{}: cannot read back", target.display()))?,
+    );
     tmp.persist(&target)
         .with_context(|| format!("{}: cannot move into place", target.display()))?;
-    crate::io::write_json(&dir.join(format!("{stem}.json")), key)
+    let sidecar = Sidecar {
+        key: key.clone(),
+        tensors_sha256,
+    };
+    crate::io::write_json(&dir.join(format!("{stem}.json")), &sidecar)
 }

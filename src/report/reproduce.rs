@@ -12,8 +12,8 @@ use super::paper;
 use super::plot::{
     LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, line_panels, scatter_panels,
 };
-use super::results::{Cell, ResultRow, Stat, aggregate};
-use crate::io::{ensure_dir, write_atomic, write_csv};
+use super::results::{Cell, ResultRow, Stat, aggregate, write_csv};
+use crate::io::{ensure_dir, write_atomic};
 use crate::train::phases::EpochMetrics;
 
 pub const FIG8: &str = "fig8_noise_sweep.png";
@@ -116,10 +116,10 @@ fn markdown(
         seen
     });
     for r in rows {
-        let rank = order.iter().position(|d| *d == r.dataset).unwrap_or(0);
+        let rank = order.iter().position(|d| *d == r.dataset()).unwrap_or(0);
         by_dataset
             .entry(rank)
-            .or_insert_with(|| (r.dataset.clone(), Vec::new()))
+            .or_insert_with(|| (r.dataset(), Vec::new()))
             .1
             .push(r);
     }
@@ -127,13 +127,13 @@ fn markdown(
         writeln!(
             md,
             "| {dataset} | {} | {} | {} | {} | {} / {} | {} |",
-            distinct(runs, |r| r.backbone.clone()),
-            distinct(runs, |r| r.mode.clone()),
-            distinct(runs, |r| r.pretrain_n),
-            distinct(runs, |r| r.test_n),
-            distinct(runs, |r| r.pretrain_epochs),
-            distinct(runs, |r| r.epochs),
-            distinct(runs, |r| r.seed),
+            distinct(runs, |r| r.resolved.backbone.clone()),
+            distinct(runs, |r| r.mode()),
+            distinct(runs, |r| r.resolved.pretrain_n),
+            distinct(runs, |r| r.resolved.test_n),
+            distinct(runs, |r| r.config.pretrain_epochs),
+            distinct(runs, |r| r.config.epochs),
+            distinct(runs, |r| r.config.seed),
         )?;
     }
     writeln!(
@@ -144,10 +144,10 @@ fn markdown(
     )?;
     let mut deviations: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in rows {
-        for d in r.deviations.split(" | ").filter(|d| !d.is_empty()) {
+        for d in r.deviations.iter().filter(|d| !d.is_empty()) {
             let datasets = deviations.entry(d.to_string()).or_default();
-            if !datasets.contains(&r.dataset) {
-                datasets.push(r.dataset.clone());
+            if !datasets.contains(&r.dataset()) {
+                datasets.push(r.dataset());
             }
         }
     }
@@ -284,9 +284,12 @@ fn attention_curves(path: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<bool> 
     let fig9 = paper::fig9()?;
     let mut chosen: Vec<&(ResultRow, PathBuf)> = Vec::new();
     for run in runs {
-        match chosen.iter_mut().find(|c| c.0.dataset == run.0.dataset) {
+        match chosen.iter_mut().find(|c| c.0.dataset() == run.0.dataset()) {
             Some(current) => {
-                let rank = |r: &ResultRow| (r.n != 200, (r.eta - 0.1).abs() > 1e-9, r.seed);
+                let rank = |r: &ResultRow| {
+                    let c = &r.config;
+                    (c.n != 200, (c.eta - 0.1).abs() > 1e-9, c.seed)
+                };
                 if rank(&run.0) < rank(&current.0) {
                     *current = run;
                 }
@@ -305,7 +308,10 @@ fn attention_curves(path: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<bool> 
         series.push(Series {
             label: Some(format!(
                 "{} (n {}, η {}, seed {})",
-                row.dataset, row.n, row.eta, row.seed
+                row.dataset(),
+                row.config.n,
+                row.config.eta,
+                row.config.seed
             )),
             color,
             width: 2,
@@ -314,7 +320,7 @@ fn attention_curves(path: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<bool> 
                 .map(|m| (m.epoch as f64, m.max_cls_attention))
                 .collect(),
         });
-        if let Some(end) = fig9.end(&row.dataset) {
+        if let Some(end) = fig9.end(&row.dataset()) {
             // The paper's end value as a short dashed mark at the right edge.
             let dashes = (0..6)
                 .map(|j| {
@@ -350,15 +356,16 @@ fn attention_curves(path: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<bool> 
 /// Memorization against test accuracy of every run with flipped labels, by dataset.
 fn memorization_scatter(path: &Path, rows: &[ResultRow]) -> Result<bool> {
     let mut groups: Vec<ScatterGroup> = Vec::new();
-    for r in rows.iter().filter(|r| r.memorization.is_finite()) {
+    for r in rows.iter().filter(|r| r.memorization().is_finite()) {
         let k = groups.len();
-        match groups.iter_mut().find(|g| g.label == r.dataset) {
-            Some(g) => g.points.push((r.memorization, r.test_acc)),
+        let point = (r.memorization(), r.test_acc());
+        match groups.iter_mut().find(|g| g.label == r.dataset()) {
+            Some(g) => g.points.push(point),
             None => groups.push(ScatterGroup {
-                label: r.dataset.clone(),
+                label: r.dataset(),
                 color: PALETTE[k % PALETTE.len()],
                 marker: [Marker::Circle, Marker::Triangle, Marker::Cross][k % 3],
-                points: vec![(r.memorization, r.test_acc)],
+                points: vec![point],
             }),
         }
     }

@@ -2,70 +2,83 @@
 //! mean and population standard deviation (numpy's default `np.std`, as the authors printed) over
 //! the seeds of each (dataset, backbone, mode, n, η).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::train::finetune::FinetuneSummary;
+use crate::train::finetune::{FinetuneSummary, RunFolder};
 
-/// A finished run, flattened from its summary.json.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A finished run: its folder's name and its summary.json.
+#[derive(Clone, Debug)]
 pub struct ResultRow {
-    /// The run's folder name (unique per grid point).
+    /// The run's folder name (unique per configuration).
     pub run: String,
-    pub dataset: String,
-    pub backbone: String,
-    pub mode: String,
-    pub noise: String,
-    pub eta: f64,
-    pub realised_eta: f64,
-    pub n: usize,
-    pub seed: u64,
-    pub pretrain_n: usize,
-    pub test_n: usize,
-    pub epochs: usize,
-    pub pretrain_epochs: usize,
-    pub baseline_test_acc: f64,
-    pub train_loss: f64,
-    pub train_acc: f64,
-    /// NaN when no label was flipped.
-    pub memorization: f64,
-    pub clean_train_acc: f64,
-    pub test_acc: f64,
-    pub test_loss: f64,
-    pub max_cls_attention: f64,
-    pub attention_entropy: f64,
-    /// Final query-key eigen-mean and eigen-variance of the real parts, and the variance of the
-    /// symmetric part (`diagnostics`); NaN when the run has none.
-    #[serde(default = "nan")]
-    pub qk_eigen_mean: f64,
-    #[serde(default = "nan")]
-    pub qk_eigen_var: f64,
-    #[serde(default = "nan")]
-    pub qk_sym_var: f64,
-    /// Final rank-collapse residual of the last layer's token outputs; NaN when not measured.
-    #[serde(default = "nan")]
-    pub rank_collapse: f64,
-    /// Every deviation of the run, joined by " | ".
-    pub deviations: String,
+    pub summary: FinetuneSummary,
 }
 
-fn nan() -> f64 {
-    f64::NAN
+impl std::ops::Deref for ResultRow {
+    type Target = FinetuneSummary;
+
+    fn deref(&self) -> &FinetuneSummary {
+        &self.summary
+    }
+}
+
+impl ResultRow {
+    pub fn dataset(&self) -> String {
+        self.config.dataset.to_string()
+    }
+
+    pub fn mode(&self) -> String {
+        self.config.mode.name().to_string()
+    }
+
+    /// The quantities the table aggregates, by name.
+    pub fn memorization(&self) -> f64 {
+        self.last.memorization
+    }
+
+    pub fn train_loss(&self) -> f64 {
+        self.last.train_loss
+    }
+
+    fn spectrum(&self, f: fn(&crate::diagnostics::Spectrum) -> f64) -> f64 {
+        self.last.qk_spectrum.as_ref().map_or(f64::NAN, f)
+    }
+
+    /// The run as results.csv's columns: `run`, then every leaf of summary.json by its dotted
+    /// path (`config.eta`, `final.test_acc`, …); lists are joined by " | ".
+    fn columns(&self) -> Result<Vec<(String, String)>> {
+        let mut columns = vec![("run".to_string(), self.run.clone())];
+        for (path, value) in crate::io::flatten_json(&serde_json::to_value(&self.summary)?) {
+            let text = match value {
+                serde_json::Value::Null => "NaN".to_string(),
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Array(items) => items
+                    .iter()
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+                other => other.to_string(),
+            };
+            columns.push((path, text));
+        }
+        Ok(columns)
+    }
 }
 
 pub const RUNS: &str = "runs";
 
 /// The row of the finished run in `dir` (None when it has not finished).
 pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
-    let path = dir.join("summary.json");
+    let path = RunFolder(dir.to_path_buf()).summary();
     if !path.exists() {
         return Ok(None);
     }
     let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
-    let s: FinetuneSummary = serde_json::from_str(&text)
+    let summary: FinetuneSummary = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a finetune summary", path.display()))?;
     Ok(Some(ResultRow {
         run: dir
@@ -73,38 +86,33 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
             .and_then(|n| n.to_str())
             .unwrap_or_default()
             .to_string(),
-        dataset: s.dataset,
-        backbone: s.backbone,
-        // As summary.json spells it: "last-layer" or "head".
-        mode: serde_json::to_value(s.mode)?
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        noise: s.noise,
-        eta: s.eta,
-        realised_eta: s.realised_eta,
-        n: s.n,
-        seed: s.seed,
-        pretrain_n: s.pretrain_n,
-        test_n: s.test_n,
-        epochs: s.epochs,
-        pretrain_epochs: s.pretrain_epochs,
-        baseline_test_acc: s.baseline_test_acc,
-        train_loss: s.train_loss,
-        train_acc: s.train_acc,
-        // serde_json writes NaN as null.
-        memorization: s.memorization,
-        clean_train_acc: s.clean_train_acc,
-        test_acc: s.test_acc,
-        test_loss: s.test_loss,
-        max_cls_attention: s.max_cls_attention,
-        attention_entropy: s.attention_entropy,
-        qk_eigen_mean: s.qk_spectrum.map_or(f64::NAN, |q| q.mean_real),
-        qk_eigen_var: s.qk_spectrum.map_or(f64::NAN, |q| q.var_real),
-        qk_sym_var: s.qk_spectrum.map_or(f64::NAN, |q| q.sym_var),
-        rank_collapse: s.rank_collapse.unwrap_or(f64::NAN),
-        deviations: s.deviations.join(" | "),
+        summary,
     }))
+}
+
+/// results.csv: one row per run, the columns of [`ResultRow::columns`] (the union over the runs,
+/// in first-seen order; a run without a column leaves it empty).
+pub fn write_csv(path: &Path, rows: &[ResultRow]) -> Result<()> {
+    let rows: Vec<Vec<(String, String)>> = rows.iter().map(ResultRow::columns).collect::<Result<_>>()?;
+    let mut header: Vec<&str> = Vec::new();
+    for row in &rows {
+        for (name, _) in row {
+            if !header.contains(&name.as_str()) {
+                header.push(name);
+            }
+        }
+    }
+    crate::io::write_atomic(path, |w| {
+        let mut writer = csv::Writer::from_writer(w);
+        writer.write_record(&header)?;
+        for row in &rows {
+            let cells: HashMap<&str, &str> =
+                row.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            writer.write_record(header.iter().map(|h| cells.get(h).copied().unwrap_or("")))?;
+        }
+        writer.flush()?;
+        Ok(())
+    })
 }
 
 /// Finished runs under `<dir>/runs/*` of every result folder, each run once (the first folder
@@ -128,15 +136,6 @@ pub fn collect(result_dirs: &[PathBuf]) -> Result<Vec<(ResultRow, PathBuf)>> {
         }
     }
     Ok(found.into_values().collect())
-}
-
-pub fn read_csv(path: &Path) -> Result<Vec<ResultRow>> {
-    let mut reader = csv::Reader::from_path(path).with_context(|| format!("{}", path.display()))?;
-    reader
-        .deserialize()
-        .enumerate()
-        .map(|(k, row)| row.with_context(|| format!("{}: row {}", path.display(), k + 1)))
-        .collect()
 }
 
 /// Mean and population standard deviation (ddof 0) of the finite values; NaN if there are none.
@@ -186,20 +185,20 @@ pub struct Cell {
 
 /// Groups rows into cells, ordered by dataset (first appearance), mode, η, then n.
 pub fn aggregate(rows: &[ResultRow]) -> Vec<Cell> {
-    let order: Vec<&str> = rows.iter().fold(Vec::new(), |mut seen, r| {
-        if !seen.contains(&r.dataset.as_str()) {
-            seen.push(r.dataset.as_str());
+    let order: Vec<String> = rows.iter().fold(Vec::new(), |mut seen, r| {
+        if !seen.contains(&r.dataset()) {
+            seen.push(r.dataset());
         }
         seen
     });
     type Key = (usize, String, String, u64, usize);
     let mut groups: BTreeMap<Key, Vec<&ResultRow>> = BTreeMap::new();
     for r in rows {
-        let rank = order.iter().position(|d| *d == r.dataset).unwrap_or(0);
+        let rank = order.iter().position(|d| *d == r.dataset()).unwrap_or(0);
         // η as integer micro-units so that the key orders and compares exactly.
-        let eta = (r.eta * 1e6).round() as u64;
+        let eta = (r.config.eta * 1e6).round() as u64;
         groups
-            .entry((rank, r.mode.clone(), r.backbone.clone(), eta, r.n))
+            .entry((rank, r.mode(), r.resolved.backbone.clone(), eta, r.config.n))
             .or_default()
             .push(r);
     }
@@ -207,22 +206,22 @@ pub fn aggregate(rows: &[ResultRow]) -> Vec<Cell> {
         .into_values()
         .map(|runs| {
             let stat = |f: fn(&ResultRow) -> f64| Stat::of(runs.iter().map(|r| f(r)));
-            let seeds: BTreeSet<u64> = runs.iter().map(|r| r.seed).collect();
+            let seeds: BTreeSet<u64> = runs.iter().map(|r| r.config.seed).collect();
             Cell {
-                dataset: runs[0].dataset.clone(),
-                backbone: runs[0].backbone.clone(),
-                mode: runs[0].mode.clone(),
-                n: runs[0].n,
-                eta: runs[0].eta,
+                dataset: runs[0].dataset(),
+                backbone: runs[0].resolved.backbone.clone(),
+                mode: runs[0].mode(),
+                n: runs[0].config.n,
+                eta: runs[0].config.eta,
                 seeds: seeds.into_iter().collect(),
                 baseline_test_acc: stat(|r| r.baseline_test_acc),
-                train_loss: stat(|r| r.train_loss),
-                memorization: stat(|r| r.memorization),
-                test_acc: stat(|r| r.test_acc),
-                test_loss: stat(|r| r.test_loss),
-                max_cls_attention: stat(|r| r.max_cls_attention),
-                qk_eigen_mean: stat(|r| r.qk_eigen_mean),
-                qk_eigen_var: stat(|r| r.qk_eigen_var),
+                train_loss: stat(|r| r.train_loss()),
+                memorization: stat(|r| r.memorization()),
+                test_acc: stat(|r| r.test_acc()),
+                test_loss: stat(|r| r.test_loss()),
+                max_cls_attention: stat(|r| r.last.max_cls_attention),
+                qk_eigen_mean: stat(|r| r.spectrum(|q| q.mean_real)),
+                qk_eigen_var: stat(|r| r.spectrum(|q| q.var_real)),
             }
         })
         .collect()
@@ -232,26 +231,66 @@ pub fn aggregate(rows: &[ResultRow]) -> Vec<Cell> {
 mod tests {
     use super::*;
 
-    /// A hand-made results.csv: two cells of three and two seeds, one with a NaN memorization
-    /// (η = 0), rows out of order; means and population stds computed by hand.
+    use crate::train::finetune::{Resolved, RunConfig};
+    use crate::train::phases::EpochMetrics;
+
+    fn row(run: &str, eta: f64, seed: u64, baseline: f64, loss: f64, memo: f64, test: f64) -> ResultRow {
+        let config = RunConfig {
+            eta,
+            seed,
+            n: 20,
+            ..RunConfig::paper(&crate::data::DatasetName::Trec).unwrap()
+        };
+        let summary = FinetuneSummary {
+            config,
+            resolved: Resolved {
+                backbone: "m".into(),
+                backbone_sha256: "00".into(),
+                backbone_source: "test".into(),
+                pretrain_n: 100,
+                test_n: 50,
+                realised_eta: eta,
+                dataset_completeness: crate::data::catalog::Completeness {
+                    dataset: "trec".into(),
+                    splits: vec![],
+                    complete: true,
+                },
+            },
+            baseline_test_acc: baseline,
+            last: EpochMetrics {
+                epoch: 10,
+                train_loss: loss,
+                train_acc: 1.0,
+                memorization: memo,
+                clean_train_acc: 1.0,
+                max_cls_attention: 0.2,
+                attention_entropy: 3.0,
+                test_loss: Some(1.0),
+                test_acc: Some(test),
+                qk_spectrum: None,
+                rank_collapse: None,
+            },
+            deviations: if run == "b1" { vec!["x".into(), "y".into()] } else { vec![] },
+            wall_seconds: 1.0,
+        };
+        ResultRow {
+            run: run.into(),
+            summary,
+        }
+    }
+
+    /// Two cells of three and two seeds, one with a NaN memorization (η = 0), rows out of order;
+    /// means and population stds computed by hand.
     #[test]
     fn aggregation_groups_and_uses_population_std() {
-        let header = "run,dataset,backbone,mode,noise,eta,realised_eta,n,seed,pretrain_n,test_n,epochs,pretrain_epochs,baseline_test_acc,train_loss,train_acc,memorization,clean_train_acc,test_acc,test_loss,max_cls_attention,attention_entropy,deviations";
         let rows = [
-            "a2,trec,m,last-layer,symmetric,0.2,0.2,20,314,100,50,10,2,0.80,0.30,0.9,0.5,0.9,0.70,1.0,0.2,3.0,",
-            "b1,trec,m,last-layer,symmetric,0.0,0.0,20,42,100,50,10,2,0.80,0.10,1.0,NaN,1.0,0.90,0.5,0.3,2.0,x | y",
-            "a1,trec,m,last-layer,symmetric,0.2,0.2,20,42,100,50,10,2,0.82,0.10,0.9,0.25,0.9,0.60,1.0,0.1,3.0,",
-            "a3,trec,m,last-layer,symmetric,0.2,0.2,20,2718,100,50,10,2,0.84,0.20,0.9,1.0,0.9,0.80,1.0,0.3,3.0,",
-            "b2,trec,m,last-layer,symmetric,0.0,0.0,20,314,100,50,10,2,0.80,0.30,1.0,NaN,1.0,0.70,0.5,0.3,2.0,",
+            row("a2", 0.2, 314, 0.80, 0.30, 0.5, 0.70),
+            row("b1", 0.0, 42, 0.80, 0.10, f64::NAN, 0.90),
+            row("a1", 0.2, 42, 0.82, 0.10, 0.25, 0.60),
+            row("a3", 0.2, 2718, 0.84, 0.20, 1.0, 0.80),
+            row("b2", 0.0, 314, 0.80, 0.30, f64::NAN, 0.70),
         ];
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("results.csv");
-        std::fs::write(&path, format!("{header}\n{}\n", rows.join("\n"))).unwrap();
-        let parsed = read_csv(&path).unwrap();
-        assert_eq!(parsed.len(), 5);
-        assert_eq!(parsed[1].deviations, "x | y");
-
-        let cells = aggregate(&parsed);
+        let cells = aggregate(&rows);
         assert_eq!(cells.len(), 2);
         // η = 0 sorts first.
         let (clean, noisy) = (&cells[0], &cells[1]);
@@ -268,5 +307,24 @@ mod tests {
         assert!(close(clean.test_acc.mean, 0.8) && close(clean.test_acc.std, 0.1));
         assert!(clean.memorization.mean.is_nan());
         assert_eq!(clean.seeds, vec![42, 314]);
+    }
+
+    /// results.csv has a column per leaf of summary.json: a field added to the configuration is
+    /// a column without further code.
+    #[test]
+    fn csv_columns_come_from_the_summary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results.csv");
+        write_csv(&path, &[row("b1", 0.0, 42, 0.8, 0.1, f64::NAN, 0.9)]).unwrap();
+        let mut reader = csv::Reader::from_path(&path).unwrap();
+        let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+        let record = reader.records().next().unwrap().unwrap();
+        let cell = |name: &str| record[header.iter().position(|h| h == name).unwrap()].to_string();
+        assert_eq!(cell("run"), "b1");
+        assert_eq!(cell("config.dataset"), "trec");
+        assert_eq!(cell("config.special_tokens"), "false");
+        assert_eq!(cell("final.test_acc"), "0.9");
+        assert_eq!(cell("final.memorization"), "NaN");
+        assert_eq!(cell("deviations"), "x | y");
     }
 }

@@ -12,13 +12,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use anyhow::{Result, bail};
-use candle_core::Device;
+use anyhow::{Context, Result, bail};
 
 use crate::data::{self, DatasetName};
 use crate::report::results::{RUNS, collect};
-use crate::train::config::dataset_config;
-use crate::train::finetune::{FinetuneOptions, Mode, Progress, finetune, prefetch};
+use crate::runtime::DeviceKind;
+use crate::train::finetune::{
+    FinetuneJob, Mode, Places, Progress, RunConfig, RunFolder, finetune, prefetch,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Experiment {
@@ -92,12 +93,21 @@ impl Grid {
                 ),
                 Experiment::Fig9 => (vec![42], vec![200], vec![0.1]),
             };
+        // A value given twice is one grid point, not two runs in one folder.
+        fn distinct<T: PartialEq>(values: Vec<T>) -> Vec<T> {
+            values.into_iter().fold(Vec::new(), |mut kept, v| {
+                if !kept.contains(&v) {
+                    kept.push(v);
+                }
+                kept
+            })
+        }
         let grid = Self {
             experiment,
-            datasets: datasets.unwrap_or_else(|| ALL_DATASETS.to_vec()),
-            seeds: seeds.unwrap_or(default_seeds),
-            ns: ns.unwrap_or(default_ns),
-            etas: etas.unwrap_or(default_etas),
+            datasets: distinct(datasets.unwrap_or_else(|| ALL_DATASETS.to_vec())),
+            seeds: distinct(seeds.unwrap_or(default_seeds)),
+            ns: distinct(ns.unwrap_or(default_ns)),
+            etas: distinct(etas.unwrap_or(default_etas)),
             budget,
             mode,
         };
@@ -125,27 +135,6 @@ pub struct Job {
     pub n: usize,
     pub eta: f64,
     pub seed: u64,
-}
-
-impl Job {
-    /// The run folder's name: everything that makes the run, budget and mode included.
-    pub fn id(&self, grid: &Grid) -> String {
-        format!(
-            "{}_{}_n{}_eta{:.2}_seed{}_{}",
-            self.dataset.id(),
-            match grid.mode {
-                Mode::LastLayer => "last-layer",
-                Mode::Head => "head",
-            },
-            self.n,
-            self.eta,
-            self.seed,
-            match grid.budget {
-                Budget::Paper => "paper",
-                Budget::Quick => "quick",
-            }
-        )
-    }
 }
 
 /// `--shard K/N`: the K-th (1-based) of N interleaved parts of the grid.
@@ -193,8 +182,8 @@ pub fn jobs(grid: &Grid, pool: &dyn Fn(&DatasetName) -> Option<usize>) -> (Vec<J
                     };
                     match pool(dataset) {
                         Some(p) if n >= p => left_out.push(format!(
-                            "{}: n = {n} does not fit the {p} training samples",
-                            job.id(grid)
+                            "{} n = {n} η = {eta} seed {seed}: n does not fit the {p} training samples",
+                            dataset.id()
                         )),
                         _ => kept.push(job),
                     }
@@ -211,10 +200,8 @@ pub struct DriverOptions {
     /// Runs at once.
     pub jobs: usize,
     pub shard: Option<Shard>,
-    pub data_dir: Option<PathBuf>,
-    pub models_dir: Option<PathBuf>,
-    pub cache_dir: Option<PathBuf>,
-    pub device: Device,
+    pub places: Places,
+    pub device: DeviceKind,
 }
 
 pub struct Outcome {
@@ -225,47 +212,50 @@ pub struct Outcome {
 }
 
 impl DriverOptions {
-    /// The `finetune` options of one grid point.
-    pub fn run_options(&self, job: &Job, carve: bool) -> Result<FinetuneOptions> {
+    /// The configuration of one grid point: the paper's run with the grid's values.
+    pub fn run_config(&self, job: &Job, carve: bool, test_len: Option<usize>) -> Result<RunConfig> {
         let grid = &self.grid;
-        let config = dataset_config(&job.dataset)?;
+        let paper = RunConfig::paper(&job.dataset)?;
         let quick = grid.budget == Budget::Quick;
-        let run_dir = self.out.join(RUNS).join(job.id(grid));
-        Ok(FinetuneOptions {
-            dataset: job.dataset.clone(),
-            eta: job.eta,
-            noise: crate::data::noise::NoiseModel::Symmetric,
+        Ok(RunConfig {
             mode: grid.mode,
+            eta: job.eta,
             seed: job.seed,
-            n: Some(job.n),
-            pretrain_n: Some(if quick {
-                config.pretrain_n.min(quick::PRETRAIN_N)
+            n: job.n,
+            pretrain_n: if quick {
+                paper.pretrain_n.min(quick::PRETRAIN_N)
             } else {
-                config.pretrain_n
-            }),
-            epochs: Some(if quick { quick::EPOCHS } else { config.epochs }),
-            pretrain_epochs: Some(if quick {
+                paper.pretrain_n
+            },
+            test_n: if quick {
+                test_len.map(|t| t.min(quick::TEST_N))
+            } else {
+                None
+            },
+            epochs: if quick { quick::EPOCHS } else { paper.epochs },
+            pretrain_epochs: if quick {
                 quick::PRETRAIN_EPOCHS
             } else {
-                config.pretrain_epochs
-            }),
-            backbone: None,
-            test_n: None,
+                paper.pretrain_epochs
+            },
             eval_every: if quick { quick::EVAL_EVERY } else { 50 },
             carve_train_from_test: carve.then_some(CARVE_FRACTION),
-            data_dir: self.data_dir.clone(),
-            models_dir: self.models_dir.clone(),
-            cache_dir: self.cache_dir.clone(),
-            encode_batch: 32,
-            special_tokens: false,
-            out: Some(run_dir.clone()),
-            checkpoint_every: 100,
+            device: self.device,
+            ..paper
+        })
+    }
+
+    /// A grid run in its folder, named after its configuration.
+    pub fn finetune_job(&self, config: RunConfig) -> Result<FinetuneJob> {
+        let run_dir = self.out.join(RUNS).join(config.run_name()?);
+        Ok(FinetuneJob {
+            config,
+            places: self.places.clone(),
             // A killed run continues; a fresh one starts without a note about it.
             resume: crate::train::checkpoint::path(&run_dir).exists(),
-            device: self.device.clone(),
-            // One thread per run whatever --jobs: results do not depend on how the grid ran.
-            train_threads: 1,
-            locater: 0.0,
+            out: Some(run_dir),
+            checkpoint_every: 100,
+            encode_batch: 32,
         })
     }
 }
@@ -273,7 +263,7 @@ impl DriverOptions {
 /// The size of each dataset's training pool (None when unreadable: its runs will say why), and
 /// whether it must be carved from the test split.
 fn pools(options: &DriverOptions) -> Vec<(DatasetName, Option<usize>, bool, Option<usize>)> {
-    let root = data::data_root(options.data_dir.as_deref());
+    let root = data::data_root(options.places.data_dir.as_deref());
     options
         .grid
         .datasets
@@ -307,25 +297,23 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         .filter(|(k, _)| options.shard.is_none_or(|s| s.keeps(*k)))
         .map(|(_, j)| j)
         .collect();
-    let mut run_options = Vec::new();
+    let mut runs = Vec::new();
     for job in &mine {
-        let mut o = options.run_options(job, carve_of(&job.dataset))?;
-        if grid.budget == Budget::Quick {
-            o.test_n = test_len_of(&job.dataset).map(|t| t.min(quick::TEST_N));
-        }
-        run_options.push((job.id(grid), o));
+        let config = options.run_config(job, carve_of(&job.dataset), test_len_of(&job.dataset))?;
+        let run = options.finetune_job(config)?;
+        let id = run.config.run_name()?;
+        runs.push((id, run));
     }
-    let finished = |o: &FinetuneOptions| {
-        o.out
+    let finished = |run: &FinetuneJob| {
+        run.out
             .as_ref()
-            .is_some_and(|d| d.join("summary.json").exists())
+            .is_some_and(|d| RunFolder(d.clone()).summary().exists())
     };
-    let pending: Vec<&(String, FinetuneOptions)> =
-        run_options.iter().filter(|(_, o)| !finished(o)).collect();
-    let skipped = run_options.len() - pending.len();
+    let pending: Vec<&(String, FinetuneJob)> = runs.iter().filter(|(_, r)| !finished(r)).collect();
+    let skipped = runs.len() - pending.len();
     eprintln!(
         "{} runs in this {}, {} already finished",
-        run_options.len(),
+        runs.len(),
         options.shard.map_or("grid".to_string(), |s| format!(
             "shard {}/{}",
             s.index, s.count
@@ -335,10 +323,10 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
 
     // Every pending run's samples through the backbones first, with all cores.
     for dataset in &grid.datasets {
-        let group: Vec<FinetuneOptions> = pending
+        let group: Vec<FinetuneJob> = pending
             .iter()
-            .filter(|(_, o)| o.dataset == *dataset)
-            .map(|(_, o)| o.clone())
+            .filter(|(_, r)| r.config.dataset == *dataset)
+            .map(|(_, r)| r.clone())
             .collect();
         if !group.is_empty()
             && let Err(err) = prefetch(&group, progress)
@@ -361,7 +349,19 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
                         break;
                     };
                     let started = Instant::now();
-                    let result = finetune_and_write(run);
+                    // A run that panics is a failed run; the others finish and the report is
+                    // written.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        finetune_and_write(run)
+                    }))
+                    .unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(anyhow::anyhow!("panicked: {what}"))
+                    });
                     let count = done.fetch_add(1, Ordering::SeqCst) + 1;
                     match result {
                         Ok(line) => eprintln!(
@@ -373,7 +373,7 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
                             eprintln!("[{count}/{}] {id}: FAILED: {err:#}", pending.len());
                             failed
                                 .lock()
-                                .expect("no worker panics holding it")
+                                .unwrap_or_else(|e| e.into_inner())
                                 .push((id.clone(), format!("{err:#}")));
                         }
                     }
@@ -391,20 +391,22 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
     Ok(Outcome {
         ran: pending.len(),
         skipped,
-        failed: failed.into_inner().expect("workers are done"),
+        failed: failed.into_inner().unwrap_or_else(|e| e.into_inner()),
         left_out,
     })
 }
 
 /// One run, its outputs written; a one-line result.
-fn finetune_and_write(options: &FinetuneOptions) -> Result<String> {
-    let run = finetune(options, &())?;
-    let out = options.out.as_deref().expect("grid runs have a folder");
+fn finetune_and_write(job: &FinetuneJob) -> Result<String> {
+    let run = finetune(job, &())?;
+    let out = job.out.as_deref().context("grid runs have a folder")?;
     crate::report::finetune::write_run(out, &run)?;
     let s = &run.summary;
     Ok(format!(
         "train loss {:.3}, memorization {:.3}, test {:.3}",
-        s.train_loss, s.memorization, s.test_acc
+        s.last.train_loss,
+        s.last.memorization,
+        s.test_acc()
     ))
 }
 
@@ -455,7 +457,7 @@ mod tests {
         // 2 η × 3 n × 3 seeds per dataset, minus BreastMNIST's n = 1000.
         assert_eq!(kept.len(), 18 + 12);
         assert_eq!(left_out.len(), 6);
-        assert!(left_out[0].contains("breastmnist_last-layer_n1000_eta0.00_seed42_quick"));
+        assert!(left_out[0].contains("breastmnist n = 1000"), "{}", left_out[0]);
     }
 
     #[test]

@@ -15,30 +15,20 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::phases::EpochMetrics;
+use super::run::RunConfig;
 use crate::io::produce_atomic;
 
-pub const FILE: &str = "checkpoint.safetensors";
 const STATE: &str = "state.json";
 
 /// What makes two runs the same run: a checkpoint is only resumed by an identical one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunIdentity {
-    pub dataset: String,
-    pub backbone: String,
+    pub config: RunConfig,
+    /// The weights the run's backbone resolved to.
     pub backbone_sha256: String,
-    pub mode: String,
-    pub noise: String,
-    pub eta: f64,
-    pub n: usize,
+    /// The sizes the split resolved to (partial data shrinks pretrain_n).
     pub pretrain_n: usize,
     pub test_n: usize,
-    pub seed: u64,
-    pub epochs: usize,
-    pub pretrain_epochs: usize,
-    pub eval_every: usize,
-    /// A checkpoint written before this field existed had no penalty.
-    #[serde(default)]
-    pub locater: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -58,7 +48,7 @@ pub struct Checkpoint {
 }
 
 pub fn path(dir: &Path) -> PathBuf {
-    dir.join(FILE)
+    super::run::RunFolder(dir.to_path_buf()).checkpoint()
 }
 
 /// Writes `state` and `tensors` to `dir`/checkpoint.safetensors, replacing the previous one only
@@ -124,16 +114,18 @@ pub fn load_state<S: DeserializeOwned>(
 impl RunIdentity {
     /// Fails with the first field that differs, naming the checkpoint.
     pub fn ensure_same(&self, saved: &RunIdentity, file: &Path) -> Result<()> {
-        let (ours, theirs) = (serde_json::to_value(self)?, serde_json::to_value(saved)?);
-        if let (Some(a), Some(b)) = (ours.as_object(), theirs.as_object()) {
-            for (key, value) in a {
-                if b.get(key) != Some(value) {
-                    bail!(
-                        "--resume: {} belongs to another run ({key} {} there, {value} here); use another --out or drop --resume",
-                        file.display(),
-                        b.get(key).map_or("missing".into(), |v| v.to_string()),
-                    );
-                }
+        let ours = crate::io::flatten_json(&serde_json::to_value(self)?);
+        let theirs: HashMap<String, serde_json::Value> =
+            crate::io::flatten_json(&serde_json::to_value(saved)?)
+                .into_iter()
+                .collect();
+        for (key, value) in ours {
+            if theirs.get(&key) != Some(&value) {
+                bail!(
+                    "--resume: {} belongs to another run ({key} {} there, {value} here); use another --out or drop --resume",
+                    file.display(),
+                    theirs.get(&key).map_or("missing".into(), |v| v.to_string()),
+                );
             }
         }
         Ok(())
@@ -174,20 +166,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let var = Var::new(&[0.1f32, -3.7e-9, 1.0 / 3.0], &Device::Cpu).unwrap();
         let identity = RunIdentity {
-            dataset: "trec".into(),
-            backbone: "b".into(),
+            config: RunConfig {
+                eta: 0.2,
+                ..RunConfig::paper(&crate::data::DatasetName::Trec).unwrap()
+            },
             backbone_sha256: "00".into(),
-            mode: "head".into(),
-            noise: "symmetric".into(),
-            eta: 0.2,
-            n: 20,
             pretrain_n: 100,
             test_n: 50,
-            seed: 42,
-            epochs: 10,
-            pretrain_epochs: 2,
-            eval_every: 5,
-            locater: 0.0,
         };
         let state = RunState {
             identity: identity.clone(),
@@ -239,13 +224,16 @@ mod tests {
             .ensure_same(&loaded.state.identity, Path::new("c"))
             .unwrap();
         let changed = RunIdentity {
-            eta: 0.3,
+            config: RunConfig {
+                eta: 0.3,
+                ..identity.config.clone()
+            },
             ..identity
         };
         let err = changed
             .ensure_same(&loaded.state.identity, Path::new("c"))
             .unwrap_err();
-        assert!(err.to_string().contains("eta 0.2 there, 0.3 here"), "{err}");
+        assert!(err.to_string().contains("config.eta 0.2 there, 0.3 here"), "{err}");
         assert!(
             load(&dir.path().join("none"), &Device::Cpu)
                 .unwrap()

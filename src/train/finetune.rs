@@ -1,35 +1,34 @@
-//! The paper's real-data protocol on one dataset, one η, one n, one seed (PAPER.md §3):
-//! split and noise → features from the cache → phase 1 (classifier on clean data) → phase 2
-//! (the last layer's query/key, or the card's token-selection head, on the noisy samples).
+//! The paper's real-data protocol on one dataset, one η, one n, one seed (PAPER.md §3), as a
+//! list of named steps (see [`finetune`]):
+//! setup (data, backbone, split, noise) → features from the cache → phase 1 (the classifier on
+//! clean data, shared between runs) → phase 2 (the last layer's query/key, or the card's
+//! token-selection head, on the noisy samples) → summary.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint::{self, RunIdentity, RunState};
-use super::config::{DatasetConfig, dataset_config};
+use super::checkpoint::{self, Checkpoint, RunIdentity, RunState};
 use super::metrics::evaluate;
 use super::optim::AdamW;
 use super::phases::{
     EpochMetrics, Forward, Penalty, Phase2Data, Set, steps_per_epoch, train_classifier,
     train_phase2,
 };
+pub use super::run::{FinetuneJob, Mode, Places, RunConfig, RunFolder};
 use crate::data::catalog::{Completeness, Modality};
-use crate::data::files::sha256_hex;
-use crate::data::noise::NoiseModel;
-use crate::data::prepare::{NoiseSpec, prepare};
+use crate::data::prepare::{NoiseSpec, PreparedData, prepare};
 use crate::data::split::{SplitPlan, TrainSource};
 use crate::data::{self, DatasetName};
 use crate::diagnostics::locater::{head_symmetric_variance, symmetric_variance};
 use crate::diagnostics::{Spectrum, head_spectrum, mean_over_heads, spectrum};
 use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
 use crate::encoder::{Backbone, Model, TextOptions, resolve};
-use crate::io::ensure_dir;
 use crate::model::attend::KeyValues;
 use crate::model::{Classifier, LastLayer, QueryKey, TokenSelectionHead};
 use crate::rng::{Stream, stream};
@@ -37,93 +36,44 @@ use crate::rng::{Stream, stream};
 /// Test samples whose full last layer is run at scored epochs for the rank-collapse residual.
 const RANK_PROBE: usize = 16;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// The paper: re-initialise and train the last layer's query and key.
-    LastLayer,
-    /// The card: a token-selection head on the final tokens, with a frozen linear classifier.
-    Head,
-}
-
-#[derive(Clone, Debug)]
-pub struct FinetuneOptions {
-    pub dataset: DatasetName,
-    pub eta: f64,
-    pub noise: NoiseModel,
-    pub mode: Mode,
-    pub seed: u64,
-    /// `None`: the dataset config's value.
-    pub n: Option<usize>,
-    pub pretrain_n: Option<usize>,
-    pub epochs: Option<usize>,
-    pub pretrain_epochs: Option<usize>,
-    /// `None`: the config's preference list.
-    pub backbone: Option<String>,
-    pub test_n: Option<usize>,
-    pub eval_every: usize,
-    pub carve_train_from_test: Option<f64>,
-    pub data_dir: Option<PathBuf>,
-    pub models_dir: Option<PathBuf>,
-    pub cache_dir: Option<PathBuf>,
-    pub encode_batch: usize,
-    pub special_tokens: bool,
-    /// Where to write checkpoints (and where `resume` reads one).
-    pub out: Option<PathBuf>,
-    /// Phase-2 epochs between checkpoints; 0: none.
-    pub checkpoint_every: usize,
-    /// Continue from the checkpoint in `out`, if there is one.
-    pub resume: bool,
-    /// Where the backbone and both phases compute.
-    pub device: Device,
-    /// CPU threads of phases 1 and 2 (extraction uses all cores).
-    pub train_threads: usize,
-    /// λ of the LocAteR penalty on the trained query-key matrix (`diagnostics::locater`); 0: none.
-    pub locater: f64,
-}
-
-/// summary.json: everything needed to read and reproduce the run.
+/// What resolving a configuration against the data and checkpoints found.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct FinetuneSummary {
-    pub dataset: String,
+pub struct Resolved {
+    /// The backbone that loaded (the first of `config.backbones` that did).
     pub backbone: String,
     pub backbone_sha256: String,
     pub backbone_source: String,
-    pub mode: Mode,
-    pub noise: String,
-    pub eta: f64,
-    pub realised_eta: f64,
-    pub n: usize,
+    /// Clean phase-1 samples used (`config.pretrain_n`, or fewer on partial data).
     pub pretrain_n: usize,
     pub test_n: usize,
-    pub seed: u64,
-    pub epochs: usize,
-    pub pretrain_epochs: usize,
+    /// Share of fine-tune labels the noise flipped.
+    pub realised_eta: f64,
+    pub dataset_completeness: Completeness,
+}
+
+/// summary.json: the configuration, what it resolved to, and the results.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FinetuneSummary {
+    pub config: RunConfig,
+    pub resolved: Resolved,
     /// Phase-1 test accuracy (the paper's "baseline").
     pub baseline_test_acc: f64,
-    pub train_loss: f64,
-    pub train_acc: f64,
-    /// NaN (written null) when no label was flipped.
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub memorization: f64,
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub clean_train_acc: f64,
-    pub test_acc: f64,
-    pub test_loss: f64,
-    pub max_cls_attention: f64,
-    pub attention_entropy: f64,
-    /// Query-key eigenspectrum at the end (mean over heads; `diagnostics` has the definitions).
-    pub qk_spectrum: Option<Spectrum>,
-    /// Rank-collapse residual of the last layer's token outputs at the end (last-layer mode).
-    #[serde(default)]
-    pub rank_collapse: Option<f64>,
-    /// λ of the LocAteR penalty (0: none, the paper's protocol).
-    #[serde(default)]
-    pub locater: f64,
-    pub dataset_completeness: Completeness,
+    /// The last phase-2 epoch, test set scored.
+    #[serde(rename = "final")]
+    pub last: EpochMetrics,
     /// Every way this run departs from the paper's protocol, one sentence each.
     pub deviations: Vec<String>,
     pub wall_seconds: f64,
+}
+
+impl FinetuneSummary {
+    pub fn test_acc(&self) -> f64 {
+        self.last.test_acc.unwrap_or(f64::NAN)
+    }
+
+    pub fn test_loss(&self) -> f64 {
+        self.last.test_loss.unwrap_or(f64::NAN)
+    }
 }
 
 pub struct FinetuneRun {
@@ -142,51 +92,865 @@ pub trait Progress: Sync {
 
 impl Progress for () {}
 
-/// The first backbone of `candidates` that resolves and loads; failures of earlier ones are
-/// returned as deviations.
-fn pick_backbone(
-    candidates: &[String],
-    options: &FinetuneOptions,
+/// The protocol, step by step.
+pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRun> {
+    let started = Instant::now();
+    let setup = setup(job)?;
+    if let Some(out) = &job.out {
+        write_config(out, &job.config)?;
+    }
+    let prepared = prepare_data(&setup, job)?;
+    let features = run_features(&setup, &prepared, job, progress)?;
+    // Both phases are chains of small ops: one thread each (by default) beats sharing cores,
+    // whose hand-offs dominate such ops, and keeps results independent of the core count.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(job.config.train_threads)
+        .build()
+        .context("building the training thread pool")?;
+    pool.install(|| {
+        let identity = RunIdentity {
+            config: job.config.clone(),
+            backbone_sha256: setup.backbone.weights_sha256.clone(),
+            pretrain_n: setup.plan.pretrain_n,
+            test_n: prepared.test.len(),
+        };
+        let resumed = resumed_checkpoint(job, &identity, &setup.device)?;
+        // One initialisation stream: the classifier, then the query/key reset or the head.
+        let mut init_rng = stream(job.config.seed, Stream::Init);
+        let phase1 = phase_one(
+            &setup,
+            &prepared,
+            &features,
+            job,
+            resumed.as_ref(),
+            &mut init_rng,
+            progress,
+        )?;
+        let checkpoints = Checkpoints {
+            job,
+            identity,
+            phase1: &phase1,
+        };
+        if resumed.is_none() {
+            checkpoints.save(0, None, &[])?;
+        }
+        let log = phase_two(
+            &setup,
+            &prepared,
+            features,
+            &phase1,
+            &checkpoints,
+            resumed.as_ref(),
+            &mut init_rng,
+            progress,
+        )?;
+        summarize(job, setup, &prepared, phase1, log, started)
+    })
+}
+
+/// Writes the resolved configuration into the run folder (the first file a run leaves).
+fn write_config(out: &Path, config: &RunConfig) -> Result<()> {
+    crate::io::ensure_dir(out)?;
+    crate::io::write_json(&RunFolder(out.to_path_buf()).config(), config)
+}
+
+/// What a run needs before any feature: its data, backbone and split.
+struct Setup {
+    root: PathBuf,
+    dataset: data::Dataset,
+    completeness: Completeness,
+    backbone: Backbone,
+    device: Device,
+    cache: FeatureCache,
+    plan: SplitPlan,
+    deviations: Vec<String>,
+}
+
+fn setup(job: &FinetuneJob) -> Result<Setup> {
+    job.validate()?;
+    let config = &job.config;
+    let device = config.device.device()?;
+    // An unwritable cache is found now, not after the backbone work.
+    let cache = FeatureCache::open(cache_root(job.places.cache_dir.as_deref()))?;
+    let root = data::data_root(job.places.data_dir.as_deref());
+    let dataset = data::fetch::load_or_fetch(&config.dataset, &root)?;
+    let completeness = Completeness::of(&dataset);
+    let (backbone, mut deviations) = load_backbone(config, &job.places, &device)?;
+    let (plan, notes) = split_plan(config, &dataset, &completeness)?;
+    deviations.extend(notes);
+    Ok(Setup {
+        root,
+        dataset,
+        completeness,
+        backbone,
+        device,
+        cache,
+        plan,
+        deviations,
+    })
+}
+
+/// The first backbone of the run's preference list that loads, checked against the modality;
+/// the paper's backbones that did not load are returned as a deviation.
+fn load_backbone(
+    config: &RunConfig,
+    places: &Places,
+    device: &Device,
 ) -> Result<(Backbone, Vec<String>)> {
     let text = TextOptions {
-        special_tokens: options.special_tokens,
+        special_tokens: config.special_tokens,
         ..Default::default()
     };
     let mut skipped = Vec::new();
-    for id in candidates {
-        match resolve(id, options.models_dir.as_deref())
-            .and_then(|files| Backbone::load(files, &options.device, text))
+    let mut loaded = None;
+    for id in &config.backbones {
+        match resolve(id, places.models_dir.as_deref())
+            .and_then(|files| Backbone::load(files, device, text))
         {
             Ok(backbone) => {
-                let deviations = skipped
-                    .iter()
-                    .map(|(paper, why): &(String, String)| {
-                        format!(
-                            "backbone {} used instead of the paper's {paper} ({why})",
-                            backbone.files.id
-                        )
-                    })
-                    .take(1)
-                    .collect();
-                return Ok((backbone, deviations));
+                loaded = Some(backbone);
+                break;
             }
-            Err(err) => skipped.push((id.clone(), format!("{err:#}"))),
+            Err(err) => skipped.push(format!("{id}: {err:#}")),
         }
     }
-    let tried: Vec<String> = skipped
+    let Some(backbone) = loaded else {
+        bail!(
+            "no backbone could be loaded; tried {}",
+            skipped.join(" | ")
+        );
+    };
+    let deviations = config
+        .backbones
+        .first()
+        .filter(|paper| !skipped.is_empty() && **paper != backbone.files.id)
+        .map(|paper| {
+            format!(
+                "backbone {} used instead of the paper's {paper} ({})",
+                backbone.files.id,
+                skipped[0].split_once(": ").map_or("", |(_, why)| why)
+            )
+        })
         .into_iter()
-        .map(|(id, why)| format!("{id}: {why}"))
         .collect();
-    bail!("no backbone could be loaded; tried {}", tried.join(" | "))
+    let wanted = if config.dataset.modality() == Modality::Image {
+        "vit"
+    } else {
+        "bert"
+    };
+    match (&backbone.model, wanted) {
+        (Model::Vit(_), "vit") | (Model::Bert(_), "bert") => Ok((backbone, deviations)),
+        _ => bail!(
+            "{}: a {wanted} backbone is needed for {}",
+            backbone.files.id,
+            config.dataset
+        ),
+    }
+}
+
+/// The split of a run; pretrain_n shrinks to fit partial data (a deviation).
+fn split_plan(
+    config: &RunConfig,
+    dataset: &data::Dataset,
+    completeness: &Completeness,
+) -> Result<(SplitPlan, Vec<String>)> {
+    let n = config.n;
+    let pool = match (config.carve_train_from_test, &dataset.train) {
+        (Some(f), _) => (f * dataset.test.len() as f64).round() as usize,
+        (None, Some(train)) => train.len(),
+        (None, None) => 0,
+    };
+    if pool > 0 && n >= pool {
+        bail!(
+            "--n {n} exceeds the {} of {}'s {pool} training samples that phase 1 leaves (it needs at least one)",
+            pool - 1,
+            config.dataset
+        );
+    }
+    let mut deviations = Vec::new();
+    let mut pretrain_n = config.pretrain_n;
+    if pool > 0 && pretrain_n + n > pool {
+        let shrunk = pool - n;
+        deviations.push(format!(
+            "pretrain_n shrunk from {pretrain_n} to {shrunk}: the training pool holds {pool} samples ({})",
+            completeness.line()
+        ));
+        pretrain_n = shrunk;
+    }
+    let plan = SplitPlan {
+        pretrain_n,
+        n,
+        test_n: config.test_n,
+        seed: config.seed,
+        carve_train_from_test: config.carve_train_from_test,
+    };
+    Ok((plan, deviations))
+}
+
+/// The split, the label noise and the three sets.
+fn prepare_data(setup: &Setup, job: &FinetuneJob) -> Result<PreparedData> {
+    let noise = NoiseSpec {
+        model: job.config.noise,
+        eta: job.config.eta,
+        seed: job.config.seed,
+    };
+    Ok(prepare(&setup.dataset, &setup.plan, &noise, &setup.root)?)
+}
+
+/// The split the training samples come from, by name (the cache keys on it).
+fn train_source(dataset: &data::Dataset, source: TrainSource) -> Result<(&'static str, &data::Split)> {
+    Ok(match source {
+        TrainSource::Train => (
+            "train",
+            dataset
+                .train
+                .as_ref()
+                .context("the partition found no training split")?,
+        ),
+        TrainSource::Test => ("test", &dataset.test),
+    })
+}
+
+/// Features of `positions` of one split through the cache, with a progress stage.
+#[allow(clippy::too_many_arguments)]
+fn fetch(
+    cache: &FeatureCache,
+    backbone: &Backbone,
+    dataset: &DatasetName,
+    (split_name, split): (&str, &data::Split),
+    positions: &[usize],
+    contents: Contents,
+    encode_batch: usize,
+    (what, progress): (&str, &dyn Progress),
+) -> Result<Features> {
+    progress.stage(what, positions.len());
+    let (features, stats) = cache.features(
+        backbone,
+        dataset.id(),
+        split_name,
+        split,
+        positions,
+        contents,
+        encode_batch,
+        &mut |k| progress.advance(k),
+    )?;
+    progress.advance(stats.from_cache);
+    for warning in stats.warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok(features)
+}
+
+/// The features of the three sets of a run.
+struct RunFeatures {
+    pretrain: Features,
+    finetune: Features,
+    test: Features,
+}
+
+/// Features: each sample through the backbone at most once, whatever ran before.
+fn run_features(
+    setup: &Setup,
+    prepared: &PreparedData,
+    job: &FinetuneJob,
+    progress: &dyn Progress,
+) -> Result<RunFeatures> {
+    let source = train_source(&setup.dataset, prepared.partition.train_source)?;
+    let get = |what: &str, split, positions: &[usize], contents| {
+        fetch(
+            &setup.cache,
+            &setup.backbone,
+            &job.config.dataset,
+            split,
+            positions,
+            contents,
+            job.encode_batch,
+            (what, progress),
+        )
+    };
+    Ok(RunFeatures {
+        pretrain: get(
+            "pretrain features",
+            source,
+            &prepared.partition.pretrain,
+            Contents::Cls,
+        )?,
+        finetune: get(
+            "fine-tune features",
+            source,
+            &prepared.partition.finetune,
+            Contents::Full,
+        )?,
+        test: get(
+            "test features",
+            ("test", &setup.dataset.test),
+            &prepared.partition.test,
+            Contents::Full,
+        )?,
+    })
+}
+
+/// Fills the feature cache for every run of `jobs` (any datasets) at once, so that each sample
+/// passes through its backbone once and the runs themselves only read the cache.
+pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
+    // Runs that read the same backbone over the same data share one pass.
+    let mut groups: Vec<Vec<&FinetuneJob>> = Vec::new();
+    let group_key = |j: &FinetuneJob| {
+        let c = &j.config;
+        (
+            c.dataset.clone(),
+            c.backbones.clone(),
+            c.carve_train_from_test.map(f64::to_bits),
+            c.special_tokens,
+            c.device,
+        )
+    };
+    for job in jobs {
+        match groups.iter_mut().find(|g| group_key(g[0]) == group_key(job)) {
+            Some(group) => group.push(job),
+            None => groups.push(vec![job]),
+        }
+    }
+    for group in groups {
+        let setup = setup(group[0])?;
+        // Positions by split: full features (fine-tune and test sets) and CLS only (pretrain).
+        let mut wanted: BTreeMap<(&str, Contents), BTreeSet<usize>> = BTreeMap::new();
+        for job in &group {
+            let (plan, _) = split_plan(&job.config, &setup.dataset, &setup.completeness)?;
+            let partition = data::split::partition(&setup.dataset, &plan)?;
+            let (source, _) = train_source(&setup.dataset, partition.train_source)?;
+            let full = wanted.entry((source, Contents::Full)).or_default();
+            full.extend(&partition.finetune);
+            wanted
+                .entry(("test", Contents::Full))
+                .or_default()
+                .extend(&partition.test);
+            wanted
+                .entry((source, Contents::Cls))
+                .or_default()
+                .extend(&partition.pretrain);
+        }
+        let first = group[0];
+        for ((split_name, contents), positions) in &wanted {
+            // Samples that also need full features get them (which hold the CLS too).
+            let full = wanted.get(&(*split_name, Contents::Full));
+            let positions: Vec<usize> = positions
+                .iter()
+                .copied()
+                .filter(|p| *contents == Contents::Full || !full.is_some_and(|f| f.contains(p)))
+                .collect();
+            if positions.is_empty() {
+                continue;
+            }
+            let source = match *split_name {
+                "train" => TrainSource::Train,
+                _ => TrainSource::Test,
+            };
+            let split = train_source(&setup.dataset, source)?;
+            let what = format!("{} {split_name} features", first.config.dataset);
+            fetch(
+                &setup.cache,
+                &setup.backbone,
+                &first.config.dataset,
+                split,
+                &positions,
+                *contents,
+                first.encode_batch,
+                (&what, progress),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint of this very run, when resuming; an error when it belongs to another run.
+fn resumed_checkpoint(
+    job: &FinetuneJob,
+    identity: &RunIdentity,
+    device: &Device,
+) -> Result<Option<Checkpoint>> {
+    let (Some(dir), true) = (&job.out, job.resume) else {
+        return Ok(None);
+    };
+    match checkpoint::load(dir, device)? {
+        Some(saved) => {
+            identity.ensure_same(&saved.state.identity, &checkpoint::path(dir))?;
+            Ok(Some(saved))
+        }
+        None => {
+            eprintln!(
+                "note: --resume: no checkpoint in {}, starting from the beginning",
+                dir.display()
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// The phase-1 classifier and what phase 1 measured.
+struct PhaseOne {
+    classifier: Classifier,
+    baseline_test_acc: f64,
+    pretrain_losses: Vec<f64>,
+}
+
+/// Writes the run's checkpoint (phase 1, then every `checkpoint_every` phase-2 epochs).
+struct Checkpoints<'a> {
+    job: &'a FinetuneJob,
+    identity: RunIdentity,
+    phase1: &'a PhaseOne,
+}
+
+impl Checkpoints<'_> {
+    fn save(
+        &self,
+        epochs_done: usize,
+        optimizer: Option<&AdamW>,
+        log: &[EpochMetrics],
+    ) -> Result<()> {
+        let Some(dir) = &self.job.out else {
+            return Ok(());
+        };
+        if self.job.checkpoint_every == 0 {
+            return Ok(());
+        }
+        let state = RunState {
+            identity: self.identity.clone(),
+            baseline_test_acc: self.phase1.baseline_test_acc,
+            pretrain_losses: self.phase1.pretrain_losses.clone(),
+            epochs_done,
+            optimizer_step: optimizer.map_or(0, |o| o.step),
+            log: log.to_vec(),
+        };
+        let mut tensors = checkpoint::named_tensors("classifier", &self.phase1.classifier.named());
+        if let Some(opt) = optimizer {
+            tensors.extend(opt.state());
+        }
+        crate::io::ensure_dir(dir)?;
+        checkpoint::save(dir, &state, &tensors)
+    }
+
+    fn due(&self, epoch: usize) -> bool {
+        epoch.is_multiple_of(self.job.checkpoint_every.max(1)) || epoch == self.job.config.epochs
+    }
+}
+
+/// Everything phase 1's result depends on: the configuration as phase 1 sees it, and digests of
+/// what it reads (the samples, their labels and their features).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Phase1Key {
+    version: u32,
+    config: RunConfig,
+    backbone_sha256: String,
+    train_source: String,
+    pretrain: Vec<usize>,
+    test: Vec<usize>,
+    labels_sha256: String,
+    features_sha256: String,
+}
+
+/// A finished phase 1, as the cache keeps it (with the classifier's tensors).
+#[derive(Serialize, Deserialize)]
+struct Phase1 {
+    key: Phase1Key,
+    baseline_test_acc: f64,
+    pretrain_losses: Vec<f64>,
+}
+
+fn release_indices(split: &data::Split, positions: &[usize]) -> Vec<usize> {
+    positions.iter().map(|&p| split.release_index[p]).collect()
+}
+
+/// sha256 over the bytes of every tensor, in order.
+fn tensors_sha256(tensors: &[&Tensor]) -> Result<String> {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    for t in tensors {
+        let values: Vec<f32> = t.flatten_all()?.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+        for v in values {
+            hasher.update(v.to_le_bytes());
+        }
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// One lock per phase-1 file, so that concurrent runs of a grid compute it once. A run that
+/// panicked while holding it leaves nothing half-written (the file is written atomically), so a
+/// poisoned lock is taken over.
+fn phase1_lock(file: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: std::sync::OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> =
+        std::sync::OnceLock::new();
+    let locks = LOCKS.get_or_init(Default::default);
+    let mut locks = locks.lock().unwrap_or_else(|e| e.into_inner());
+    Arc::clone(locks.entry(file.to_path_buf()).or_default())
+}
+
+/// Phase 1: the classifier on clean features, from the checkpoint, the shared phase-1 cache, or
+/// trained here.
+fn phase_one(
+    setup: &Setup,
+    prepared: &PreparedData,
+    features: &RunFeatures,
+    job: &FinetuneJob,
+    resumed: Option<&Checkpoint>,
+    init_rng: &mut rand_chacha::ChaCha8Rng,
+    progress: &dyn Progress,
+) -> Result<PhaseOne> {
+    let config = &job.config;
+    let device = &setup.device;
+    let hidden = setup.backbone.hidden_size();
+    let classes = setup.dataset.num_classes();
+    // ViT's classifier reads the CLS feature, BERT's its pooler on position 0 (when the
+    // checkpoint has one), the head mode's the mean-pooled final tokens.
+    let pooler = match (&setup.backbone.model, config.mode) {
+        (Model::Bert(bert), Mode::LastLayer) => bert
+            .pooler
+            .as_ref()
+            .map(|p| p.bias().map(|b| (p.weight(), b)))
+            .map(|p| p.context("pooler.dense has no bias"))
+            .transpose()?,
+        _ => None,
+    };
+    let classifier = Classifier::new(hidden, classes, pooler, init_rng, device)?;
+    let (pretrain_x, test_x) = match config.mode {
+        Mode::Head => (&features.pretrain.mean, &features.test.mean),
+        Mode::LastLayer => (&features.pretrain.cls, &features.test.cls),
+    };
+    if let Some(saved) = resumed {
+        checkpoint::restore_params("classifier", &classifier.named(), &saved.tensors)?;
+        return Ok(PhaseOne {
+            classifier,
+            baseline_test_acc: saved.state.baseline_test_acc,
+            pretrain_losses: saved.state.pretrain_losses.clone(),
+        });
+    }
+    let (source_name, source) = train_source(&setup.dataset, prepared.partition.train_source)?;
+    let labels: Vec<u32> = prepared
+        .pretrain
+        .labels
+        .iter()
+        .chain(&prepared.test.labels)
+        .copied()
+        .collect();
+    let key = Phase1Key {
+        version: 2,
+        config: config.phase1_view(),
+        backbone_sha256: setup.backbone.weights_sha256.clone(),
+        train_source: source_name.to_string(),
+        pretrain: release_indices(source, &prepared.partition.pretrain),
+        test: release_indices(&setup.dataset.test, &prepared.partition.test),
+        labels_sha256: crate::io::json_digest(&labels)?,
+        features_sha256: tensors_sha256(&[pretrain_x, test_x])?,
+    };
+    // Phase 1 depends on the pretrain set, not on n or η (the split keeps it fixed across n):
+    // runs of a grid share it through the cache, computed once.
+    let file = setup
+        .cache
+        .root()
+        .join("phase1")
+        .join(format!("{}.safetensors", &crate::io::json_digest(&key)?[..24]));
+    let lock = phase1_lock(&file);
+    let _only_one_computes = lock.lock().unwrap_or_else(|e| e.into_inner());
+    if let Ok(Some((saved, tensors))) = checkpoint::load_state::<Phase1>(&file, device)
+        && saved.key == key
+    {
+        checkpoint::restore_params("classifier", &classifier.named(), &tensors)?;
+        return Ok(PhaseOne {
+            classifier,
+            baseline_test_acc: saved.baseline_test_acc,
+            pretrain_losses: saved.pretrain_losses,
+        });
+    }
+    let mut losses = Vec::new();
+    progress.stage("phase 1 epochs", config.pretrain_epochs);
+    train_classifier(
+        &classifier,
+        &pretrain_x.to_device(device)?,
+        &prepared.pretrain.labels,
+        config.pretrain_epochs,
+        config.batch_size,
+        &config.optimizer,
+        config.seed,
+        &mut |_, loss| {
+            losses.push(loss);
+            progress.advance(1);
+        },
+    )?;
+    let baseline = evaluate(
+        &classifier.forward(&test_x.to_device(device)?)?.detach(),
+        &prepared.test.labels,
+    )?
+    .accuracy;
+    let saved = Phase1 {
+        key,
+        baseline_test_acc: baseline,
+        pretrain_losses: losses.clone(),
+    };
+    checkpoint::save_state(
+        &file,
+        &saved,
+        &checkpoint::named_tensors("classifier", &classifier.named()),
+    )?;
+    Ok(PhaseOne {
+        classifier,
+        baseline_test_acc: baseline,
+        pretrain_losses: losses,
+    })
+}
+
+/// The attention geometry of the last layer (or of the head, which has one D-dim head).
+#[derive(Clone, Copy)]
+struct QkShape {
+    mode: Mode,
+    heads: usize,
+    head_dim: usize,
+    hidden: usize,
+}
+
+impl QkShape {
+    fn of(model: &Model, mode: Mode, hidden: usize) -> Self {
+        let attention = match model {
+            Model::Vit(v) => &v.last_layer().attention,
+            Model::Bert(b) => &b.last_layer().attention,
+        };
+        Self {
+            mode,
+            heads: attention.num_heads,
+            head_dim: attention.head_dim,
+            hidden,
+        }
+    }
+
+    fn scale(&self) -> f64 {
+        1.0 / (self.head_dim as f64).sqrt()
+    }
+}
+
+/// A trained parameter by name, as the optimizer holds it.
+fn param(opt: &AdamW, name: &str) -> Result<Tensor> {
+    Ok(opt
+        .param(name)
+        .with_context(|| format!("no parameter {name}"))?
+        .as_tensor()
+        .clone())
+}
+
+/// The query-key eigenspectrum (PAPER.md §5) of the trained parameters: per head and averaged in
+/// last-layer mode; in head mode W itself, whose query is p, as in the synthetic model.
+fn qk_spectrum(opt: &AdamW, shape: QkShape) -> Result<Spectrum> {
+    let host = |name: &str| -> Result<Vec<f32>> { Ok(param(opt, name)?.flatten_all()?.to_vec1()?) };
+    Ok(match shape.mode {
+        Mode::LastLayer => {
+            let (wq, wk) = (host("query.weight")?, host("key.weight")?);
+            let rows = shape.head_dim * shape.hidden;
+            let per_head: Vec<Spectrum> = (0..shape.heads)
+                .map(|h| {
+                    head_spectrum(
+                        &wq[h * rows..(h + 1) * rows],
+                        &wk[h * rows..(h + 1) * rows],
+                        shape.head_dim,
+                        shape.scale(),
+                    )
+                })
+                .collect();
+            mean_over_heads(&per_head)
+        }
+        Mode::Head => spectrum(&nalgebra::DMatrix::from_row_iterator(
+            shape.hidden,
+            shape.hidden,
+            host("head.w")?.into_iter().map(f64::from),
+        )),
+    })
+}
+
+/// LocAteR on the same query-key matrix the spectrum reads, when λ > 0.
+fn locater_penalty(
+    opt: &AdamW,
+    shape: QkShape,
+    lambda: f64,
+) -> Result<Option<Box<Penalty<'static>>>> {
+    if lambda == 0.0 {
+        return Ok(None);
+    }
+    Ok(Some(match shape.mode {
+        Mode::LastLayer => {
+            let (query, key) = (param(opt, "query.weight")?, param(opt, "key.weight")?);
+            let (heads, scale) = (shape.heads, shape.scale());
+            Box::new(move || -> Result<Tensor> {
+                Ok((head_symmetric_variance(&query, &key, heads, scale)? * lambda)?)
+            }) as Box<Penalty<'static>>
+        }
+        Mode::Head => {
+            let w = param(opt, "head.w")?;
+            Box::new(move || -> Result<Tensor> { Ok((symmetric_variance(&w)? * lambda)?) })
+        }
+    }))
+}
+
+/// Trains `params` through `forward` with the run's optimizer and loop, resuming the optimizer
+/// from the checkpoint; at scored epochs the diagnostics join the metrics (the query-key
+/// spectrum, and rank collapse through `rank_probe`). Returns the log of every epoch.
+#[allow(clippy::too_many_arguments)]
+fn train_trainable(
+    job: &FinetuneJob,
+    data: &Phase2Data,
+    forward: &Forward,
+    params: Vec<(String, Var)>,
+    shape: QkShape,
+    rank_probe: Option<&dyn Fn() -> Result<f64>>,
+    checkpoints: &Checkpoints,
+    resumed: Option<&Checkpoint>,
+    progress: &dyn Progress,
+) -> Result<Vec<EpochMetrics>> {
+    let config = &job.config;
+    let total_steps = config.epochs * steps_per_epoch(config.n, config.batch_size);
+    let mut opt = AdamW::new(params, config.optimizer.clone(), total_steps)?;
+    let penalty = locater_penalty(&opt, shape, config.locater)?;
+    let (start_epoch, mut log) = match resumed {
+        Some(saved) => (saved.state.epochs_done, saved.state.log.clone()),
+        None => (0, Vec::new()),
+    };
+    if let Some(saved) = resumed.filter(|s| s.state.epochs_done > 0) {
+        opt.restore(&saved.tensors, saved.state.optimizer_step)?;
+    }
+    progress.stage("phase 2 epochs", config.epochs);
+    progress.advance(start_epoch);
+    train_phase2(
+        forward,
+        &mut opt,
+        data,
+        start_epoch,
+        config.epochs,
+        config.batch_size,
+        config.seed,
+        config.eval_every,
+        penalty.as_deref(),
+        &mut |m: &EpochMetrics, opt: &AdamW| {
+            let mut m = m.clone();
+            if m.test_acc.is_some() {
+                m.qk_spectrum = Some(qk_spectrum(opt, shape)?);
+                m.rank_collapse = rank_probe.map(|probe| probe()).transpose()?;
+            }
+            progress.epoch(&m);
+            let epoch = m.epoch;
+            log.push(m);
+            if checkpoints.due(epoch) {
+                checkpoints.save(epoch, Some(opt), &log)?;
+            }
+            Ok(())
+        },
+    )?;
+    Ok(log)
+}
+
+/// Phase 2 on the noisy samples, in the run's mode.
+fn phase_two(
+    setup: &Setup,
+    prepared: &PreparedData,
+    features: RunFeatures,
+    phase1: &PhaseOne,
+    checkpoints: &Checkpoints,
+    resumed: Option<&Checkpoint>,
+    init_rng: &mut rand_chacha::ChaCha8Rng,
+    progress: &dyn Progress,
+) -> Result<Vec<EpochMetrics>> {
+    let job = checkpoints.job;
+    let data = Phase2Data {
+        labels: &prepared.labels.labels,
+        clean_labels: &prepared.labels.clean_labels,
+        noisy_mask: &prepared.labels.noisy_mask,
+        test_labels: &prepared.test.labels,
+    };
+    let hidden = setup.backbone.hidden_size();
+    let shape = QkShape::of(&setup.backbone.model, job.config.mode, hidden);
+    let train = |forward: &Forward, params, probe: Option<&dyn Fn() -> Result<f64>>| {
+        train_trainable(
+            job,
+            &data,
+            forward,
+            params,
+            shape,
+            probe,
+            checkpoints,
+            resumed,
+            progress,
+        )
+    };
+    let device = &setup.device;
+    let RunFeatures { finetune, test, .. } = features;
+    match job.config.mode {
+        Mode::LastLayer => {
+            let layer = LastLayer::new(&setup.backbone.model, &phase1.classifier);
+            // Rank collapse is read on the first test samples' full layer (every token's query).
+            let probe_n = RANK_PROBE.min(test.cls.dim(0)?);
+            let probe_inputs = layer_inputs(&test)?.narrow(0, 0, probe_n)?.to_device(device)?;
+            let probe_mask = test
+                .attention_mask
+                .as_ref()
+                .map(|m| m.narrow(0, 0, probe_n)?.to_device(device))
+                .transpose()?;
+            // The caches replace the features they come from (they hold what phase 2 reads).
+            let prepare_set = |f: Features| -> Result<_> {
+                let mask = f.attention_mask.as_ref().map(|m| m.to_device(device)).transpose()?;
+                layer.prepare(&layer_inputs(&f)?.to_device(device)?, mask.as_ref())
+            };
+            let (train_cache, test_cache) = (prepare_set(finetune)?, prepare_set(test)?);
+            let qk = QueryKey::reset(hidden, init_rng, device)?;
+            let rank_probe = || layer.rank_collapse(&qk, &probe_inputs, probe_mask.as_ref());
+            let forward = |set: Set, rows: &[usize]| {
+                let cache = if set == Set::Finetune {
+                    &train_cache
+                } else {
+                    &test_cache
+                };
+                let out = layer.forward(&qk, cache, rows)?;
+                Ok((out.logits, out.cls_attention))
+            };
+            train(&forward, qk.named(), Some(&rank_probe))
+        }
+        Mode::Head => {
+            // The final tokens are the keys and the values; text keeps HF's padding mask.
+            let tokens_of = |f: Features| -> Result<Arc<KeyValues>> {
+                let tokens = final_tokens(&setup.backbone.model, &f, device)?;
+                Ok(Arc::new(KeyValues::new(
+                    &tokens,
+                    None,
+                    f.attention_mask.as_ref(),
+                    1.0,
+                )?))
+            };
+            let (train_tokens, test_tokens) = (tokens_of(finetune)?, tokens_of(test)?);
+            let head = TokenSelectionHead::new(hidden, init_rng, device)?;
+            let classifier = &phase1.classifier;
+            let forward = |set: Set, rows: &[usize]| {
+                let tokens = if set == Set::Finetune {
+                    &train_tokens
+                } else {
+                    &test_tokens
+                };
+                let selection = head.select(tokens, rows)?;
+                Ok((classifier.forward(&selection.pooled)?, selection.attention))
+            };
+            train(&forward, head.named(), None)
+        }
+    }
+}
+
+fn layer_inputs(features: &Features) -> Result<&Tensor> {
+    features
+        .layer_inputs
+        .as_ref()
+        .context("full features (the last layer's inputs) expected")
 }
 
 /// Final tokens (N, T, D) from cached last-layer inputs, through the frozen last layer on
 /// `device` (the model's).
 fn final_tokens(model: &Model, features: &Features, device: &Device) -> Result<Tensor> {
-    let inputs = features
-        .layer_inputs
-        .as_ref()
-        .context("full features expected")?;
+    let inputs = layer_inputs(features)?;
     let n = inputs.dim(0)?;
     let mut out = Vec::new();
     for start in (0..n).step_by(64) {
@@ -206,749 +970,40 @@ fn final_tokens(model: &Model, features: &Features, device: &Device) -> Result<T
     Ok(Tensor::cat(&out, 0)?)
 }
 
-/// What a run needs before any feature: its data, backbone and split.
-struct Setup {
-    config: DatasetConfig,
-    root: PathBuf,
-    dataset: data::Dataset,
-    completeness: Completeness,
-    backbone: Backbone,
-    plan: SplitPlan,
-    n: usize,
-    pretrain_n: usize,
-    epochs: usize,
-    pretrain_epochs: usize,
-    deviations: Vec<String>,
-}
-
-fn setup(options: &FinetuneOptions) -> Result<Setup> {
-    if !(0.0..1.0).contains(&options.eta) {
-        bail!("--eta must be in [0, 1), got {}", options.eta);
-    }
-    if !(options.locater.is_finite() && options.locater >= 0.0) {
-        bail!(
-            "--locater must be a finite number ≥ 0, got {}",
-            options.locater
-        );
-    }
-    if options.eval_every == 0 || options.encode_batch == 0 {
-        bail!("--eval-every and --encode-batch must be at least 1");
-    }
-    let config = dataset_config(&options.dataset)?;
-    let epochs = options.epochs.unwrap_or(config.epochs);
-    let pretrain_epochs = options.pretrain_epochs.unwrap_or(config.pretrain_epochs);
-    let root = data::data_root(options.data_dir.as_deref());
-    let dataset = data::load(&options.dataset, &root)?;
-    let completeness = Completeness::of(&dataset);
-    let (backbone, mut deviations) = load_backbone(options, &config)?;
-    let (plan, notes) = split_plan(options, &config, &dataset, &completeness)?;
-    deviations.extend(notes);
-    if epochs == 0 {
-        bail!("--epochs must be at least 1");
-    }
-    Ok(Setup {
-        n: plan.n,
-        pretrain_n: plan.pretrain_n,
-        config,
-        root,
-        dataset,
-        completeness,
-        backbone,
-        plan,
-        epochs,
-        pretrain_epochs,
-        deviations,
-    })
-}
-
-/// The first backbone of the run's preference list that loads, checked against the modality.
-fn load_backbone(
-    options: &FinetuneOptions,
-    config: &DatasetConfig,
-) -> Result<(Backbone, Vec<String>)> {
-    let candidates = match &options.backbone {
-        Some(id) => vec![id.clone()],
-        None => config.backbones.clone(),
-    };
-    let (backbone, deviations) = pick_backbone(&candidates, options)?;
-    let wanted = if options.dataset.modality() == Modality::Image {
-        "vit"
-    } else {
-        "bert"
-    };
-    match (&backbone.model, wanted) {
-        (Model::Vit(_), "vit") | (Model::Bert(_), "bert") => Ok((backbone, deviations)),
-        _ => bail!(
-            "{}: a {wanted} backbone is needed for {}",
-            backbone.files.id,
-            options.dataset
-        ),
-    }
-}
-
-/// The split of a run; pretrain_n shrinks to fit partial data, as the issue asks (a deviation).
-fn split_plan(
-    options: &FinetuneOptions,
-    config: &DatasetConfig,
-    dataset: &data::Dataset,
-    completeness: &Completeness,
-) -> Result<(SplitPlan, Vec<String>)> {
-    let n = options.n.unwrap_or(config.n);
-    if n == 0 {
-        bail!("--n must be at least 1");
-    }
-    let pool = match (options.carve_train_from_test, &dataset.train) {
-        (Some(f), _) => (f * dataset.test.len() as f64).round() as usize,
-        (None, Some(train)) => train.len(),
-        (None, None) => 0,
-    };
-    if pool > 0 && n > pool {
-        bail!(
-            "--n {n} exceeds the {pool} samples of {}'s training pool",
-            options.dataset
-        );
-    }
-    let mut deviations = Vec::new();
-    let mut pretrain_n = options.pretrain_n.unwrap_or(config.pretrain_n);
-    if pool > 0 && pretrain_n + n > pool {
-        let shrunk = pool - n;
-        deviations.push(format!(
-            "pretrain_n shrunk from {pretrain_n} to {shrunk}: the training pool holds {pool} samples ({})",
-            completeness.line()
-        ));
-        pretrain_n = shrunk;
-    }
-    let plan = SplitPlan {
-        pretrain_n,
-        n,
-        test_n: options.test_n,
-        seed: options.seed,
-        carve_train_from_test: options.carve_train_from_test,
-    };
-    Ok((plan, deviations))
-}
-
-/// The split the training samples come from, by name (the cache keys on it).
-fn train_source(dataset: &data::Dataset, source: TrainSource) -> (&'static str, &data::Split) {
-    match source {
-        TrainSource::Train => (
-            "train",
-            dataset
-                .train
-                .as_ref()
-                .expect("the partition found a training split"),
-        ),
-        TrainSource::Test => ("test", &dataset.test),
-    }
-}
-
-/// Features of `positions` of one split through the cache, with a progress stage.
-fn fetch(
-    cache: &FeatureCache,
-    backbone: &Backbone,
-    options: &FinetuneOptions,
-    (split_name, split): (&str, &data::Split),
-    positions: &[usize],
-    contents: Contents,
-    (what, progress): (&str, &dyn Progress),
-) -> Result<Features> {
-    progress.stage(what, positions.len());
-    let (features, stats) = cache.features(
-        backbone,
-        options.dataset.id(),
-        split_name,
-        split,
-        positions,
-        contents,
-        options.encode_batch,
-        &mut |k| progress.advance(k),
-    )?;
-    progress.advance(stats.from_cache);
-    for warning in stats.warnings {
-        eprintln!("warning: {warning}");
-    }
-    Ok(features)
-}
-
-/// Fills the feature cache for every run of `runs` (any datasets) at once, so that each sample
-/// passes through its backbone once and the runs themselves only read the cache.
-pub fn prefetch(runs: &[FinetuneOptions], progress: &dyn Progress) -> Result<()> {
-    let mut groups: Vec<Vec<&FinetuneOptions>> = Vec::new();
-    for run in runs {
-        match groups.iter_mut().find(|g| {
-            let first = g[0];
-            (
-                first.dataset.id(),
-                &first.backbone,
-                first.carve_train_from_test,
-            ) == (run.dataset.id(), &run.backbone, run.carve_train_from_test)
-        }) {
-            Some(group) => group.push(run),
-            None => groups.push(vec![run]),
-        }
-    }
-    for group in groups {
-        let first = group[0];
-        let config = dataset_config(&first.dataset)?;
-        let root = data::data_root(first.data_dir.as_deref());
-        let dataset = data::load(&first.dataset, &root)?;
-        let completeness = Completeness::of(&dataset);
-        let (backbone, _) = load_backbone(first, &config)?;
-        // Positions by split: full features (fine-tune and test sets) and CLS only (pretrain).
-        let mut wanted: BTreeMap<(&str, Contents), BTreeSet<usize>> = BTreeMap::new();
-        for run in &group {
-            let (plan, _) = split_plan(run, &config, &dataset, &completeness)?;
-            let partition = data::split::partition(&dataset, &plan)?;
-            let (source, _) = train_source(&dataset, partition.train_source);
-            let full = wanted.entry((source, Contents::Full)).or_default();
-            full.extend(&partition.finetune);
-            wanted
-                .entry(("test", Contents::Full))
-                .or_default()
-                .extend(&partition.test);
-            wanted
-                .entry((source, Contents::Cls))
-                .or_default()
-                .extend(&partition.pretrain);
-        }
-        let cache = FeatureCache::new(cache_root(first.cache_dir.as_deref()));
-        for ((split_name, contents), positions) in &wanted {
-            // Samples that also need full features get them (which hold the CLS too).
-            let full = wanted.get(&(*split_name, Contents::Full));
-            let positions: Vec<usize> = positions
-                .iter()
-                .copied()
-                .filter(|p| *contents == Contents::Full || !full.is_some_and(|f| f.contains(p)))
-                .collect();
-            if positions.is_empty() {
-                continue;
-            }
-            let split = match *split_name {
-                "train" => dataset.train.as_ref().expect("a train source exists"),
-                _ => &dataset.test,
-            };
-            let what = format!("{} {split_name} features", first.dataset);
-            fetch(
-                &cache,
-                &backbone,
-                first,
-                (split_name, split),
-                &positions,
-                *contents,
-                (&what, progress),
-            )?;
-        }
-    }
-    Ok(())
-}
-
-/// Everything phase 1's result depends on.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct Phase1Key {
-    version: u32,
-    dataset: String,
-    backbone_sha256: String,
-    /// What the classifier reads: "cls" or "mean" (head mode).
-    features: String,
-    pooler: bool,
-    pretrain: Vec<usize>,
-    test: Vec<usize>,
-    train_source: String,
-    seed: u64,
-    pretrain_epochs: usize,
-    batch_size: usize,
-    optimizer: String,
-    train_threads: usize,
-    device: String,
-}
-
-/// A finished phase 1, as the cache keeps it (with the classifier's tensors).
-#[derive(Serialize, Deserialize)]
-struct Phase1 {
-    key: Phase1Key,
-    baseline_test_acc: f64,
-    pretrain_losses: Vec<f64>,
-}
-
-fn release_indices(split: &data::Split, positions: &[usize]) -> Vec<usize> {
-    positions.iter().map(|&p| split.release_index[p]).collect()
-}
-
-/// One lock per phase-1 file, so that concurrent runs of a grid compute it once.
-fn phase1_lock(file: &std::path::Path) -> Arc<std::sync::Mutex<()>> {
-    static LOCKS: std::sync::OnceLock<
-        std::sync::Mutex<HashMap<PathBuf, Arc<std::sync::Mutex<()>>>>,
-    > = std::sync::OnceLock::new();
-    let locks = LOCKS.get_or_init(Default::default);
-    let mut locks = locks.lock().expect("phase-1 lock table");
-    Arc::clone(locks.entry(file.to_path_buf()).or_default())
-}
-
-pub fn finetune(options: &FinetuneOptions, progress: &dyn Progress) -> Result<FinetuneRun> {
-    let started = Instant::now();
-    let Setup {
-        config,
-        root,
-        dataset,
-        completeness,
-        backbone,
-        plan,
-        n,
-        pretrain_n,
-        epochs,
-        pretrain_epochs,
-        mut deviations,
-    } = setup(options)?;
-    let noise = NoiseSpec {
-        model: options.noise,
-        eta: options.eta,
-        seed: options.seed,
-    };
-    let prepared = prepare(&dataset, &plan, &noise, &root)?;
+/// summary.json from the configuration, what it resolved to and the last epoch.
+fn summarize(
+    job: &FinetuneJob,
+    setup: Setup,
+    prepared: &PreparedData,
+    phase1: PhaseOne,
+    log: Vec<EpochMetrics>,
+    started: Instant,
+) -> Result<FinetuneRun> {
+    let last = log
+        .last()
+        .context("phase 2 ran no epoch")?
+        .clone();
+    let mut deviations = setup.deviations;
     deviations.extend(prepared.partition.deviations.iter().cloned());
-
-    // Features: each sample through the backbone at most once, whatever ran before.
-    let cache = FeatureCache::new(cache_root(options.cache_dir.as_deref()));
-    let (source_name, source) = train_source(&dataset, prepared.partition.train_source);
-    let features = |what: &str,
-                    split: &str,
-                    data: &data::Split,
-                    positions: &[usize],
-                    contents: Contents|
-     -> Result<Features> {
-        fetch(
-            &cache,
-            &backbone,
-            options,
-            (split, data),
-            positions,
-            contents,
-            (what, progress),
-        )
-    };
-    let pretrain = features(
-        "pretrain features",
-        source_name,
-        source,
-        &prepared.partition.pretrain,
-        Contents::Cls,
-    )?;
-    let finetune = features(
-        "fine-tune features",
-        source_name,
-        source,
-        &prepared.partition.finetune,
-        Contents::Full,
-    )?;
-    let test = features(
-        "test features",
-        "test",
-        &dataset.test,
-        &prepared.partition.test,
-        Contents::Full,
-    )?;
-
-    // Both phases are chains of small ops: one thread each (by default) beats sharing cores,
-    // whose hand-offs dominate such ops, and keeps results independent of the core count.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(options.train_threads.max(1))
-        .build()
-        .context("building the training thread pool")?;
-    pool.install(|| -> Result<FinetuneRun> {
-        let device = &options.device;
-        let on_device = |t: &Tensor| -> Result<Tensor> { Ok(t.to_device(device)?) };
-
-        // A checkpoint of this very run, when resuming.
-        let identity = RunIdentity {
-            dataset: options.dataset.to_string(),
-            backbone: backbone.files.id.clone(),
-            backbone_sha256: backbone.weights_sha256.clone(),
-            mode: format!("{:?}", options.mode),
-            noise: options.noise.to_string(),
-            eta: options.eta,
-            n,
-            pretrain_n,
+    let summary = FinetuneSummary {
+        config: job.config.clone(),
+        resolved: Resolved {
+            backbone: setup.backbone.files.id.clone(),
+            backbone_sha256: setup.backbone.weights_sha256.clone(),
+            backbone_source: setup.backbone.files.source.clone(),
+            pretrain_n: setup.plan.pretrain_n,
             test_n: prepared.test.len(),
-            seed: options.seed,
-            epochs,
-            pretrain_epochs,
-            eval_every: options.eval_every,
-            locater: options.locater,
-        };
-        let resumed = match (&options.out, options.resume) {
-            (Some(dir), true) => match checkpoint::load(dir, device)? {
-                Some(saved) => {
-                    identity.ensure_same(&saved.state.identity, &checkpoint::path(dir))?;
-                    Some(saved)
-                }
-                None => {
-                    eprintln!(
-                        "note: --resume: no checkpoint in {}, starting from the beginning",
-                        dir.display()
-                    );
-                    None
-                }
-            },
-            _ => None,
-        };
-        let save_checkpoint = |state: &RunState, tensors: &HashMap<String, Tensor>| -> Result<()> {
-            match &options.out {
-                Some(dir) if options.checkpoint_every > 0 => {
-                    ensure_dir(dir)?;
-                    checkpoint::save(dir, state, tensors)
-                }
-                _ => Ok(()),
-            }
-        };
-
-        // Phase 1: the classifier on clean data.
-        let mut init_rng = stream(options.seed, Stream::Init);
-        let hidden = backbone.hidden_size();
-        let classes = dataset.num_classes();
-        let (classifier, pretrain_x, test_x) = match (options.mode, &backbone.model) {
-            (Mode::Head, _) => (
-                Classifier::new(hidden, classes, None, &mut init_rng, device)?,
-                &pretrain.mean,
-                &test.mean,
-            ),
-            (Mode::LastLayer, Model::Bert(bert)) => {
-                let pooler = bert
-                    .pooler
-                    .as_ref()
-                    .map(|p| (p.weight(), p.bias().expect("pooler.dense has a bias")));
-                (
-                    Classifier::new(hidden, classes, pooler, &mut init_rng, device)?,
-                    &pretrain.cls,
-                    &test.cls,
-                )
-            }
-            (Mode::LastLayer, Model::Vit(_)) => (
-                Classifier::new(hidden, classes, None, &mut init_rng, device)?,
-                &pretrain.cls,
-                &test.cls,
-            ),
-        };
-        let classifier_tensors = || checkpoint::named_tensors("classifier", &classifier.named());
-        let (baseline_test_acc, pretrain_losses) = match &resumed {
-            Some(saved) => {
-                checkpoint::restore_params("classifier", &classifier.named(), &saved.tensors)?;
-                (
-                    saved.state.baseline_test_acc,
-                    saved.state.pretrain_losses.clone(),
-                )
-            }
-            None => {
-                // Phase 1 depends on the pretrain set, not on n or η (the split keeps it fixed
-                // across n): runs of a grid share it through the cache, computed once.
-                let key = Phase1Key {
-                    version: 1,
-                    dataset: options.dataset.to_string(),
-                    backbone_sha256: backbone.weights_sha256.clone(),
-                    features: match options.mode {
-                        Mode::Head => "mean",
-                        Mode::LastLayer => "cls",
-                    }
-                    .to_string(),
-                    pooler: classifier.pooler.is_some(),
-                    pretrain: release_indices(source, &prepared.partition.pretrain),
-                    test: release_indices(&dataset.test, &prepared.partition.test),
-                    train_source: source_name.to_string(),
-                    seed: options.seed,
-                    pretrain_epochs,
-                    batch_size: config.batch_size,
-                    optimizer: format!("{:?}", config.optimizer),
-                    train_threads: options.train_threads,
-                    device: format!("{device:?}"),
-                };
-                let file = cache_root(options.cache_dir.as_deref())
-                    .join("phase1")
-                    .join(format!(
-                        "{}.safetensors",
-                        &sha256_hex(&serde_json::to_vec(&key)?)[..24]
-                    ));
-                let lock = phase1_lock(&file);
-                let _only_one_computes = lock.lock().expect("phase-1 lock");
-                let (baseline, losses) = match checkpoint::load_state::<Phase1>(&file, device) {
-                    Ok(Some((saved, tensors))) if saved.key == key => {
-                        checkpoint::restore_params("classifier", &classifier.named(), &tensors)?;
-                        (saved.baseline_test_acc, saved.pretrain_losses)
-                    }
-                    _ => {
-                        let mut losses = Vec::new();
-                        progress.stage("phase 1 epochs", pretrain_epochs);
-                        train_classifier(
-                            &classifier,
-                            &on_device(pretrain_x)?,
-                            &prepared.pretrain.labels,
-                            pretrain_epochs,
-                            config.batch_size,
-                            &config.optimizer,
-                            options.seed,
-                            &mut |_, loss| {
-                                losses.push(loss);
-                                progress.advance(1);
-                            },
-                        )?;
-                        let baseline = evaluate(
-                            &classifier.forward(&on_device(test_x)?)?.detach(),
-                            &prepared.test.labels,
-                        )?
-                        .accuracy;
-                        let saved = Phase1 {
-                            key,
-                            baseline_test_acc: baseline,
-                            pretrain_losses: losses.clone(),
-                        };
-                        checkpoint::save_state(&file, &saved, &classifier_tensors())?;
-                        (baseline, losses)
-                    }
-                };
-                let state = RunState {
-                    identity: identity.clone(),
-                    baseline_test_acc: baseline,
-                    pretrain_losses: losses.clone(),
-                    epochs_done: 0,
-                    optimizer_step: 0,
-                    log: Vec::new(),
-                };
-                save_checkpoint(&state, &classifier_tensors())?;
-                (baseline, losses)
-            }
-        };
-        drop(pretrain);
-
-        // Phase 2 on the noisy samples.
-        let data = Phase2Data {
-            labels: &prepared.labels.labels,
-            clean_labels: &prepared.labels.clean_labels,
-            noisy_mask: &prepared.labels.noisy_mask,
-            test_labels: &prepared.test.labels,
-        };
-        let total_steps = epochs * steps_per_epoch(n, config.batch_size);
-        let (start_epoch, mut log) = match &resumed {
-            Some(saved) => (saved.state.epochs_done, saved.state.log.clone()),
-            None => (0, Vec::new()),
-        };
-        progress.stage("phase 2 epochs", epochs);
-        progress.advance(start_epoch);
-        // The query-key eigenspectrum (PAPER.md §5), at the epochs the test set is scored.
-        let (heads, head_dim) = {
-            let attention = match &backbone.model {
-                Model::Vit(v) => &v.last_layer().attention,
-                Model::Bert(b) => &b.last_layer().attention,
-            };
-            (attention.num_heads, attention.head_dim)
-        };
-        let qk_scale = 1.0 / (head_dim as f64).sqrt();
-        // The query-key parameters by name, as the optimizer holds them.
-        let param = |opt: &AdamW, name: &str| -> Result<Tensor> {
-            Ok(opt
-                .param(name)
-                .with_context(|| format!("no parameter {name}"))?
-                .as_tensor()
-                .clone())
-        };
-        let spectrum_of = |opt: &AdamW| -> Result<Spectrum> {
-            let host = |name: &str| -> Result<Vec<f32>> {
-                Ok(param(opt, name)?.flatten_all()?.to_vec1()?)
-            };
-            Ok(match options.mode {
-                Mode::LastLayer => {
-                    let (wq, wk) = (host("query.weight")?, host("key.weight")?);
-                    let rows = head_dim * hidden;
-                    let per_head: Vec<Spectrum> = (0..heads)
-                        .map(|h| {
-                            head_spectrum(
-                                &wq[h * rows..(h + 1) * rows],
-                                &wk[h * rows..(h + 1) * rows],
-                                head_dim,
-                                qk_scale,
-                            )
-                        })
-                        .collect();
-                    mean_over_heads(&per_head)
-                }
-                // The head's query-key matrix is W itself (the query is p), as in the synthetic model.
-                Mode::Head => spectrum(&nalgebra::DMatrix::from_row_iterator(
-                    hidden,
-                    hidden,
-                    host("head.w")?.into_iter().map(f64::from),
-                )),
-            })
-        };
-        let mut on_epoch = |m: &EpochMetrics, opt: &AdamW| -> Result<()> {
-            progress.epoch(m);
-            log.push(m.clone());
-            if m.epoch.is_multiple_of(options.checkpoint_every.max(1)) || m.epoch == epochs {
-                let state = RunState {
-                    identity: identity.clone(),
-                    baseline_test_acc,
-                    pretrain_losses: pretrain_losses.clone(),
-                    epochs_done: m.epoch,
-                    optimizer_step: opt.step,
-                    log: log.clone(),
-                };
-                let mut tensors = classifier_tensors();
-                tensors.extend(opt.state());
-                save_checkpoint(&state, &tensors)?;
-            }
-            Ok(())
-        };
-        // LocAteR on the same query-key matrix the spectrum reads, when asked for.
-        let penalty_of = |opt: &AdamW| -> Result<Option<Box<Penalty<'static>>>> {
-            if options.locater == 0.0 {
-                return Ok(None);
-            }
-            let find = |name: &str| param(opt, name);
-            let lambda = options.locater;
-            Ok(Some(match options.mode {
-                Mode::LastLayer => {
-                    let (query, key) = (find("query.weight")?, find("key.weight")?);
-                    Box::new(move || -> Result<Tensor> {
-                        Ok((head_symmetric_variance(&query, &key, heads, qk_scale)? * lambda)?)
-                    }) as Box<Penalty<'static>>
-                }
-                Mode::Head => {
-                    let w = find("head.w")?;
-                    Box::new(move || -> Result<Tensor> { Ok((symmetric_variance(&w)? * lambda)?) })
-                }
-            }))
-        };
-        // The same optimizer and loop whatever is trained. At the scored epochs the diagnostics
-        // join the metrics: the query-key spectrum, and rank collapse through `rank_probe` (last
-        // layer only: the head has one query, no token outputs).
-        let mut train = |forward: &Forward,
-                         params: Vec<(String, Var)>,
-                         rank_probe: Option<&dyn Fn() -> Result<f64>>|
-         -> Result<()> {
-            let mut opt = AdamW::new(params, config.optimizer.clone(), total_steps)?;
-            let penalty = penalty_of(&opt)?;
-            if let Some(saved) = resumed.as_ref().filter(|s| s.state.epochs_done > 0) {
-                opt.restore(&saved.tensors, saved.state.optimizer_step)?;
-            }
-            train_phase2(
-                forward,
-                &mut opt,
-                &data,
-                start_epoch,
-                epochs,
-                config.batch_size,
-                options.seed,
-                options.eval_every,
-                penalty.as_deref(),
-                &mut |m: &EpochMetrics, opt: &AdamW| {
-                    let mut m = m.clone();
-                    if m.test_acc.is_some() {
-                        m.qk_spectrum = Some(spectrum_of(opt)?);
-                        m.rank_collapse = rank_probe.map(|probe| probe()).transpose()?;
-                    }
-                    on_epoch(&m, opt)
-                },
-            )
-        };
-        match options.mode {
-            Mode::LastLayer => {
-                let layer = LastLayer::new(&backbone.model, &classifier);
-                // The caches replace the features they come from (they hold what phase 2 reads).
-                let prepare_set = |f: Features| {
-                    layer.prepare(
-                        &on_device(f.layer_inputs.as_ref().expect("full features"))?,
-                        f.attention_mask
-                            .map(|m| m.to_device(device))
-                            .transpose()?
-                            .as_ref(),
-                    )
-                };
-                // Rank collapse is read on the first test samples' full layer (every token's query).
-                let probe_n = RANK_PROBE.min(test.cls.dim(0)?);
-                let probe_inputs = on_device(
-                    &test
-                        .layer_inputs
-                        .as_ref()
-                        .expect("full features")
-                        .narrow(0, 0, probe_n)?,
-                )?;
-                let probe_mask = test
-                    .attention_mask
-                    .as_ref()
-                    .map(|m| m.narrow(0, 0, probe_n)?.to_device(device))
-                    .transpose()?;
-                let (train_cache, test_cache) = (prepare_set(finetune)?, prepare_set(test)?);
-                let qk = QueryKey::reset(hidden, &mut init_rng, device)?;
-                let rank_probe = || layer.rank_collapse(&qk, &probe_inputs, probe_mask.as_ref());
-                let forward = |set: Set, rows: &[usize]| {
-                    let cache = if set == Set::Finetune {
-                        &train_cache
-                    } else {
-                        &test_cache
-                    };
-                    let out = layer.forward(&qk, cache, rows)?;
-                    Ok((out.logits, out.cls_attention))
-                };
-                train(&forward, qk.named(), Some(&rank_probe))?;
-            }
-            Mode::Head => {
-                // The final tokens are the keys and the values; text keeps HF's padding mask.
-                let tokens_of = |f: Features| -> Result<Arc<KeyValues>> {
-                    let tokens = final_tokens(&backbone.model, &f, device)?;
-                    Ok(Arc::new(KeyValues::new(
-                        &tokens,
-                        None,
-                        f.attention_mask.as_ref(),
-                        1.0,
-                    )?))
-                };
-                let (train_tokens, test_tokens) = (tokens_of(finetune)?, tokens_of(test)?);
-                let head = TokenSelectionHead::new(hidden, &mut init_rng, device)?;
-                let forward = |set: Set, rows: &[usize]| {
-                    let tokens = if set == Set::Finetune {
-                        &train_tokens
-                    } else {
-                        &test_tokens
-                    };
-                    let selection = head.select(tokens, rows)?;
-                    Ok((classifier.forward(&selection.pooled)?, selection.attention))
-                };
-                train(&forward, head.named(), None)?;
-            }
-        }
-
-        let last = log.last().expect("phase 2 ran at least one epoch").clone();
-        let summary = FinetuneSummary {
-            dataset: options.dataset.to_string(),
-            backbone: backbone.files.id.clone(),
-            backbone_sha256: backbone.weights_sha256.clone(),
-            backbone_source: backbone.files.source.clone(),
-            mode: options.mode,
-            noise: options.noise.to_string(),
-            eta: options.eta,
             realised_eta: prepared.labels.rate(),
-            n,
-            pretrain_n,
-            test_n: prepared.test.len(),
-            seed: options.seed,
-            epochs,
-            pretrain_epochs,
-            baseline_test_acc,
-            train_loss: last.train_loss,
-            train_acc: last.train_acc,
-            memorization: last.memorization,
-            clean_train_acc: last.clean_train_acc,
-            test_acc: last.test_acc.expect("the last epoch is scored"),
-            test_loss: last.test_loss.expect("the last epoch is scored"),
-            max_cls_attention: last.max_cls_attention,
-            attention_entropy: last.attention_entropy,
-            qk_spectrum: last.qk_spectrum,
-            rank_collapse: last.rank_collapse,
-            locater: options.locater,
-            dataset_completeness: completeness,
-            deviations,
-            wall_seconds: started.elapsed().as_secs_f64(),
-        };
-        Ok(FinetuneRun {
-            summary,
-            pretrain_losses,
-            epochs: log,
-        })
+            dataset_completeness: setup.completeness,
+        },
+        baseline_test_acc: phase1.baseline_test_acc,
+        last,
+        deviations,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok(FinetuneRun {
+        summary,
+        pretrain_losses: phase1.pretrain_losses,
+        epochs: log,
     })
 }

@@ -1,0 +1,151 @@
+//! `finetune`: one run of the paper's real-data protocol.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+
+use super::Places;
+use crate::data::DatasetName;
+use crate::data::noise::NoiseModel;
+use crate::report;
+use crate::train::finetune::{FinetuneJob, Mode, RunConfig};
+
+#[derive(Args, Debug)]
+pub struct FinetuneArgs {
+    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec)
+    #[arg(long)]
+    pub dataset: DatasetName,
+    /// Label-noise rate η ∈ [0, 1) on the fine-tune set
+    #[arg(long, allow_negative_numbers = true)]
+    pub eta: f64,
+    /// Fine-tune (noisy) samples [default: configs/<dataset>.toml, 200]
+    #[arg(long)]
+    pub n: Option<usize>,
+    /// Clean phase-1 samples [default: configs/<dataset>.toml; shrunk to fit partial data]
+    #[arg(long, value_name = "N")]
+    pub pretrain_n: Option<usize>,
+    /// Phase-2 epochs [default: 2000]
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Phase-1 epochs [default: 300]
+    #[arg(long, value_name = "EPOCHS")]
+    pub pretrain_epochs: Option<usize>,
+    /// Seed of the split, the label noise, the initialisations and the batch order
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Backbone hub id or folder [default: the config's preference list, paper's first]
+    #[arg(long, value_name = "ID")]
+    pub backbone: Option<String>,
+    /// `last-layer`: the paper (query/key of the last layer); `head`: the card's token-selection head
+    #[arg(long, value_enum, default_value_t = Mode::LastLayer)]
+    pub mode: Mode,
+    /// symmetric, pair, or cifar10n:aggre|random1|random2|random3|worse
+    #[arg(long, default_value = "symmetric")]
+    pub noise: NoiseModel,
+    /// Subsample the test split to this many samples [default: all]
+    #[arg(long, value_name = "M")]
+    pub test_n: Option<usize>,
+    /// Score the test set every K epochs (and after the last)
+    #[arg(long, value_name = "K", default_value_t = 50)]
+    pub eval_every: usize,
+    /// Split the test file into disjoint train and test pools (for AG-news offline); a deviation
+    #[arg(long, value_name = "F")]
+    pub carve_train_from_test: Option<f64>,
+    /// Write metrics.jsonl, pretrain.jsonl and summary.json here
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub places: Places,
+    /// Inputs per backbone batch when filling the cache
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub encode_batch: usize,
+    /// Add [CLS]/[SEP] when tokenizing (the authors did not)
+    #[arg(long)]
+    pub special_tokens: bool,
+    /// Write a checkpoint to --out every K phase-2 epochs (and after phase 1 and the last epoch); 0: none
+    #[arg(long, value_name = "K", default_value_t = 100)]
+    pub checkpoint_every: usize,
+    /// Continue from the checkpoint in --out (bit for bit); starts afresh if there is none
+    #[arg(long, requires = "out")]
+    pub resume: bool,
+    /// CPU threads for phases 1 and 2 (small ops: one is fastest on few cores; extraction uses all)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub train_threads: usize,
+    /// λ of the LocAteR penalty on the trained query-key matrix: the variance of the eigenvalues of
+    /// its symmetric part, mean over heads (README "Localization") [default: 0, the paper: none]
+    #[arg(
+        long,
+        value_name = "LAMBDA",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub locater: f64,
+}
+
+impl FinetuneArgs {
+    /// The run these flags describe: the dataset's paper defaults with the flags on top.
+    fn job(&self) -> Result<FinetuneJob> {
+        let paper = RunConfig::paper(&self.dataset)?;
+        let config = RunConfig {
+            mode: self.mode,
+            noise: self.noise,
+            eta: self.eta,
+            n: self.n.unwrap_or(paper.n),
+            pretrain_n: self.pretrain_n.unwrap_or(paper.pretrain_n),
+            test_n: self.test_n,
+            seed: self.seed,
+            epochs: self.epochs.unwrap_or(paper.epochs),
+            pretrain_epochs: self.pretrain_epochs.unwrap_or(paper.pretrain_epochs),
+            eval_every: self.eval_every,
+            carve_train_from_test: self.carve_train_from_test,
+            backbones: match &self.backbone {
+                Some(id) => vec![id.clone()],
+                None => paper.backbones.clone(),
+            },
+            special_tokens: self.special_tokens,
+            locater: self.locater,
+            train_threads: self.train_threads,
+            device: self.places.device,
+            ..paper
+        };
+        let job = FinetuneJob {
+            config,
+            places: self.places.places(),
+            out: self.out.clone(),
+            checkpoint_every: self.checkpoint_every,
+            resume: self.resume,
+            encode_batch: self.encode_batch,
+        };
+        job.validate()?;
+        Ok(job)
+    }
+}
+
+pub fn run(args: FinetuneArgs) -> Result<()> {
+    let job = args.job()?;
+    let run = {
+        let bars = report::finetune::Bars::default();
+        crate::train::finetune::finetune(&job, &bars)?
+    };
+    for deviation in &run.summary.deviations {
+        eprintln!("note: {deviation}");
+    }
+    if let Some(out) = &job.out {
+        report::finetune::write_run(out, &run)?;
+    }
+    println!("{}", serde_json::to_string(&run.summary)?);
+    let s = &run.summary;
+    eprintln!(
+        "{} {} η {}: baseline {:.3}, train loss {:.3}, memorization {:.3}, test {:.3} ({:.0} s)",
+        s.config.dataset,
+        s.resolved.backbone,
+        s.config.eta,
+        s.baseline_test_acc,
+        s.last.train_loss,
+        s.last.memorization,
+        s.test_acc(),
+        s.wall_seconds
+    );
+    Ok(())
+}

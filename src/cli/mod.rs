@@ -1,0 +1,136 @@
+//! Command-line flags and dispatch; the library does the work. Raw flags are parsed once into
+//! the library's typed values, one file per command (`synthetic`, `data`, `extract`,
+//! `finetune`, `reproduce`). Every error is one line on stderr and exit status 2.
+
+mod data;
+mod extract;
+mod finetune;
+mod reproduce;
+mod synthetic;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+use crate::runtime::DeviceKind;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "benign-attention",
+    version,
+    about = "Benign overfitting in token selection of attention: the paper's experiments"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// One run of the synthetic token-selection experiment (paper §2).
+    Synthetic(synthetic::SyntheticArgs),
+    /// The Fig. 5 grid over d × ‖μ‖, one run per cell, on all cores.
+    SyntheticSweep(synthetic::SweepArgs),
+    /// Attention localization (PAPER.md §5) across the synthetic SNR grid: final eigen-mean and
+    /// -variance of W, attention entropy of clean and noisy samples, regime; CSV and plots.
+    LocalizationSweep(synthetic::LocalizationSweepArgs),
+    /// Real datasets: what is present, checksums, downloads, and the paper's split.
+    #[command(subcommand)]
+    Data(data::DataCommand),
+    /// Run a dataset through a frozen backbone once and fill the feature cache.
+    Extract(extract::ExtractArgs),
+    /// The paper's real-data protocol: phase 1 on clean data, phase 2 on noisy labels (§3).
+    Finetune(finetune::FinetuneArgs),
+    /// The paper's real-data table and figures as grids of finetune runs, with a report.
+    #[command(subcommand)]
+    Reproduce(reproduce::ReproduceCommand),
+}
+
+
+#[derive(Args, Debug, Clone)]
+pub struct Places {
+    #[command(flatten)]
+    pub root: DataDirArg,
+    /// Folder holding checkpoints as <org>/<name>/ [default: $BENIGN_MODELS_DIR]
+    #[arg(long, value_name = "DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// Feature cache [default: $BENIGN_CACHE_DIR, else the platform cache folder/benign-attention]
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Where the backbone and the training compute (cuda needs a build with `--features cuda`)
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
+}
+
+impl Places {
+    /// The library's places (the device is part of a run's configuration).
+    pub fn places(&self) -> crate::train::run::Places {
+        crate::train::run::Places {
+            data_dir: self.root.data_dir.clone(),
+            models_dir: self.models_dir.clone(),
+            cache_dir: self.cache_dir.clone(),
+        }
+    }
+}
+
+
+#[derive(Args, Debug, Clone)]
+pub struct DataDirArg {
+    /// Folder holding one folder per dataset [default: $BENIGN_DATA_DIR, else ./datasets]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            use clap::error::ErrorKind::*;
+            if matches!(err.kind(), DisplayHelp | DisplayVersion) {
+                let _ = err.print();
+                return ExitCode::SUCCESS;
+            }
+            if err.kind() == DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = err.print();
+                return ExitCode::from(2);
+            }
+            let rendered = err.render().to_string();
+            eprintln!(
+                "{}",
+                rendered
+                    .lines()
+                    .next()
+                    .unwrap_or("error: invalid arguments")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            let message = format!("{err:#}").replace('\n', " ");
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs a parsed command; `Ok` carries the exit status of a command that ran to its end (0, or 1
+/// for a negative answer such as `data verify` finding a mismatch).
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Synthetic(args) => synthetic::run(args).map(|()| ExitCode::SUCCESS),
+        Command::SyntheticSweep(args) => synthetic::sweep(args).map(|()| ExitCode::SUCCESS),
+        Command::LocalizationSweep(args) => {
+            synthetic::localization_sweep(args).map(|()| ExitCode::SUCCESS)
+        }
+        Command::Data(command) => data::run(command),
+        Command::Extract(args) => extract::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Finetune(args) => finetune::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Reproduce(command) => reproduce::run(command),
+    }
+}
+

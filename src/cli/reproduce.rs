@@ -1,0 +1,257 @@
+//! `reproduce table2|fig8|fig9|report|slurm`: the paper's grids.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+
+use super::Places;
+use crate::data::DatasetName;
+use crate::report;
+use crate::reproduce as library;
+use crate::train::finetune::Mode;
+
+#[derive(Subcommand, Debug)]
+pub enum ReproduceCommand {
+    /// Table 2: datasets × n (20, 200, 1000) × η (0, 0.2) × seeds (42, 314, 2718).
+    Table2(GridArgs),
+    /// Fig. 8: η from 0 to 0.2 in steps of 0.01 at n = 200, seed 42.
+    Fig8(GridArgs),
+    /// Fig. 9: per-epoch max CLS attention, n = 200, η = 0.1, seed 42.
+    Fig9(GridArgs),
+    /// Merge the result folders of many shards (or runs) into one report.
+    Report(ReportArgs),
+    /// Write a Slurm job-array script whose tasks run one shard each.
+    Slurm(SlurmArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GridArgs {
+    /// Datasets, comma-separated [default: the six of Table 2]
+    #[arg(long, value_delimiter = ',')]
+    pub datasets: Option<Vec<DatasetName>>,
+    /// Seeds, comma-separated [default: the experiment's]
+    #[arg(long, value_delimiter = ',')]
+    pub seeds: Option<Vec<u64>>,
+    /// Fine-tune sizes n, comma-separated [default: the experiment's]
+    #[arg(long, value_delimiter = ',')]
+    pub ns: Option<Vec<usize>>,
+    /// Label-noise rates η, comma-separated [default: the experiment's]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub etas: Option<Vec<f64>>,
+    /// paper: the paper's sizes and epochs; quick: pretrain_n ≤ 500, test_n ≤ 500, 300/50 epochs
+    #[arg(long, value_enum, default_value_t = library::Budget::Paper)]
+    pub budget: library::Budget,
+    /// What phase 2 trains (see finetune --mode)
+    #[arg(long, value_enum, default_value_t = Mode::LastLayer)]
+    pub mode: Mode,
+    /// Result folder: runs/<run>/ and the report [default: results/<experiment>]
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Runs at once, sharing the cores [default: the number of cores]
+    #[arg(long, value_name = "J")]
+    pub jobs: Option<usize>,
+    /// Run only the K-th of N interleaved parts of the grid (1 ≤ K ≤ N)
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<library::Shard>,
+    #[command(flatten)]
+    pub places: Places,
+}
+
+/// Where a real-data run finds its data and checkpoints, caches features and computes.
+
+impl GridArgs {
+    /// The flags that define the grid, as a shard task would repeat them.
+    fn grid_flags(&self) -> Vec<String> {
+        fn list<T: ToString>(flag: &str, values: &Option<Vec<T>>) -> Vec<String> {
+            values.as_ref().map_or(Vec::new(), |v| {
+                vec![
+                    flag.to_string(),
+                    v.iter().map(T::to_string).collect::<Vec<_>>().join(","),
+                ]
+            })
+        }
+        let mut flags = Vec::new();
+        flags.extend(list("--datasets", &self.datasets));
+        flags.extend(list("--seeds", &self.seeds));
+        flags.extend(list("--ns", &self.ns));
+        flags.extend(list("--etas", &self.etas));
+        fn value(v: &impl clap::ValueEnum) -> String {
+            v.to_possible_value()
+                .map_or(String::new(), |p| p.get_name().to_string())
+        }
+        flags.extend(["--budget".into(), value(&self.budget)]);
+        flags.extend(["--mode".into(), value(&self.mode)]);
+        if let Some(j) = self.jobs {
+            flags.extend(["--jobs".into(), j.to_string()]);
+        }
+        flags.extend(["--device".into(), value(&self.places.device)]);
+        flags
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Result folders (each holding runs/)
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// Where to write results.csv, report.md and the figures
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct SlurmArgs {
+    /// Which grid
+    #[arg(value_enum)]
+    pub experiment: library::Experiment,
+    /// Array tasks (shards)
+    #[arg(long, value_name = "N")]
+    pub shards: usize,
+    #[command(flatten)]
+    pub grid: GridArgs,
+    /// Wall-time limit per task
+    #[arg(long, default_value = "24:00:00")]
+    pub time: String,
+    /// Cores per task
+    #[arg(long, default_value_t = 8)]
+    pub cpus_per_task: usize,
+    /// Memory per task
+    #[arg(long, default_value = "32G")]
+    pub mem: String,
+    /// Slurm partition
+    #[arg(long)]
+    pub partition: Option<String>,
+}
+
+
+fn experiment_name(e: library::Experiment) -> &'static str {
+    match e {
+        library::Experiment::Table2 => "table2",
+        library::Experiment::Fig8 => "fig8",
+        library::Experiment::Fig9 => "fig9",
+    }
+}
+
+fn grid_of(experiment: library::Experiment, args: &GridArgs) -> Result<library::Grid> {
+    library::Grid::new(
+        experiment,
+        args.datasets.clone(),
+        args.seeds.clone(),
+        args.ns.clone(),
+        args.etas.clone(),
+        args.budget,
+        args.mode,
+    )
+}
+
+pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
+    let (experiment, args) = match command {
+        ReproduceCommand::Table2(args) => (library::Experiment::Table2, args),
+        ReproduceCommand::Fig8(args) => (library::Experiment::Fig8, args),
+        ReproduceCommand::Fig9(args) => (library::Experiment::Fig9, args),
+        ReproduceCommand::Report(args) => {
+            let runs = library::merge(&args.dirs, &args.out)?;
+            println!("{runs} runs → {}", args.out.join("report.md").display());
+            return Ok(ExitCode::SUCCESS);
+        }
+        ReproduceCommand::Slurm(args) => {
+            if args.shards == 0 {
+                anyhow::bail!("--shards must be at least 1");
+            }
+            if args.grid.shard.is_some() {
+                anyhow::bail!("--shard: the script gives each task its own shard; drop the flag");
+            }
+            grid_of(args.experiment, &args.grid)?;
+            let name = experiment_name(args.experiment);
+            let out = args
+                .grid
+                .out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("results").join(name));
+            let out = std::path::absolute(&out).unwrap_or(out);
+            let env = [
+                ("BENIGN_DATA_DIR", args.grid.places.root.data_dir.clone()),
+                ("BENIGN_MODELS_DIR", args.grid.places.models_dir.clone()),
+                ("BENIGN_CACHE_DIR", args.grid.places.cache_dir.clone()),
+            ]
+            .into_iter()
+            .filter_map(|(k, flag)| {
+                flag.map(|p| p.display().to_string())
+                    .or_else(|| std::env::var(k).ok())
+                    .map(|v| (k.to_string(), v))
+            })
+            .collect();
+            let script = library::slurm::SlurmScript {
+                experiment: name.into(),
+                grid_args: args.grid.grid_flags(),
+                shards: args.shards,
+                out: out.clone(),
+                binary: std::env::current_exe().context("locating this binary")?,
+                time: args.time,
+                cpus_per_task: args.cpus_per_task,
+                mem: args.mem,
+                partition: args.partition,
+                env,
+            };
+            let path = out.join(format!("reproduce-{name}.sbatch"));
+            crate::io::ensure_dir(&out.join("logs"))?;
+            crate::io::write_atomic(&path, |w| Ok(w.write_all(script.render().as_bytes())?))?;
+            println!("{}", path.display());
+            eprintln!(
+                "submit with `sbatch {}`; then merge with `{} reproduce report {}/shard-* --out {}/report`",
+                path.display(),
+                script.binary.display(),
+                out.display(),
+                out.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    if args.jobs == Some(0) {
+        anyhow::bail!("--jobs must be at least 1");
+    }
+    let grid = grid_of(experiment, &args)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("results").join(experiment_name(experiment)));
+    let options = library::DriverOptions {
+        grid,
+        out: out.clone(),
+        jobs: args
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        shard: args.shard,
+        places: args.places.places(),
+        device: args.places.device,
+    };
+    // A missing GPU or CUDA build is one line now, not a failure of every run.
+    options.device.device()?;
+    let started = std::time::Instant::now();
+    let outcome = {
+        let bars = report::finetune::Bars::default();
+        library::run(&options, &bars)?
+    };
+    for note in &outcome.left_out {
+        eprintln!("left out: {note}");
+    }
+    eprintln!(
+        "{} runs done, {} were already finished, {} failed ({:.0} s); report: {}",
+        outcome.ran - outcome.failed.len(),
+        outcome.skipped,
+        outcome.failed.len(),
+        started.elapsed().as_secs_f64(),
+        out.join("report.md").display()
+    );
+    if outcome.failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for (id, err) in &outcome.failed {
+            eprintln!("failed: {id}: {err}");
+        }
+        Ok(ExitCode::from(1))
+    }
+}
+

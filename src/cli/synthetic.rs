@@ -1,0 +1,228 @@
+//! `synthetic`, `synthetic-sweep` and `localization-sweep`: the reference model's flags.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::report;
+use crate::synthetic::{self, EngineKind, Grid, SyntheticConfig, Trace};
+
+#[derive(Args, Debug)]
+pub struct SharedHyperParams {
+    /// TOML file with any of the config keys (seq_len, embed_dim, …); flags given on the command
+    /// line override it. Presets: configs/synthetic/*.toml.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Tokens per sample T (≥ 3) [default: 8]
+    #[arg(long, value_name = "T")]
+    pub seq_len: Option<usize>,
+    /// Training samples n (≥ 2) [default: 20]
+    #[arg(long, value_name = "N")]
+    pub train_n: Option<usize>,
+    /// Test samples (clean labels) [default: 1000]
+    #[arg(long, value_name = "N")]
+    pub test_n: Option<usize>,
+    /// ρ, signal strength of the weakly relevant tokens x₂, x₃ [default: 0.1]
+    #[arg(long, allow_negative_numbers = true)]
+    pub rho: Option<f64>,
+    /// η, label-flip ratio in [0, 0.5]; 2·⌊⌈nη⌉/2⌋ labels flip, half per class [default: 0.2]
+    #[arg(long, alias = "eta", value_name = "ETA", allow_negative_numbers = true)]
+    pub noise_ratio: Option<f64>,
+    /// Gradient-descent step size (> 0) [default: 0.005]
+    #[arg(long, value_name = "LR", allow_negative_numbers = true)]
+    pub learning_rate: Option<f64>,
+    /// Number of full-batch gradient-descent updates [default: 1000]
+    #[arg(long, value_name = "STEPS")]
+    pub num_steps: Option<usize>,
+    /// Seed of the data and of W's initialisation [default: 42]
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Build the test set from the training seed as the authors did (its first n samples share
+    /// the training noise, PAPER.md §2.1); by default the test set is independent.
+    #[arg(long)]
+    pub paper_test_seed: bool,
+    /// Log (and evaluate on the test set) every this many steps [default: 10]
+    #[arg(long, value_name = "STEPS")]
+    pub log_interval: Option<usize>,
+    /// Training computation: the exact low-rank `subspace` reformulation, or the plain `dense`
+    /// d×d candle autograd of the authors' code (same updates, O(d²) per step).
+    #[arg(long, value_enum, default_value_t = EngineKind::Subspace)]
+    pub engine: EngineKind,
+    /// λ of the LocAteR penalty λ·v_sym(W), the variance of the eigenvalues of W's symmetric part
+    /// (keeps their mean; README "Localization"); needs --engine dense [default: 0, none]
+    #[arg(long, value_name = "LAMBDA", allow_negative_numbers = true)]
+    pub locater: Option<f64>,
+}
+
+impl SharedHyperParams {
+    /// The config file (or the paper defaults) with the flags given on the command line on top.
+    fn config(&self) -> Result<SyntheticConfig> {
+        let mut c = match &self.config {
+            Some(path) => SyntheticConfig::from_toml_file(path)?,
+            None => SyntheticConfig::default(),
+        };
+        let set = |slot: &mut usize, flag: Option<usize>| flag.into_iter().for_each(|v| *slot = v);
+        set(&mut c.seq_len, self.seq_len);
+        set(&mut c.train_n, self.train_n);
+        set(&mut c.test_n, self.test_n);
+        set(&mut c.num_steps, self.num_steps);
+        set(&mut c.log_interval, self.log_interval);
+        let set = |slot: &mut f64, flag: Option<f64>| flag.into_iter().for_each(|v| *slot = v);
+        set(&mut c.rho, self.rho);
+        set(&mut c.noise_ratio, self.noise_ratio);
+        set(&mut c.learning_rate, self.learning_rate);
+        set(&mut c.locater, self.locater);
+        if let Some(seed) = self.seed {
+            c.seed = seed;
+        }
+        c.paper_test_seed |= self.paper_test_seed;
+        Ok(c)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct SyntheticArgs {
+    #[command(flatten)]
+    pub shared: SharedHyperParams,
+    /// Token dimension d (≥ 2) [default: 2000]
+    #[arg(long, value_name = "D")]
+    pub embed_dim: Option<usize>,
+    /// ‖μ‖, norm of the class signals (> 0) [default: 20]
+    #[arg(long, value_name = "NORM", allow_negative_numbers = true)]
+    pub signal_norm: Option<f64>,
+    /// Write metrics.jsonl, summary.json, token_probs.png and selected_tokens.png here; without
+    /// it the metrics and the summary go to stdout as JSON lines.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub shared: SharedHyperParams,
+    /// `full`: the authors' 39 × 39 grid (d 250..5000 step 125, ‖μ‖ 5..100 step 2.5);
+    /// `coarse`: a 9 × 9 subset of it.
+    #[arg(long, value_enum, default_value_t = Grid::Full)]
+    pub grid: Grid,
+    /// Output folder for sweep.csv and the heat maps.
+    #[arg(long, value_name = "DIR", default_value = "results/synthetic-sweep")]
+    pub out: PathBuf,
+    /// Parallel runs [default: all cores]
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+pub struct LocalizationSweepArgs {
+    #[command(flatten)]
+    pub shared: SharedHyperParams,
+    /// `coarse`: 9 × 9 cells of the Fig. 5 grid; `full`: all 39 × 39.
+    #[arg(long, value_enum, default_value_t = Grid::Coarse)]
+    pub grid: Grid,
+    /// Output folder for localization.csv and entropy_vs_eigen_variance.png.
+    #[arg(long, value_name = "DIR", default_value = "results/localization-sweep")]
+    pub out: PathBuf,
+    /// Parallel runs [default: all cores]
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+}
+
+
+pub fn run(args: SyntheticArgs) -> Result<()> {
+    let mut config = args.shared.config()?;
+    if let Some(d) = args.embed_dim {
+        config.embed_dim = d;
+    }
+    if let Some(norm) = args.signal_norm {
+        config.signal_norm = norm;
+    }
+    config.validate()?;
+    let bar = report::progress::bar(config.num_steps as u64 + 1, "steps");
+    let run = synthetic::run(&config, args.shared.engine, Trace::Full, &mut |_| {
+        bar.inc(1)
+    })?;
+    bar.finish_and_clear();
+    if let Some(dir) = &args.out {
+        report::synthetic::write_run(dir, &run)?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    report::synthetic::print_run(&mut stdout, &run, args.out.is_none())?;
+    stdout.flush()?;
+    let s = &run.summary;
+    eprintln!(
+        "{}: train acc {:.3}, test acc {:.3}, noisy fitted {}/{}, clean x₁ prob {:.3}, \
+         entropy clean {:.3} / noisy {}, W eigen-variance (symmetric part) {} ({:.2} s){}",
+        s.regime.name(),
+        s.train_acc,
+        s.test_acc,
+        s.noisy_fitted,
+        s.noisy_total,
+        s.clean_x1_prob,
+        s.clean_entropy,
+        s.noisy_entropy
+            .map_or("-".to_string(), |e| format!("{e:.3}")),
+        match (s.qk_symmetric_init, s.qk_symmetric) {
+            (Some(a), Some(b)) => format!("{:.4} → {:.4}", a.var, b.var),
+            _ => "-".to_string(),
+        },
+        s.wall_seconds,
+        args.out
+            .as_ref()
+            .map(|d| format!(", outputs in {}", d.display()))
+            .unwrap_or_default(),
+    );
+    Ok(())
+}
+
+/// Every cell of `grid` on `jobs` threads, with a progress bar: the validated base config, the
+/// rows and the wall time in seconds.
+fn run_grid(
+    shared: &SharedHyperParams,
+    grid: Grid,
+    jobs: Option<usize>,
+    trace: Trace,
+) -> Result<(SyntheticConfig, Vec<synthetic::SweepRow>, f64)> {
+    let base = shared.config()?;
+    base.validate()?;
+    if jobs == Some(0) {
+        anyhow::bail!("--jobs must be at least 1, got 0");
+    }
+    let mut pool = rayon::ThreadPoolBuilder::new();
+    if let Some(jobs) = jobs {
+        pool = pool.num_threads(jobs);
+    }
+    let pool = pool.build().context("cannot start the worker threads")?;
+    let cells = (grid.embed_dims().len() * grid.signal_norms().len()) as u64;
+    let bar = report::progress::bar(cells, "runs");
+    let started = std::time::Instant::now();
+    let rows =
+        pool.install(|| synthetic::sweep(&base, grid, shared.engine, trace, &|| bar.inc(1)))?;
+    bar.finish_and_clear();
+    Ok((base, rows, started.elapsed().as_secs_f64()))
+}
+
+pub fn sweep(args: SweepArgs) -> Result<()> {
+    let (base, rows, seconds) = run_grid(&args.shared, args.grid, args.jobs, Trace::FinalOnly)?;
+    report::synthetic::write_sweep(&args.out, args.grid, &base, &rows)?;
+    eprintln!(
+        "{} runs in {seconds:.1} s; sweep.csv and heat maps in {}",
+        rows.len(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+pub fn localization_sweep(args: LocalizationSweepArgs) -> Result<()> {
+    let (base, rows, seconds) =
+        run_grid(&args.shared, args.grid, args.jobs, Trace::FinalWithSpectrum)?;
+    report::synthetic::write_localization(&args.out, args.grid, &base, &rows)?;
+    eprintln!(
+        "{} runs in {seconds:.1} s; localization.csv and entropy_vs_eigen_variance.png in {}",
+        rows.len(),
+        args.out.display()
+    );
+    Ok(())
+}
+

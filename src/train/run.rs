@@ -1,0 +1,337 @@
+//! One description of a `finetune` run. [`RunConfig`] holds everything that decides its numbers,
+//! with the paper's defaults filled in; it is written as `config.json` beside the run, and every
+//! other description of the run derives from it: the run folder's name ([`RunConfig::run_name`]),
+//! the key under which phase 1 is shared between runs ([`RunConfig::phase1_view`]), the identity
+//! a checkpoint must match to be resumed, summary.json and the rows of results.csv. A new field is
+//! therefore part of all of them at once. Where things are read and written ([`Places`]) and how
+//! the run is carried out (checkpoint cadence, batch size of the backbone) are not part of it:
+//! they do not change the numbers.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+
+use super::config::dataset_config;
+use super::optim::OptimizerConfig;
+use crate::data::DatasetName;
+use crate::data::noise::NoiseModel;
+use crate::runtime::DeviceKind;
+
+/// What phase 2 trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The paper: re-initialise and train the last layer's query and key.
+    LastLayer,
+    /// The card: a token-selection head on the final tokens, with a frozen linear classifier.
+    Head,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::LastLayer => "last-layer",
+            Mode::Head => "head",
+        }
+    }
+}
+
+/// Everything that decides a run's numbers (written as config.json).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    #[serde(with = "crate::io::as_string")]
+    pub dataset: DatasetName,
+    pub mode: Mode,
+    #[serde(with = "crate::io::as_string")]
+    pub noise: NoiseModel,
+    /// Label-noise rate on the fine-tune set, in [0, 1).
+    pub eta: f64,
+    /// Fine-tune (noisy) samples.
+    pub n: usize,
+    /// Clean phase-1 samples asked for (partial data may shrink it: summary.json says by how much).
+    pub pretrain_n: usize,
+    /// Subsample of the test split; `None`: all of it.
+    pub test_n: Option<usize>,
+    /// Seed of the split, the label noise, the initialisations and the batch orders.
+    pub seed: u64,
+    pub epochs: usize,
+    pub pretrain_epochs: usize,
+    pub batch_size: usize,
+    pub optimizer: OptimizerConfig,
+    /// Score the test set every this many phase-2 epochs (and after the last).
+    pub eval_every: usize,
+    /// Fraction of the test split carved into a training pool (AG-news offline); a deviation.
+    pub carve_train_from_test: Option<f64>,
+    /// Backbones in order of preference; the first that loads is used.
+    pub backbones: Vec<String>,
+    /// Text: [CLS]/[SEP] added when tokenizing (the authors did not).
+    pub special_tokens: bool,
+    /// λ of the LocAteR penalty on the trained query-key matrix; 0: none (the paper).
+    pub locater: f64,
+    /// Threads of phases 1 and 2 (float reductions, and so the last bits, depend on it).
+    pub train_threads: usize,
+    pub device: DeviceKind,
+}
+
+impl RunConfig {
+    /// The paper's run on `dataset` (configs/<dataset>.toml) at η = 0, seed 42; callers set what
+    /// they change with struct update syntax.
+    pub fn paper(dataset: &DatasetName) -> Result<Self> {
+        let defaults = dataset_config(dataset)?;
+        Ok(Self {
+            dataset: dataset.clone(),
+            mode: Mode::LastLayer,
+            noise: NoiseModel::Symmetric,
+            eta: 0.0,
+            n: defaults.n,
+            pretrain_n: defaults.pretrain_n,
+            test_n: None,
+            seed: 42,
+            epochs: defaults.epochs,
+            pretrain_epochs: defaults.pretrain_epochs,
+            batch_size: defaults.batch_size,
+            optimizer: defaults.optimizer,
+            eval_every: 50,
+            carve_train_from_test: None,
+            backbones: defaults.backbones,
+            special_tokens: false,
+            locater: 0.0,
+            train_threads: 1,
+            device: DeviceKind::Cpu,
+        })
+    }
+
+    /// Every value a run cannot start with, named by its flag.
+    pub fn validate(&self) -> Result<()> {
+        if !(0.0..1.0).contains(&self.eta) {
+            bail!("--eta must be in [0, 1), got {}", self.eta);
+        }
+        let at_least_one = [
+            ("--n", self.n),
+            ("--pretrain-n", self.pretrain_n),
+            ("--test-n", self.test_n.unwrap_or(1)),
+            ("--epochs", self.epochs),
+            ("--pretrain-epochs", self.pretrain_epochs),
+            ("--eval-every", self.eval_every),
+            ("--train-threads", self.train_threads),
+            ("batch_size", self.batch_size),
+        ];
+        for (flag, value) in at_least_one {
+            if value == 0 {
+                bail!("{flag} must be at least 1, got 0");
+            }
+        }
+        if !(self.locater.is_finite() && self.locater >= 0.0) {
+            bail!("--locater must be a finite number ≥ 0, got {}", self.locater);
+        }
+        if let Some(f) = self.carve_train_from_test
+            && !(f > 0.0 && f < 1.0)
+        {
+            bail!("--carve-train-from-test must be in (0, 1), got {f}");
+        }
+        if self.backbones.is_empty() {
+            bail!("--backbone: no backbone to try");
+        }
+        Ok(())
+    }
+
+    /// The run folder's name: readable (dataset, mode, n, η, seed) and unique (a hash of the
+    /// whole configuration, so two configurations never share a folder).
+    pub fn run_name(&self) -> Result<String> {
+        Ok(format!(
+            "{}_{}_n{}_eta{}_seed{}_{}",
+            self.dataset.id(),
+            self.mode.name(),
+            self.n,
+            self.eta,
+            self.seed,
+            &crate::io::json_digest(self)?[..10]
+        ))
+    }
+
+    /// The configuration as phase 1 sees it: fields that only phase 2 reads are set to fixed
+    /// values, so that runs differing in them share one phase 1. Every other field, including any
+    /// added later, keeps phase 1 apart (it is safer to recompute than to share wrongly).
+    pub fn phase1_view(&self) -> Self {
+        Self {
+            eta: 0.0,
+            noise: NoiseModel::Symmetric,
+            n: 0,
+            epochs: 0,
+            eval_every: 0,
+            locater: 0.0,
+            // The mode stays: it decides what the classifier reads (CLS or mean-pooled tokens).
+            ..self.clone()
+        }
+    }
+}
+
+/// Where a run finds its data and checkpoints and caches features.
+#[derive(Clone, Debug, Default)]
+pub struct Places {
+    /// [default: $BENIGN_DATA_DIR, else ./datasets]
+    pub data_dir: Option<PathBuf>,
+    /// [default: $BENIGN_MODELS_DIR]
+    pub models_dir: Option<PathBuf>,
+    /// [default: $BENIGN_CACHE_DIR, else the platform cache folder]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// A run and how to carry it out.
+#[derive(Clone, Debug)]
+pub struct FinetuneJob {
+    pub config: RunConfig,
+    pub places: Places,
+    /// Where config.json, checkpoints and the outputs go.
+    pub out: Option<PathBuf>,
+    /// Phase-2 epochs between checkpoints; 0: none.
+    pub checkpoint_every: usize,
+    /// Continue from the checkpoint in `out`, if there is one.
+    pub resume: bool,
+    /// Inputs per backbone batch when filling the feature cache.
+    pub encode_batch: usize,
+}
+
+impl FinetuneJob {
+    /// Checks the configuration and the settings, each error naming its flag.
+    pub fn validate(&self) -> Result<()> {
+        self.config.validate()?;
+        if self.encode_batch == 0 {
+            bail!("--encode-batch must be at least 1, got 0");
+        }
+        if self.resume && self.out.is_none() {
+            bail!("--resume needs --out (the folder holding the checkpoint)");
+        }
+        Ok(())
+    }
+}
+
+/// The files of a run folder, named in this one place.
+#[derive(Clone, Debug)]
+pub struct RunFolder(pub PathBuf);
+
+impl RunFolder {
+    /// The resolved [`RunConfig`], written when the run starts.
+    pub fn config(&self) -> PathBuf {
+        self.0.join("config.json")
+    }
+
+    /// Written last: its presence means the run finished.
+    pub fn summary(&self) -> PathBuf {
+        self.0.join("summary.json")
+    }
+
+    /// Phase 2, one JSON line per epoch.
+    pub fn metrics(&self) -> PathBuf {
+        self.0.join("metrics.jsonl")
+    }
+
+    /// Phase 1's loss per epoch.
+    pub fn pretrain(&self) -> PathBuf {
+        self.0.join("pretrain.jsonl")
+    }
+
+    /// What `--resume` continues from.
+    pub fn checkpoint(&self) -> PathBuf {
+        self.0.join("checkpoint.safetensors")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trec() -> RunConfig {
+        RunConfig::paper(&DatasetName::Trec).unwrap()
+    }
+
+    #[test]
+    fn run_names_are_readable_and_tell_every_configuration_apart() {
+        let base = RunConfig {
+            eta: 0.1,
+            ..trec()
+        };
+        let name = base.run_name().unwrap();
+        assert!(name.starts_with("trec_last-layer_n200_eta0.1_seed42_"), "{name}");
+        let close = RunConfig {
+            eta: 0.101,
+            ..base.clone()
+        };
+        let tokens = RunConfig {
+            special_tokens: true,
+            ..base.clone()
+        };
+        assert_ne!(name, close.run_name().unwrap());
+        assert_ne!(name, tokens.run_name().unwrap());
+        assert_eq!(name, base.clone().run_name().unwrap());
+    }
+
+    #[test]
+    fn phase1_view_ignores_phase2_fields_only() {
+        let base = trec();
+        let other_phase2 = RunConfig {
+            eta: 0.2,
+            n: 20,
+            epochs: 7,
+            locater: 1.0,
+            ..base.clone()
+        };
+        assert_eq!(base.phase1_view(), other_phase2.phase1_view());
+        for changed in [
+            RunConfig {
+                special_tokens: true,
+                ..base.clone()
+            },
+            RunConfig {
+                seed: 1,
+                ..base.clone()
+            },
+            RunConfig {
+                mode: Mode::Head,
+                ..base.clone()
+            },
+        ] {
+            assert_ne!(base.phase1_view(), changed.phase1_view());
+        }
+    }
+
+    #[test]
+    fn config_round_trips_through_json_and_rejects_unknown_keys() {
+        let config = RunConfig {
+            noise: "cifar10n:worse".parse().unwrap(),
+            test_n: Some(3),
+            ..trec()
+        };
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(json.contains("\"dataset\":\"trec\"") && json.contains("cifar10n:worse"));
+        assert_eq!(serde_json::from_str::<RunConfig>(&json).unwrap(), config);
+        let extra = json.replacen('{', "{\"typo\":1,", 1);
+        assert!(serde_json::from_str::<RunConfig>(&extra).is_err());
+    }
+
+    #[test]
+    fn empty_selections_are_refused_by_their_flag() {
+        for (config, flag) in [
+            (
+                RunConfig {
+                    pretrain_n: 0,
+                    ..trec()
+                },
+                "--pretrain-n",
+            ),
+            (
+                RunConfig {
+                    test_n: Some(0),
+                    ..trec()
+                },
+                "--test-n",
+            ),
+            (RunConfig { n: 0, ..trec() }, "--n"),
+        ] {
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.starts_with(flag), "{err}");
+        }
+    }
+}
