@@ -253,3 +253,29 @@ fn coarse_sweep_writes_csv_and_heat_maps() {
         );
     }
 }
+
+#[test]
+fn data_verify_fails_when_a_file_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("trec")).unwrap();
+    let out = benign(&["data", "verify", "trec", "--data-dir", dir.path().to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("missing"), "{stdout}");
+}
+
+#[test]
+fn extract_refuses_an_empty_selection() {
+    let out = benign(&[
+        "extract",
+        "--dataset",
+        "trec",
+        "--backbone",
+        "org/none",
+        "--limit",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("--limit") && err.lines().count() == 1, "{err}");
+}

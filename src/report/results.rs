@@ -49,10 +49,14 @@ impl ResultRow {
     }
 
     /// The run as results.csv's columns: `run`, then every leaf of summary.json by its dotted
-    /// path (`config.eta`, `final.test_acc`, …); lists are joined by " | ".
+    /// path (`config.eta`, `final.test_acc`, …); lists are joined by " | ". The wall time is left
+    /// out: the table holds what a rerun reproduces.
     fn columns(&self) -> Result<Vec<(String, String)>> {
         let mut columns = vec![("run".to_string(), self.run.clone())];
         for (path, value) in crate::io::flatten_json(&serde_json::to_value(&self.summary)?) {
+            if path == "wall_seconds" {
+                continue;
+            }
             let text = match value {
                 serde_json::Value::Null => "NaN".to_string(),
                 serde_json::Value::String(s) => s,

@@ -461,6 +461,24 @@ mod tests {
     }
 
     #[test]
+    fn repeated_values_are_one_grid_point() {
+        let g = Grid::new(
+            Experiment::Table2,
+            Some(vec![DatasetName::Trec, DatasetName::Trec]),
+            Some(vec![42, 42, 7]),
+            Some(vec![20, 20]),
+            Some(vec![0.1, 0.1, 0.101]),
+            Budget::Quick,
+            Mode::LastLayer,
+        )
+        .unwrap();
+        assert_eq!(g.datasets.len(), 1);
+        assert_eq!(g.seeds, vec![42, 7]);
+        assert_eq!(g.ns, vec![20]);
+        assert_eq!(g.etas, vec![0.1, 0.101]);
+    }
+
+    #[test]
     fn shards_partition_the_grid() {
         let shards: Vec<Shard> = (1..=3).map(|k| format!("{k}/3").parse().unwrap()).collect();
         for position in 0..10 {
