@@ -13,6 +13,7 @@
 
 use std::time::Instant;
 
+use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
@@ -72,12 +73,12 @@ fn main() {
                 .unwrap()
         })
         .collect();
-    let cache = layer
-        .prepare(&Tensor::cat(&inputs, 0).unwrap(), None)
-        .unwrap();
+    let all = Tensor::cat(&inputs, 0).unwrap();
+    let cached = LayerRows::from_padded(&all, vec![all.dim(1).unwrap(); N]).unwrap();
     let qk = QueryKey::reset(hidden, &mut rng, &device).unwrap();
     let forward = |_: Set, rows: &[usize]| {
-        let out = layer.forward(&qk, &cache, rows)?;
+        let batch = cached.batch(rows, &device)?;
+        let out = layer.forward(&qk, &batch.inputs, &batch.lengths)?;
         Ok((out.logits, out.cls_attention))
     };
     let data = Phase2Data {

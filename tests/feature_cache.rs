@@ -93,7 +93,10 @@ fn second_request_does_no_backbone_work_and_subsets_come_from_the_cache() {
         .unwrap();
     assert_eq!((stats.computed, stats.from_cache), (12, 0));
     assert_eq!(backbone.forward_batches(), 3);
-    assert_eq!(first.layer_inputs.as_ref().unwrap().dims(), [12, 17, 32]);
+    let inputs = first.layer_inputs.as_ref().unwrap();
+    assert_eq!((inputs.len(), inputs.tokens(), inputs.dim()), (12, 17, 32));
+    let batch = inputs.batch(&[0, 11], &Device::Cpu).unwrap();
+    assert_eq!(batch.inputs.dims(), [2, 17, 32]);
 
     // The same key again, and a reordered subset with fewer contents: no backbone work at all.
     let (again, stats) = cache
@@ -370,15 +373,23 @@ fn a_shard_with_non_finite_values_is_rebuilt_even_with_a_matching_checksum() {
     let poisoned = (cls.clone() * f64::NAN).unwrap();
     tensors.insert("cls".into(), poisoned);
     candle_core::safetensors::save(&tensors, &tensors_path).unwrap();
-    // The sidecar re-sealed to the poisoned file, as a consistent but wrong writer would.
+    // The sidecar re-sealed to the poisoned tensor, as a consistent but wrong writer would.
     let digest = {
         use sha2::Digest;
-        let d = sha2::Sha256::digest(std::fs::read(&tensors_path).unwrap());
+        let bytes: Vec<u8> = tensors["cls"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let d = sha2::Sha256::digest(bytes);
         d.iter().map(|b| format!("{b:02x}")).collect::<String>()
     };
     let mut sidecar: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&sidecar_path).unwrap()).unwrap();
-    sidecar["tensors_sha256"] = digest.into();
+    sidecar["tensor_sha256"]["cls"] = digest.into();
     std::fs::write(&sidecar_path, sidecar.to_string()).unwrap();
     let (features, stats) = request(&cache, &backbone, "test", &data);
     assert_eq!(stats.computed, 12, "{:?}", stats.warnings);
@@ -436,4 +447,27 @@ fn an_unwritable_cache_is_refused_when_opened() {
     std::fs::write(&file, "x").unwrap();
     let err = FeatureCache::open(file.join("cache")).err().unwrap().to_string();
     assert!(err.contains("cannot be written"), "{err}");
+}
+
+#[test]
+fn tampered_layer_inputs_are_an_error_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let backbone = tiny_vit(dir.path());
+    let root = dir.path().join("cache");
+    let cache = FeatureCache::open(root.clone()).unwrap();
+    let data = images();
+    request(&cache, &backbone, "test", &data);
+    // Flip the last bytes of the layer inputs: the last sample's rows.
+    let path = shard_of(&root, "safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let end = 8 + header_len + header["layer_inputs"]["data_offsets"][1].as_u64().unwrap() as usize;
+    bytes[end - 8..end].iter_mut().for_each(|b| *b ^= 0x55);
+    std::fs::write(&path, bytes).unwrap();
+    let (features, _) = request(&cache, &backbone, "test", &data);
+    let rows = features.layer_inputs.unwrap();
+    assert!(rows.batch(&[0], &Device::Cpu).is_ok());
+    let err = rows.batch(&[11], &Device::Cpu).err().unwrap().to_string();
+    assert!(err.contains("digest"), "{err}");
 }

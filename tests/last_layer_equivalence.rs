@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 
 use benign_attention::encoder::Model;
+use benign_attention::encoder::layer_rows::LayerRows;
+use benign_attention::encoder::layers::unpadded_lengths;
 use benign_attention::encoder::bert::{Bert, BertConfig};
 use benign_attention::encoder::vit::{Vit, VitConfig};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
@@ -50,9 +52,16 @@ fn check(
     let full_loss = candle_nn::loss::cross_entropy(&full_logits, labels).unwrap();
     let full_grads = full_loss.backward().unwrap();
 
-    let cache = layer.prepare(&through_cache(layer_inputs), mask).unwrap();
-    let rows: Vec<usize> = (0..layer_inputs.dim(0).unwrap()).collect();
-    let out = layer.forward(&qk, &cache, &rows).unwrap();
+    // The cache keeps each sample's rows up to its last attended token; a batch comes back
+    // zero-padded to its longest sample.
+    let n = layer_inputs.dim(0).unwrap();
+    let lengths = match mask {
+        Some(m) => unpadded_lengths(m).unwrap(),
+        None => vec![layer_inputs.dim(1).unwrap(); n],
+    };
+    let rows = LayerRows::from_padded(&through_cache(layer_inputs), lengths).unwrap();
+    let batch = rows.batch(&(0..n).collect::<Vec<_>>(), &Device::Cpu).unwrap();
+    let out = layer.forward(&qk, &batch.inputs, &batch.lengths).unwrap();
     let loss = candle_nn::loss::cross_entropy(&out.logits, labels).unwrap();
     let grads = loss.backward().unwrap();
 

@@ -3,6 +3,7 @@
 
 use benign_attention::diagnostics::locater::head_symmetric_variance;
 use benign_attention::encoder::Model;
+use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::vit::{Vit, VitConfig};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
@@ -32,22 +33,20 @@ fn train_tiny_last_layer(locater: f64) -> Trained {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     let classifier = Classifier::new(config.hidden_size, 3, None, &mut rng, &Device::Cpu).unwrap();
     let layer = LastLayer::new(&model, &classifier);
-    let (train_cache, test_cache) = (
-        layer
-            .prepare(&inputs.narrow(0, 0, 16).unwrap(), None)
-            .unwrap(),
-        layer
-            .prepare(&inputs.narrow(0, 16, 8).unwrap(), None)
-            .unwrap(),
-    );
+    let rows_of = |start: usize, len: usize| {
+        let part = inputs.narrow(0, start, len).unwrap();
+        LayerRows::from_padded(&part, vec![part.dim(1).unwrap(); len]).unwrap()
+    };
+    let (train_rows, test_rows) = (rows_of(0, 16), rows_of(16, 8));
     let qk = QueryKey::reset(config.hidden_size, &mut rng, &Device::Cpu).unwrap();
     let forward = |set: Set, rows: &[usize]| {
-        let cache = if set == Set::Finetune {
-            &train_cache
+        let source = if set == Set::Finetune {
+            &train_rows
         } else {
-            &test_cache
+            &test_rows
         };
-        let out = layer.forward(&qk, cache, rows)?;
+        let batch = source.batch(rows, &Device::Cpu)?;
+        let out = layer.forward(&qk, &batch.inputs, &batch.lengths)?;
         Ok((out.logits, out.cls_attention))
     };
     let clean: Vec<u32> = (0..16).map(|i| (i % 3) as u32).collect();

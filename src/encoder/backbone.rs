@@ -148,6 +148,24 @@ impl Backbone {
         }
     }
 
+    /// Tokens per sample entering the last layer before padding is cut: the patches plus CLS for
+    /// ViT (at the preprocessed size), max_length for text.
+    pub fn max_tokens(&self) -> usize {
+        match (&self.model, &self.preprocessing) {
+            (Model::Vit(m), Preprocessing::Image(p)) => {
+                let (h, w) = p.size.unwrap_or((m.config.image_size, m.config.image_size));
+                let patch = m.config.patch_size.max(1);
+                (h / patch) * (w / patch) + 1
+            }
+            (Model::Vit(m), _) => {
+                let side = m.config.image_size / m.config.patch_size.max(1);
+                side * side + 1
+            }
+            (Model::Bert(_), Preprocessing::Text(t)) => t.max_length,
+            (Model::Bert(m), _) => m.config.max_position_embeddings,
+        }
+    }
+
     /// Changes whenever the inputs to the network would (part of the feature-cache key).
     pub fn preprocessing_fingerprint(&self) -> String {
         match &self.preprocessing {

@@ -23,13 +23,16 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::backbone::{Backbone, Encoded};
+use super::layer_rows::{LayerRows, rows_digest};
 use crate::data::Split;
 use crate::data::files::sha256_hex;
 
 pub const CACHE_DIR_ENV: &str = "BENIGN_CACHE_DIR";
-const FORMAT_VERSION: u32 = 2;
-/// Samples per shard written by one extraction.
+const FORMAT_VERSION: u32 = 3;
+/// Samples per shard written by one extraction: at most 1024, and about 256 MB of layer inputs
+/// (a shard is held in memory while it is computed).
 const SHARD_SAMPLES: usize = 1024;
+const SHARD_BYTES: usize = 256 << 20;
 /// The lock file of a shard folder.
 const LOCK: &str = ".lock";
 
@@ -55,10 +58,9 @@ pub struct Features {
     pub pooled: Option<Tensor>,
     /// Mean of the final tokens over attended positions, (N, D).
     pub mean: Tensor,
-    /// (N, T, D), with `Contents::Full`.
-    pub layer_inputs: Option<Tensor>,
-    /// (N, T) u32, text with `Contents::Full`.
-    pub attention_mask: Option<Tensor>,
+    /// The hidden states entering the last layer, unpadded, read from the shards on demand, with
+    /// `Contents::Full`.
+    pub layer_inputs: Option<LayerRows>,
 }
 
 #[derive(Debug, Default)]
@@ -85,11 +87,16 @@ struct ShardKey {
     sample_digest: Vec<String>,
 }
 
-/// A shard's sidecar: its key and the checksum of its tensors file.
+/// A shard's sidecar: its key and the checksums of its tensors: sha256 of each small tensor's
+/// bytes, and a digest of each sample's layer-input rows (read one sample at a time).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Sidecar {
     key: ShardKey,
-    tensors_sha256: String,
+    tensor_sha256: BTreeMap<String, String>,
+    /// `layer_rows::rows_digest` per sample, with `Contents::Full`.
+    row_digest: Vec<String>,
+    /// Tokens per sample before its padding was cut.
+    tokens: usize,
 }
 
 impl ShardKey {
@@ -281,7 +288,9 @@ impl FeatureCache {
             missing.sort_unstable_by_key(|&p| data.release_index[p]);
             missing.dedup_by_key(|p| data.release_index[*p]);
             // A shard per SHARD_SAMPLES, so an interrupted extraction keeps what it finished.
-            for part in missing.chunks(SHARD_SAMPLES) {
+            let per_sample = backbone.max_tokens() * backbone.hidden_size() * 4;
+            let shard_samples = SHARD_SAMPLES.min(SHARD_BYTES / per_sample.max(1)).max(1);
+            for part in missing.chunks(shard_samples) {
                 let mut encoded: Vec<Encoded> = Vec::new();
                 for chunk in part.chunks(batch_size.max(1)) {
                     encoded.push(backbone.encode(&data.inputs, chunk)?);
@@ -290,9 +299,10 @@ impl FeatureCache {
                 let key = key_of(contents, part);
                 let tensors = shard_tensors(&encoded, contents)?;
                 ensure_finite(&tensors, backbone, &key)?;
-                write_shard(&dir, &key, &tensors)?;
+                let sidecar = write_shard(&dir, &key, &tensors, backbone.max_tokens())?;
                 stats.computed += part.len();
-                store.add(key, tensors);
+                let path = dir.join(format!("{}.safetensors", key.file_stem()?));
+                store.add(&path, &sidecar)?;
             }
         }
         stats.from_cache = positions.len() - stats.computed.min(positions.len());
@@ -301,10 +311,21 @@ impl FeatureCache {
     }
 }
 
+/// A trusted shard as a request reads it: its small tensors in memory, and where its samples'
+/// layer inputs are in its file.
+struct Shard {
+    small: HashMap<String, Tensor>,
+    /// Per sample: byte offset of its first layer-input row, and its rows' digest.
+    rows: Vec<(u64, String)>,
+    lengths: Vec<usize>,
+    file: std::sync::Arc<PathBuf>,
+    tokens: usize,
+}
+
 /// The trusted shards a request reads, and where each requested sample is.
 #[derive(Default)]
 struct ShardStore {
-    shards: Vec<HashMap<String, Tensor>>,
+    shards: Vec<Shard>,
     /// (release index, sample digest) → (shard, row).
     location: HashMap<(usize, String), (usize, usize)>,
     /// Sidecars already read (by path), so a second scan only opens new shards.
@@ -312,7 +333,7 @@ struct ShardStore {
 }
 
 impl ShardStore {
-    /// Loads the shards of `dir` that hold requested samples; untrusted ones are removed.
+    /// Opens the shards of `dir` that hold requested samples; untrusted ones are removed.
     fn scan(
         &mut self,
         dir: &Path,
@@ -352,66 +373,62 @@ impl ShardStore {
                 contents: key.contents,
                 ..expected.clone()
             };
-            let rows: Vec<(usize, (usize, String))> = key
+            let holds_wanted = key
                 .release_index
                 .iter()
                 .zip(&key.sample_digest)
-                .map(|(&r, d)| (r, d.clone()))
-                .enumerate()
-                .filter(|(_, id)| needed.contains(id) && !self.location.contains_key(id))
-                .collect();
+                .any(|(&r, d)| needed.contains(&(r, d.clone())));
             if !same_source
                 || key.contents < contents
                 || key.release_index.len() != key.sample_digest.len()
-                || rows.is_empty()
+                || !holds_wanted
             {
                 continue;
             }
             let tensors_path = sidecar_path.with_extension("safetensors");
-            match load_shard(&tensors_path, &sidecar, backbone.hidden_size()) {
-                Ok(tensors) => {
-                    let s = self.shards.len();
-                    self.shards.push(tensors);
-                    for (row, id) in rows {
-                        self.location.insert(id, (s, row));
-                    }
-                }
-                Err(err) => {
-                    stats.warnings.push(format!(
-                        "{}: {err:#}; rebuilding its samples",
-                        tensors_path.display()
-                    ));
-                    let _ = std::fs::remove_file(&sidecar_path);
-                    let _ = std::fs::remove_file(&tensors_path);
-                }
+            if let Err(err) = self.add(&tensors_path, &sidecar) {
+                stats.warnings.push(format!(
+                    "{}: {err:#}; rebuilding its samples",
+                    tensors_path.display()
+                ));
+                let _ = std::fs::remove_file(&sidecar_path);
+                let _ = std::fs::remove_file(&tensors_path);
             }
         }
         Ok(())
     }
 
-    fn add(&mut self, key: ShardKey, tensors: HashMap<String, Tensor>) {
+    /// Opens the shard at `path` (checked against its sidecar) and records where its samples are.
+    fn add(&mut self, path: &Path, sidecar: &Sidecar) -> Result<()> {
+        let shard = open_shard(path, sidecar)?;
         let s = self.shards.len();
-        for (row, id) in key
+        for (row, id) in sidecar
+            .key
             .release_index
-            .into_iter()
-            .zip(key.sample_digest)
+            .iter()
+            .zip(&sidecar.key.sample_digest)
             .enumerate()
         {
-            self.location.insert(id, (s, row));
+            self.location
+                .entry((*id.0, id.1.clone()))
+                .or_insert((s, row));
         }
-        self.shards.push(tensors);
+        self.shards.push(shard);
+        Ok(())
     }
 
     /// The requested rows in request order: one index_select per shard, then one to restore
-    /// the order.
+    /// the order; layer inputs as references into the shard files.
     fn gather(&self, wanted: &[(usize, String)], contents: Contents) -> Result<Features> {
         let mut by_shard: BTreeMap<usize, Vec<(usize, u32)>> = BTreeMap::new();
+        let mut places = Vec::with_capacity(wanted.len());
         for (k, id) in wanted.iter().enumerate() {
             let &(s, row) = self
                 .location
                 .get(id)
                 .context("a requested sample is in no shard")?;
             by_shard.entry(s).or_default().push((k, row as u32));
+            places.push((s, row));
         }
         let mut restore = vec![0u32; wanted.len()];
         let mut next = 0u32;
@@ -423,7 +440,7 @@ impl ShardStore {
         }
         let restore = Tensor::new(restore, &Device::Cpu)?;
         let gather = |name: &str| -> Result<Option<Tensor>> {
-            if !by_shard.keys().all(|&s| self.shards[s].contains_key(name)) {
+            if !by_shard.keys().all(|&s| self.shards[s].small.contains_key(name)) {
                 return Ok(None);
             }
             let pieces: Vec<Tensor> = by_shard
@@ -433,27 +450,32 @@ impl ShardStore {
                         rows.iter().map(|&(_, r)| r).collect::<Vec<u32>>(),
                         &Device::Cpu,
                     )?;
-                    self.shards[s][name].index_select(&idx, 0)
+                    self.shards[s].small[name].index_select(&idx, 0)
                 })
                 .collect::<candle_core::Result<_>>()?;
             Ok(Some(Tensor::cat(&pieces, 0)?.index_select(&restore, 0)?))
         };
-        let wants_full = contents == Contents::Full;
+        let cls = gather("cls")?.context("cache shards lack the cls feature")?;
+        let layer_inputs = if contents == Contents::Full {
+            let samples = places
+                .iter()
+                .map(|&(s, row)| {
+                    let shard = &self.shards[s];
+                    let (offset, digest) = shard.rows.get(row).cloned().context("a shard lacks layer inputs")?;
+                    Ok((std::sync::Arc::clone(&shard.file), offset, shard.lengths[row], digest))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let tokens = places.iter().map(|&(s, _)| self.shards[s].tokens).max().unwrap_or(0);
+            Some(LayerRows::on_disk(samples, tokens, cls.dim(1)?))
+        } else {
+            None
+        };
         Ok(Features {
             release_index: wanted.iter().map(|(r, _)| *r).collect(),
-            cls: gather("cls")?.context("cache shards lack the cls feature")?,
+            cls,
             pooled: gather("pooled")?,
             mean: gather("mean")?.context("cache shards lack the mean feature")?,
-            layer_inputs: if wants_full {
-                gather("layer_inputs")?
-            } else {
-                None
-            },
-            attention_mask: if wants_full {
-                gather("attention_mask")?
-            } else {
-                None
-            },
+            layer_inputs,
         })
     }
 }
@@ -489,41 +511,111 @@ fn read_sidecars(dir: &Path) -> Vec<(PathBuf, Sidecar)> {
     found.into_iter().collect()
 }
 
-/// The tensors of a shard, checked against its sidecar: the file's sha256, the shapes, and
-/// finite values.
-fn load_shard(path: &Path, sidecar: &Sidecar, hidden: usize) -> Result<HashMap<String, Tensor>> {
-    let bytes = std::fs::read(path).context("unreadable")?;
-    let sha = sha256_hex(&bytes);
-    if sha != sidecar.tensors_sha256 {
-        bail!(
-            "sha256 {} differs from the {} its sidecar recorded",
-            &sha[..12],
-            &sidecar.tensors_sha256[..12.min(sidecar.tensors_sha256.len())]
-        );
+/// A tensor's place in a safetensors file.
+#[derive(Deserialize)]
+struct TensorInfo {
+    dtype: String,
+    shape: Vec<usize>,
+    data_offsets: (u64, u64),
+}
+
+/// The header of a safetensors file: its tensors by name, and where their data starts.
+fn safetensors_header(file: &std::fs::File) -> Result<(HashMap<String, TensorInfo>, u64)> {
+    use std::os::unix::fs::FileExt;
+    let mut size = [0u8; 8];
+    file.read_exact_at(&mut size, 0).context("no safetensors header")?;
+    let size = u64::from_le_bytes(size);
+    if size > 100 << 20 {
+        bail!("a safetensors header of {size} bytes");
     }
-    let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).context("unreadable")?;
+    let mut header = vec![0u8; size as usize];
+    file.read_exact_at(&mut header, 8).context("truncated header")?;
+    let mut entries: HashMap<String, serde_json::Value> =
+        serde_json::from_slice(&header).context("unreadable header")?;
+    entries.remove("__metadata__");
+    let infos = entries
+        .into_iter()
+        .map(|(name, value)| Ok((name, serde_json::from_value(value)?)))
+        .collect::<Result<_>>()?;
+    Ok((infos, 8 + size))
+}
+
+/// Opens a shard checked against its sidecar: each small tensor's sha256, shapes and finite
+/// values; the layer inputs stay on disk (each sample is checked when read).
+fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).context("unreadable")?;
+    let (infos, data_start) = safetensors_header(&file)?;
     let key = &sidecar.key;
     let n = key.release_index.len();
+    let mut small = HashMap::new();
+    for (name, expected_sha) in &sidecar.tensor_sha256 {
+        let info = infos.get(name).with_context(|| format!("no {name} tensor"))?;
+        let (begin, end) = info.data_offsets;
+        let mut bytes = vec![0u8; end.saturating_sub(begin) as usize];
+        file.read_exact_at(&mut bytes, data_start + begin)
+            .with_context(|| format!("{name}: truncated"))?;
+        let sha = sha256_hex(&bytes);
+        if sha != *expected_sha {
+            bail!(
+                "{name}: sha256 {} differs from the {} its sidecar recorded",
+                &sha[..12],
+                &expected_sha[..12.min(expected_sha.len())]
+            );
+        }
+        let dtype = match info.dtype.as_str() {
+            "F32" => DType::F32,
+            "U32" => DType::U32,
+            other => bail!("{name}: unexpected dtype {other}"),
+        };
+        let tensor = Tensor::from_raw_buffer(&bytes, dtype, &info.shape, &Device::Cpu)?;
+        small.insert(name.clone(), tensor);
+    }
+    let hidden = infos
+        .get("cls")
+        .and_then(|i| i.shape.get(1).copied())
+        .context("no cls tensor")?;
     for name in ["cls", "mean"] {
-        let t = tensors
-            .get(name)
-            .with_context(|| format!("no {name} tensor"))?;
+        let t = small.get(name).with_context(|| format!("no checked {name} tensor"))?;
         if t.dims() != [n, hidden] {
             bail!("{name} has shape {:?}, expected [{n}, {hidden}]", t.dims());
         }
     }
-    if key.contents == Contents::Full {
-        let inputs = tensors
-            .get("layer_inputs")
-            .context("no layer_inputs tensor")?;
-        if inputs.rank() != 3 || inputs.dim(0)? != n || inputs.dim(2)? != hidden {
-            bail!("layer_inputs has shape {:?} for {n} samples", inputs.dims());
-        }
-    }
-    if let Some(name) = first_non_finite(&tensors)? {
+    if let Some(name) = first_non_finite(&small)? {
         bail!("{name} holds non-finite values");
     }
-    Ok(tensors)
+    let (mut rows, mut lengths) = (Vec::new(), Vec::new());
+    if key.contents == Contents::Full {
+        let info = infos.get("layer_inputs").context("no layer_inputs tensor")?;
+        lengths = small
+            .get("lengths")
+            .context("no checked lengths tensor")?
+            .to_vec1::<u32>()?
+            .into_iter()
+            .map(|l| l as usize)
+            .collect();
+        let total: usize = lengths.iter().sum();
+        if info.dtype != "F32"
+            || info.shape != [total, hidden]
+            || lengths.len() != n
+            || sidecar.row_digest.len() != n
+            || info.data_offsets.1 - info.data_offsets.0 != (total * hidden * 4) as u64
+        {
+            bail!("layer_inputs has shape {:?} for {n} samples of {total} rows", info.shape);
+        }
+        let mut offset = data_start + info.data_offsets.0;
+        for (len, digest) in lengths.iter().zip(&sidecar.row_digest) {
+            rows.push((offset, digest.clone()));
+            offset += (len * hidden * 4) as u64;
+        }
+    }
+    Ok(Shard {
+        small,
+        rows,
+        lengths,
+        file: std::sync::Arc::new(path.to_path_buf()),
+        tokens: sidecar.tokens,
+    })
 }
 
 /// The name of the first float tensor holding a NaN or an infinity.
@@ -569,15 +661,14 @@ fn shard_tensors(parts: &[Encoded], contents: Contents) -> Result<HashMap<String
         Ok(Some(
             Tensor::cat(&pieces, 0)?
                 .to_device(&Device::Cpu)?
+                .to_dtype(DType::F32)?
                 .contiguous()?,
         ))
     };
     let mut tensors = HashMap::new();
     tensors.insert(
         "cls".to_string(),
-        cat(&|e| Some(&e.cls))?
-            .context("no batch was encoded")?
-            .to_dtype(DType::F32)?,
+        cat(&|e| Some(&e.cls))?.context("no batch was encoded")?,
     );
     tensors.insert(
         "mean".to_string(),
@@ -587,35 +678,88 @@ fn shard_tensors(parts: &[Encoded], contents: Contents) -> Result<HashMap<String
         tensors.insert("pooled".into(), pooled);
     }
     if contents == Contents::Full {
+        // Each sample's rows up to its last attended token: padding is never stored.
+        let (mut rows, mut lengths) = (Vec::new(), Vec::new());
+        for part in parts {
+            let inputs = part.layer_inputs.to_device(&Device::Cpu)?;
+            let (b, t, _) = inputs.dims3()?;
+            let cut = match &part.attention_mask {
+                Some(mask) => super::layers::unpadded_lengths(&mask.to_device(&Device::Cpu)?)?,
+                None => vec![t; b],
+            };
+            for (i, len) in cut.into_iter().enumerate() {
+                rows.push(inputs.get(i)?.narrow(0, 0, len)?);
+                lengths.push(len as u32);
+            }
+        }
         tensors.insert(
             "layer_inputs".into(),
-            cat(&|e| Some(&e.layer_inputs))?.context("no batch was encoded")?,
+            Tensor::cat(&rows, 0)?.to_dtype(DType::F32)?.contiguous()?,
         );
-        if let Some(mask) = cat(&|e| e.attention_mask.as_ref())? {
-            tensors.insert("attention_mask".into(), mask);
-        }
+        let n = lengths.len();
+        tensors.insert("lengths".into(), Tensor::from_vec(lengths, n, &Device::Cpu)?);
     }
     Ok(tensors)
 }
 
-/// Tensors first, then the sidecar that vouches for them; each to a temporary name, then renamed.
-fn write_shard(dir: &Path, key: &ShardKey, tensors: &HashMap<String, Tensor>) -> Result<()> {
+/// The raw little-endian bytes of a tensor, as safetensors stores them.
+fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    Ok(match t.dtype() {
+        DType::F32 => t
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DType::U32 => t
+            .flatten_all()?
+            .to_vec1::<u32>()?
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        other => bail!("cache tensors are f32 or u32, not {other:?}"),
+    })
+}
+
+/// Tensors first, then the sidecar that vouches for them (checksums of the small tensors and
+/// of each sample's layer-input rows); each to a temporary name, then renamed.
+fn write_shard(
+    dir: &Path,
+    key: &ShardKey,
+    tensors: &HashMap<String, Tensor>,
+    tokens: usize,
+) -> Result<Sidecar> {
     let stem = key.file_stem()?;
     let target = dir.join(format!("{stem}.safetensors"));
+    let mut tensor_sha256 = BTreeMap::new();
+    for (name, t) in tensors.iter().filter(|(name, _)| *name != "layer_inputs") {
+        tensor_sha256.insert(name.clone(), sha256_hex(&tensor_bytes(t)?));
+    }
+    let mut row_digest = Vec::new();
+    if let (Some(inputs), Some(lengths)) = (tensors.get("layer_inputs"), tensors.get("lengths")) {
+        let dim = inputs.dim(1)?;
+        let values: Vec<f32> = inputs.flatten_all()?.to_vec1()?;
+        let mut start = 0;
+        for len in lengths.to_vec1::<u32>()? {
+            let end = start + len as usize * dim;
+            row_digest.push(rows_digest(&values[start..end]));
+            start = end;
+        }
+    }
     let tmp = tempfile::Builder::new()
         .prefix(".tmp-")
         .suffix(".safetensors")
         .tempfile_in(dir)?;
     candle_core::safetensors::save(tensors, tmp.path())
         .with_context(|| format!("{}: cannot write", target.display()))?;
-    let tensors_sha256 = sha256_hex(
-        &std::fs::read(tmp.path()).with_context(|| format!("{}: cannot read back", target.display()))?,
-    );
     tmp.persist(&target)
         .with_context(|| format!("{}: cannot move into place", target.display()))?;
     let sidecar = Sidecar {
         key: key.clone(),
-        tensors_sha256,
+        tensor_sha256,
+        row_digest,
+        tokens,
     };
-    crate::io::write_json(&dir.join(format!("{stem}.json")), &sidecar)
+    crate::io::write_json(&dir.join(format!("{stem}.json")), &sidecar)?;
+    Ok(sidecar)
 }

@@ -123,6 +123,24 @@ pub fn additive_mask(attention_mask: &Tensor) -> Result<Tensor> {
     ((1.0 - keep)? * f64::from(f32::MIN))?.reshape((b, 1, 1, t))
 }
 
+/// Tokens of each row of a 0/1 padding mask (N, T) up to its last unmasked one (all T when
+/// none is unmasked): what is left once the trailing padding is cut.
+pub fn unpadded_lengths(attention_mask: &Tensor) -> Result<Vec<usize>> {
+    let tokens = attention_mask.dim(D::Minus1)?;
+    let mask: Vec<f32> = attention_mask
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1()?;
+    Ok(mask
+        .chunks_exact(tokens)
+        .map(|row| {
+            row.iter()
+                .rposition(|&v| v != 0.0)
+                .map_or(tokens, |last| last + 1)
+        })
+        .collect())
+}
+
 /// Row 0 of every sequence: (B, T, D) → (B, D).
 pub fn first_token(xs: &Tensor) -> Result<Tensor> {
     xs.narrow(1, 0, 1)?.squeeze(1)

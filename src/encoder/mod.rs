@@ -7,6 +7,7 @@ pub mod backbone;
 pub mod bert;
 pub mod cache;
 pub mod hub;
+pub mod layer_rows;
 pub mod layers;
 pub mod preprocess;
 pub mod text;

@@ -1,19 +1,21 @@
-//! One query per head attending over frozen, cached keys and values: the only part of phase 2
-//! that touches every token, in both modes.
+//! One query per head attending over the tokens of a batch: the only part of phase 2 that touches
+//! every token, in both modes.
 //!
-//! Per sample and head h, with a query direction rₕ (D), a scalar bias cₕ, keys K (T, D), values
-//! Vₕ (T, d_v) and an additive mask m:
+//! Per sample and head h, with a query direction rₕ (D), a scalar bias cₕ and the tokens
+//! X (L, D) that are both the keys and what is pooled:
 //!
-//!   sₜ = scale·(rₕ·kₜ + cₕ) + mₜ,   p = softmax(s),   contextₕ = Σₜ pₜ vₕₜ
+//!   sₜ = scale·(rₕ·xₜ + cₕ),   p = softmax(s),   pooledₕ = Σₜ pₜ xₜ
 //!
-//! The last layer uses rₕ = q₀ₕ W_Kₕ, cₕ = q₀ₕ·b_Kₕ, scale 1/√dₕ, K = X̂ (what the attention
-//! reads) and V its frozen values; the head mode uses r = Wᵀp, c = 0, scale 1, V = K = the final
+//! The last layer uses rₕ = q₀ₕ W_Kₕ, cₕ = q₀ₕ·b_Kₕ, scale 1/√dₕ and X = X̂ (what its attention
+//! reads); attention is linear in the values, so its context is pooledₕ W_Vₕᵀ + b_Vₕ and neither
+//! keys nor values exist per sample. The head mode uses r = Wᵀp, c = 0, scale 1, X = the final
 //! tokens, one head.
 //!
-//! On the CPU a fused custom op does the forward and the backward in one pass over the cached rows
-//! without gathering a batch tensor. Autograd through candle's generic ops would also compute, and
-//! allocate, gradients for the frozen keys and values (its matmul backward differentiates both
-//! operands), which made that route memory-bound. Other devices take the generic route, which
+//! Each sample keeps only its first Lᵢ tokens (its unpadded length: HF pads text on the right,
+//! and a padded position has probability exactly 0). On the CPU a fused custom op does the
+//! forward and the backward with four matrix products per sample; autograd through candle's
+//! generic ops would also compute, and allocate, gradients for the frozen tokens (its matmul
+//! backward differentiates both operands). Other devices take the generic route, which
 //! `attend_reference` also is, so the two are tested against each other.
 
 use std::sync::Arc;
@@ -22,110 +24,58 @@ use anyhow::{Result, ensure};
 use candle_core::{CpuStorage, CustomOp2, D, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::encoder::layers::additive_mask;
+pub use crate::encoder::layers::unpadded_lengths;
 
-/// Frozen keys, values and mask of a whole set, in host memory.
+/// The tokens of a batch, in host memory.
 pub struct KeyValues {
-    keys: Vec<f32>,
-    /// `None`: the values are the keys (one head, d_v = D).
-    values: Option<Vec<f32>>,
-    /// Additive, (N, T).
-    mask: Option<Vec<f32>>,
-    /// Tokens of each sample up to its last unmasked one: the trailing padding of text gets
-    /// probability exactly 0, so scores, softmax and sums skip it (TREC's questions fill about
-    /// a tenth of the 128 positions).
+    tokens_data: Vec<f32>,
+    /// Tokens of each sample up to its last unpadded one; later positions are never read.
     lengths: Vec<usize>,
     samples: usize,
     tokens: usize,
     dim: usize,
     heads: usize,
-    value_dim: usize,
     scale: f32,
 }
 
 /// What one batch's attention produced.
 pub struct Attended {
-    /// (B, H, d_v).
-    pub context: Tensor,
+    /// (B, H, D): Σₜ pₜ xₜ per head.
+    pub pooled: Tensor,
     /// (B, H, T).
     pub probs: Tensor,
 }
 
 impl KeyValues {
-    /// `keys` (N, T, D); `values` (N, H, T, d_v) or `None` to attend over the keys themselves;
-    /// `attention_mask` the 0/1 padding mask (N, T) of text, made additive as HF does.
-    pub fn new(
-        keys: &Tensor,
-        values: Option<&Tensor>,
-        attention_mask: Option<&Tensor>,
-        scale: f64,
-    ) -> Result<Self> {
-        let (samples, tokens, dim) = keys.dims3()?;
-        let (heads, value_dim) = match values {
-            Some(v) => {
-                let (n, h, t, dv) = v.dims4()?;
+    /// `tokens` (N, T, D) attended by `heads` queries per sample; `lengths` the unpadded tokens
+    /// per sample (all T when `None`).
+    pub fn new(tokens: &Tensor, heads: usize, lengths: Option<&[usize]>, scale: f64) -> Result<Self> {
+        let (samples, t, dim) = tokens.dims3()?;
+        let lengths = match lengths {
+            Some(l) => {
                 ensure!(
-                    (n, t) == (samples, tokens),
-                    "values {:?} do not match keys {:?}",
-                    v.dims(),
-                    keys.dims()
+                    l.len() == samples && l.iter().all(|&len| (1..=t).contains(&len)),
+                    "lengths {l:?} do not fit {samples} samples of {t} tokens"
                 );
-                (h, dv)
+                l.to_vec()
             }
-            None => (1, dim),
+            None => vec![t; samples],
         };
-        let mask = match attention_mask {
-            Some(m) => {
-                ensure!(
-                    m.dims() == [samples, tokens],
-                    "mask {:?} does not match keys {:?}",
-                    m.dims(),
-                    keys.dims()
-                );
-                Some(additive_mask(m)?.reshape((samples, tokens))?)
-            }
-            None => None,
-        };
-        let host = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
-        let lengths = match attention_mask {
-            Some(m) => unpadded_lengths(m)?,
-            None => vec![tokens; samples],
-        };
+        ensure!(heads >= 1, "attention needs at least one head");
         Ok(Self {
-            keys: host(keys)?,
-            values: values.map(host).transpose()?,
-            mask: mask.as_ref().map(host).transpose()?,
+            tokens_data: tokens.flatten_all()?.to_vec1::<f32>()?,
             lengths,
             samples,
-            tokens,
+            tokens: t,
             dim,
             heads,
-            value_dim,
             scale: scale as f32,
         })
     }
 
-    fn sample_keys(&self, i: usize) -> &[f32] {
+    fn sample_tokens(&self, i: usize) -> &[f32] {
         let len = self.tokens * self.dim;
-        &self.keys[i * len..(i + 1) * len]
-    }
-
-    /// Values of sample `i`, head `h`: (T, d_v).
-    fn sample_values(&self, i: usize, h: usize) -> &[f32] {
-        match &self.values {
-            Some(v) => {
-                let len = self.tokens * self.value_dim;
-                let start = (i * self.heads + h) * len;
-                &v[start..start + len]
-            }
-            None => self.sample_keys(i),
-        }
-    }
-
-    fn sample_mask(&self, i: usize) -> Option<&[f32]> {
-        self.mask
-            .as_ref()
-            .map(|m| &m[i * self.tokens..(i + 1) * self.tokens])
+        &self.tokens_data[i * len..(i + 1) * len]
     }
 
     /// Attention of `queries` (B, H, D) with `bias` (B, H) over samples `rows`, differentiable in
@@ -148,8 +98,8 @@ impl KeyValues {
             },
         )?;
         Ok(Attended {
-            context: out.narrow(D::Minus1, 0, self.value_dim)?,
-            probs: out.narrow(D::Minus1, self.value_dim, self.tokens)?,
+            pooled: out.narrow(D::Minus1, 0, self.dim)?,
+            probs: out.narrow(D::Minus1, self.dim, self.tokens)?,
         })
     }
 
@@ -163,41 +113,32 @@ impl KeyValues {
         self.check(queries, bias, rows)?;
         let device = queries.device();
         let b = rows.len();
-        let (t, d, h, dv) = (self.tokens, self.dim, self.heads, self.value_dim);
-        let gather = |per_row: &dyn Fn(usize) -> Vec<f32>, shape: &[usize]| -> Result<Tensor> {
-            let data: Vec<f32> = rows.iter().flat_map(|&i| per_row(i)).collect();
-            Ok(Tensor::from_vec(data, shape, device)?)
-        };
-        let keys = gather(&|i| self.sample_keys(i).to_vec(), &[b, t, d])?;
-        let values = gather(
-            &|i| {
-                (0..h)
-                    .flat_map(|k| self.sample_values(i, k).to_vec())
-                    .collect()
-            },
-            &[b, h, t, dv],
-        )?;
+        let (t, d) = (self.tokens, self.dim);
+        let data: Vec<f32> = rows
+            .iter()
+            .flat_map(|&i| self.sample_tokens(i).to_vec())
+            .collect();
+        let tokens = Tensor::from_vec(data, (b, t, d), device)?;
         let scores = queries
-            .matmul(&keys.transpose(1, 2)?)?
+            .matmul(&tokens.transpose(1, 2)?)?
             .broadcast_add(&bias.unsqueeze(2)?)?;
         let scores = (scores * f64::from(self.scale))?;
-        let scores = match &self.mask {
-            Some(_) => scores.broadcast_add(&gather(
-                &|i| self.sample_mask(i).unwrap().to_vec(),
-                &[b, 1, t],
-            )?)?,
-            None => scores,
-        };
+        // Padded positions: the most negative f32, as HF's additive mask.
+        let mask: Vec<f32> = rows
+            .iter()
+            .flat_map(|&i| (0..t).map(move |k| if k < self.lengths[i] { 0.0 } else { f32::MIN }))
+            .collect();
+        let scores = scores.broadcast_add(&Tensor::from_vec(mask, (b, 1, t), device)?)?;
         let probs = candle_nn::ops::softmax(&scores, D::Minus1)?; // (B, H, T)
-        let context = probs.unsqueeze(2)?.matmul(&values)?.squeeze(2)?; // (B, H, d_v)
-        Ok(Attended { context, probs })
+        let pooled = probs.matmul(&tokens)?; // (B, H, D)
+        Ok(Attended { pooled, probs })
     }
 
     fn check(&self, queries: &Tensor, bias: &Tensor, rows: &[usize]) -> Result<()> {
         let (b, h, d) = queries.dims3()?;
         ensure!(
             (h, d) == (self.heads, self.dim) && bias.dims() == [b, h] && rows.len() == b,
-            "attend: queries {:?}, bias {:?} and {} rows do not fit keys of {} heads × {d}",
+            "attend: queries {:?}, bias {:?} and {} rows do not fit tokens of {} heads × {d}",
             queries.dims(),
             bias.dims(),
             rows.len(),
@@ -209,54 +150,31 @@ impl KeyValues {
         Ok(())
     }
 
-    /// Raw scores rₕ·kₜ of every head of sample `i` for its first `lengths[i]` = L tokens:
-    /// (H, D) × (L, D)ᵀ → the first L columns of (H, T), one GEMM.
-    fn scores(&self, i: usize, queries: &[f32], scores: &mut [f32]) {
-        let (h, t, d) = (self.heads, self.tokens, self.dim);
-        // S (row-major H×T) = R (row-major H×D) · Kᵀ, Kᵀ read in place from K (row-major T×D).
+    /// Probabilities of every head of sample `i` in `probs` (H, T): scores R Xᵀ over its first L
+    /// tokens (one GEMM), then scale·(s + c) and a softmax; the padding is set to exactly 0.
+    fn probabilities(&self, i: usize, queries: &[f32], bias: &[f32], probs: &mut [f32]) {
+        let (h, t, d, len) = (self.heads, self.tokens, self.dim, self.lengths[i]);
+        // S (row-major H×T) = R (row-major H×D) · Xᵀ, Xᵀ read in place from X (row-major T×D).
         matmul(
-            (h, self.lengths[i], d),
-            (scores, t),
+            (h, len, d),
+            (probs, t),
             (queries, d as isize, 1),
-            (self.sample_keys(i), 1, d as isize),
+            (self.sample_tokens(i), 1, d as isize),
         );
-    }
-
-    /// Raw scores → probabilities in place: scale·(s + c) + mask, then softmax over the first
-    /// L tokens; the trailing padding is set to exactly 0 (what its −∞ mask gives).
-    fn softmax(&self, i: usize, c: f32, probs: &mut [f32]) {
-        let (probs, padding) = probs.split_at_mut(self.lengths[i]);
-        padding.fill(0.0);
-        probs.iter_mut().for_each(|p| *p = self.scale * (*p + c));
-        if let Some(mask) = self.sample_mask(i) {
-            probs.iter_mut().zip(mask).for_each(|(p, m)| *p += m);
+        for (k, row) in probs.chunks_mut(t).enumerate() {
+            let (row, padding) = row.split_at_mut(len);
+            padding.fill(0.0);
+            let c = bias[k];
+            row.iter_mut().for_each(|p| *p = self.scale * (*p + c));
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0.0;
+            for p in row.iter_mut() {
+                *p = (*p - max).exp();
+                total += *p;
+            }
+            row.iter_mut().for_each(|p| *p /= total);
         }
-        let max = probs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0.0;
-        for p in probs.iter_mut() {
-            *p = (*p - max).exp();
-            total += *p;
-        }
-        probs.iter_mut().for_each(|p| *p /= total);
     }
-}
-
-/// Tokens of each row of a 0/1 padding mask (N, T) up to its last unmasked one (all T when
-/// none is unmasked): what is left once the trailing padding is cut.
-pub fn unpadded_lengths(attention_mask: &Tensor) -> Result<Vec<usize>> {
-    let tokens = attention_mask.dim(D::Minus1)?;
-    let mask: Vec<f32> = attention_mask
-        .to_dtype(candle_core::DType::F32)?
-        .flatten_all()?
-        .to_vec1()?;
-    Ok(mask
-        .chunks_exact(tokens)
-        .map(|row| {
-            row.iter()
-                .rposition(|&v| v != 0.0)
-                .map_or(tokens, |last| last + 1)
-        })
-        .collect())
 }
 
 /// dst (m×n, row stride `dst_rs`) = lhs (m×k) · rhs (k×n), each operand given as (data, row
@@ -307,32 +225,8 @@ fn matmul(
     }
 }
 
-/// A dot product with independent partial sums, so that it vectorises.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut partial = [0f32; LANES];
-    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a_chunks.zip(b_chunks) {
-        for k in 0..LANES {
-            partial[k] += x[k] * y[k];
-        }
-    }
-    partial.iter().sum::<f32>() + tail
-}
-
-/// y += a·x.
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
-}
-
-/// The fused forward/backward over rows of a [`KeyValues`]. Output (B, H, d_v + T): the context
-/// followed by the probabilities, so that both are differentiable outputs of one op.
+/// The fused forward/backward over rows of a [`KeyValues`]. Output (B, H, D + T): the pooled
+/// tokens followed by the probabilities, so that both are differentiable outputs of one op.
 struct FusedAttend {
     store: Arc<KeyValues>,
     rows: Vec<usize>,
@@ -350,7 +244,7 @@ fn contiguous_f32<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::
 
 impl CustomOp2 for FusedAttend {
     fn name(&self) -> &'static str {
-        "fused-cached-attention"
+        "fused-token-attention"
     }
 
     fn cpu_fwd(
@@ -365,24 +259,26 @@ impl CustomOp2 for FusedAttend {
             contiguous_f32(bias, bias_layout)?,
         );
         let kv = &self.store;
-        let (h, d, t, dv) = (kv.heads, kv.dim, kv.tokens, kv.value_dim);
-        let width = dv + t;
+        let (h, d, t) = (kv.heads, kv.dim, kv.tokens);
+        let width = d + t;
         let mut out = vec![0f32; self.rows.len() * h * width];
         out.par_chunks_mut(h * width)
             .zip(&self.rows)
             .enumerate()
             .for_each(|(b, (sample_out, &i))| {
-                let mut scores = vec![0f32; h * t];
-                kv.scores(i, &queries[b * h * d..(b + 1) * h * d], &mut scores);
+                let mut probs = vec![0f32; h * t];
+                kv.probabilities(i, &queries[b * h * d..(b + 1) * h * d], &bias[b * h..(b + 1) * h], &mut probs);
+                let len = kv.lengths[i];
                 for (k, head_out) in sample_out.chunks_mut(width).enumerate() {
-                    let (context, probs) = head_out.split_at_mut(dv);
-                    probs.copy_from_slice(&scores[k * t..(k + 1) * t]);
-                    kv.softmax(i, bias[b * h + k], probs);
-                    let values = kv.sample_values(i, k);
-                    for (tt, &p) in probs[..kv.lengths[i]].iter().enumerate() {
-                        axpy(p, &values[tt * dv..(tt + 1) * dv], context);
-                    }
+                    head_out[d..].copy_from_slice(&probs[k * t..(k + 1) * t]);
                 }
+                // Pooled (H×D, row stride D + T) = P (H×L) · X (L×D).
+                matmul(
+                    (h, d, len),
+                    (sample_out, width),
+                    (&probs, t as isize, 1),
+                    (kv.sample_tokens(i), d as isize, 1),
+                );
             });
         Ok((
             CpuStorage::F32(out),
@@ -390,8 +286,8 @@ impl CustomOp2 for FusedAttend {
         ))
     }
 
-    /// With g = ∂L/∂context and γ = ∂L/∂p: ∂L/∂pₜ = g·vₜ + γₜ, ∂L/∂sₜ = pₜ(∂L/∂pₜ − Σᵤ pᵤ ∂L/∂pᵤ),
-    /// ∂L/∂r = scale Σₜ (∂L/∂sₜ) kₜ, ∂L/∂c = scale Σₜ ∂L/∂sₜ.
+    /// With g = ∂L/∂pooled and γ = ∂L/∂p: ∂L/∂pₜ = g·xₜ + γₜ, ∂L/∂sₜ = pₜ(∂L/∂pₜ − Σᵤ pᵤ ∂L/∂pᵤ),
+    /// ∂L/∂r = scale Σₜ (∂L/∂sₜ) xₜ, ∂L/∂c = scale Σₜ ∂L/∂sₜ.
     fn bwd(
         &self,
         queries: &Tensor,
@@ -400,8 +296,8 @@ impl CustomOp2 for FusedAttend {
         grad_res: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let kv = &self.store;
-        let (h, d, t, dv) = (kv.heads, kv.dim, kv.tokens, kv.value_dim);
-        let width = dv + t;
+        let (h, d, t) = (kv.heads, kv.dim, kv.tokens);
+        let width = d + t;
         let res = res.flatten_all()?.to_vec1::<f32>()?;
         let grad = grad_res.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let b = self.rows.len();
@@ -413,18 +309,25 @@ impl CustomOp2 for FusedAttend {
             .zip(&self.rows)
             .enumerate()
             .for_each(|(bi, ((gq, gc), &i))| {
-                let mut dscores = vec![0f32; h * t];
                 // Past L every probability is 0, and so is every ∂L/∂s.
                 let len = kv.lengths[i];
+                let at = bi * h * width;
+                let tokens = kv.sample_tokens(i);
+                // ∂L/∂P (H×L) = G (H×D, row stride D + T) · Xᵀ.
+                let mut dscores = vec![0f32; h * t];
+                matmul(
+                    (h, len, d),
+                    (&mut dscores, t),
+                    (&grad[at..], width as isize, 1),
+                    (tokens, 1, d as isize),
+                );
                 for k in 0..h {
-                    let at = (bi * h + k) * width;
-                    let (g_context, g_probs) = grad[at..at + width].split_at(dv);
-                    let probs = &res[at + dv..at + width];
-                    let values = kv.sample_values(i, k);
+                    let row = at + k * width;
+                    let (g_probs, probs) = (&grad[row + d..row + width], &res[row + d..row + width]);
                     let ds = &mut dscores[k * t..(k + 1) * t];
                     let mut weighted = 0.0;
                     for tt in 0..len {
-                        ds[tt] = dot(g_context, &values[tt * dv..(tt + 1) * dv]) + g_probs[tt];
+                        ds[tt] += g_probs[tt];
                         weighted += probs[tt] * ds[tt];
                     }
                     let mut sum = 0.0;
@@ -434,12 +337,12 @@ impl CustomOp2 for FusedAttend {
                     }
                     gc[k] = sum;
                 }
-                // ∂L/∂R (H×D) = ∂L/∂S (H×L) · K (L×D).
+                // ∂L/∂R (H×D) = ∂L/∂S (H×L) · X (L×D).
                 matmul(
                     (h, d, len),
                     (gq, d),
                     (&dscores, t as isize, 1),
-                    (kv.sample_keys(i), d as isize, 1),
+                    (tokens, d as isize, 1),
                 );
             });
         let device = queries.device();
@@ -480,25 +383,18 @@ mod tests {
     }
 
     /// The fused op and the generic ops agree on the outputs and on the gradients of a loss that
-    /// reads both the context and the probabilities, with and without separate values and a mask.
+    /// reads both the pooled tokens and the probabilities, with several heads and cut padding.
     #[test]
     fn fused_matches_generic_ops() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-        let (n, t, d, h, dv) = (5, 7, 20, 2, 6);
-        let keys = random(&[n, t, d], &mut rng);
-        let values = random(&[n, h, t, dv], &mut rng);
-        let mut mask = vec![1f32; n * t];
-        mask[t - 1] = 0.0;
-        mask[2 * t - 2] = 0.0;
-        let mask = Tensor::from_vec(mask, (n, t), &Device::Cpu).unwrap();
+        let (n, t, d) = (5, 7, 20);
+        let tokens = random(&[n, t, d], &mut rng);
         let rows = [3, 0, 1, 0];
-        for (values, mask, heads, width) in
-            [(Some(&values), Some(&mask), h, dv), (None, None, 1, d)]
-        {
-            let kv = Arc::new(KeyValues::new(&keys, values, mask, 0.37).unwrap());
+        for (heads, lengths) in [(3, Some(vec![7, 6, 7, 2, 5])), (1, None)] {
+            let kv = Arc::new(KeyValues::new(&tokens, heads, lengths.as_deref(), 0.37).unwrap());
             let queries = Var::from_tensor(&random(&[4, heads, d], &mut rng)).unwrap();
             let bias = Var::from_tensor(&random(&[4, heads], &mut rng)).unwrap();
-            let weights_c = random(&[4, heads, width], &mut rng);
+            let weights_c = random(&[4, heads, d], &mut rng);
             let weights_p = random(&[4, heads, t], &mut rng);
             let run = |fused: bool| {
                 let out = if fused {
@@ -506,7 +402,7 @@ mod tests {
                 } else {
                     kv.attend_reference(&queries, &bias, &rows).unwrap()
                 };
-                let loss = ((&out.context * &weights_c).unwrap().sum_all().unwrap()
+                let loss = ((&out.pooled * &weights_c).unwrap().sum_all().unwrap()
                     + (&out.probs * &weights_p).unwrap().sum_all().unwrap())
                 .unwrap();
                 let grads = loss.backward().unwrap();
@@ -518,7 +414,7 @@ mod tests {
             };
             let (fused, gq, gc) = run(true);
             let (reference, rq, rc) = run(false);
-            assert!(max_rel(&fused.context, &reference.context) < 1e-5);
+            assert!(max_rel(&fused.pooled, &reference.pooled) < 1e-5);
             assert!(max_rel(&fused.probs, &reference.probs) < 1e-5);
             assert!(max_rel(&gq, &rq) < 1e-5, "{}", max_rel(&gq, &rq));
             // Σₜ ∂L/∂sₜ = 0: the bias only shifts the scores, so both are rounding noise.

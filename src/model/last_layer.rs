@@ -7,10 +7,11 @@
 //!   scores_h = (q₀ₕ · Kₕᵀ)/√dₕ  with  q₀ = x̂₀ W_Qᵀ + b_Q,  Kₕ = X̂ W_Kₕᵀ + b_Kₕ
 //!            = ((q₀ₕ W_Kₕ) X̂ᵀ + q₀ₕ · b_Kₕ)/√dₕ
 //!
-//! so a step costs O(B(D² + H·T·D)) instead of the full layer's O(B·T·D²). The keys X̂ and the
-//! values V = X̂ W_Vᵀ + b_V are frozen and derived once per sample (`prepare`); the attention
-//! over them is `attend::KeyValues`. It is the same function as the full forward;
-//! `full_forward_logits` computes that one for the equivalence test.
+//! so a step costs O(B(D² + H·T·D)) instead of the full layer's O(B·T·D²). Attention is linear in
+//! the values, so the context is (Σₜ pₜ x̂ₜ) W_Vₕᵀ + b_Vₕ: phase 2 needs nothing per sample but
+//! the layer inputs X (x̂ = LN(X) is recomputed per batch for ViT), and the attention over them is
+//! `attend::KeyValues`. It is the same function as the full forward; `full_forward_logits`
+//! computes that one for the equivalence test.
 
 use std::sync::Arc;
 
@@ -83,24 +84,11 @@ impl QueryKey {
     }
 }
 
-/// Frozen per-sample data derived once from the cached layer inputs.
-pub struct LayerCache {
-    /// The CLS / position-0 row of the layer inputs X, (N, D): the residual stream.
-    pub cls_inputs: Tensor,
-    /// That row as the attention reads it (LN_before for ViT, X for BERT), (N, D): the query's input.
-    pub cls_normed: Tensor,
-    /// Keys X̂ (what the attention reads), frozen values by head, and the text padding mask.
-    pub keys_values: Arc<KeyValues>,
-}
-
 /// The logits and the CLS attention (B, H, T) of a batch.
 pub struct Output {
     pub logits: Tensor,
     pub cls_attention: Tensor,
 }
-
-/// Samples per chunk when deriving the frozen values.
-const PREPARE_CHUNK: usize = 64;
 
 pub struct LastLayer<'a> {
     model: &'a Model,
@@ -119,37 +107,6 @@ impl<'a> LastLayer<'a> {
         }
     }
 
-    /// Derives the frozen per-sample data from cached layer inputs (N, T, D) and the text mask.
-    pub fn prepare(&self, inputs: &Tensor, attention_mask: Option<&Tensor>) -> Result<LayerCache> {
-        let attention = self.attention();
-        let (mut cls_inputs, mut cls_normed, mut values) = (Vec::new(), Vec::new(), Vec::new());
-        let mut normed_all = Vec::new();
-        // In chunks: the values of a whole set at once would double its peak memory.
-        let n = inputs.dim(0)?;
-        for start in (0..n).step_by(PREPARE_CHUNK) {
-            let x = inputs.narrow(0, start, PREPARE_CHUNK.min(n - start))?;
-            let normed = match self.model {
-                Model::Vit(v) => v.last_layer().layernorm_before.forward(&x)?,
-                Model::Bert(_) => x.clone(),
-            };
-            values.push(attention.split_heads(&attention.value.forward(&normed)?)?);
-            cls_inputs.push(first_token(&x)?);
-            cls_normed.push(first_token(&normed)?);
-            normed_all.push(normed);
-        }
-        let keys_values = KeyValues::new(
-            &Tensor::cat(&normed_all, 0)?,
-            Some(&Tensor::cat(&values, 0)?),
-            attention_mask,
-            1.0 / (attention.head_dim as f64).sqrt(),
-        )?;
-        Ok(LayerCache {
-            cls_inputs: Tensor::cat(&cls_inputs, 0)?.contiguous()?,
-            cls_normed: Tensor::cat(&cls_normed, 0)?.contiguous()?,
-            keys_values: Arc::new(keys_values),
-        })
-    }
-
     /// The layer's output at the CLS position through to the logits, given the attention context
     /// of the CLS query, (B, D).
     fn head(&self, x0: &Tensor, context: &Tensor) -> Result<Tensor> {
@@ -163,12 +120,16 @@ impl<'a> LastLayer<'a> {
         self.classifier.forward(&out0.squeeze(1)?)
     }
 
-    /// The cheap path: CLS query row only, on samples `rows` of `cache`.
-    pub fn forward(&self, qk: &QueryKey, cache: &LayerCache, rows: &[usize]) -> Result<Output> {
+    /// The cheap path: CLS query row only, on a batch of layer inputs (B, L, D) whose samples
+    /// have `lengths` unpadded tokens.
+    pub fn forward(&self, qk: &QueryKey, inputs: &Tensor, lengths: &[usize]) -> Result<Output> {
         let attention = self.attention();
         let (h, dh) = (attention.num_heads, attention.head_dim);
-        let index = row_indices(rows, cache.cls_inputs.device())?;
-        let x0_hat = cache.cls_normed.index_select(&index, 0)?; // (B, D)
+        let normed = match self.model {
+            Model::Vit(v) => v.last_layer().layernorm_before.forward(inputs)?,
+            Model::Bert(_) => inputs.clone(),
+        };
+        let x0_hat = first_token(&normed)?; // (B, D)
         let (b, d) = x0_hat.dims2()?;
         let q0 = x0_hat
             .matmul(&qk.wq.t()?)?
@@ -185,9 +146,27 @@ impl<'a> LastLayer<'a> {
         let key_bias = q0
             .broadcast_mul(&qk.bk.reshape((1, h, dh))?)?
             .sum(D::Minus1)?; // (B, H)
-        let attended = cache.keys_values.attend(&r, &key_bias, rows)?;
-        let context = attended.context.reshape((b, h * dh))?;
-        let x0 = cache.cls_inputs.index_select(&index, 0)?;
+        let tokens = Arc::new(KeyValues::new(
+            &normed,
+            h,
+            Some(lengths),
+            1.0 / (dh as f64).sqrt(),
+        )?);
+        let rows: Vec<usize> = (0..b).collect();
+        let attended = tokens.attend(&r, &key_bias, &rows)?;
+        // context_h = pooled_h W_Vₕᵀ + b_Vₕ: (H, B, D) × (H, D, d_h) → (B, H, d_h).
+        let wv = attention.value.weight().reshape((h, dh, d))?.transpose(1, 2)?.contiguous()?;
+        let mut context = attended
+            .pooled
+            .transpose(0, 1)?
+            .contiguous()?
+            .matmul(&wv)?
+            .transpose(0, 1)?
+            .reshape((b, h * dh))?;
+        if let Some(bias) = attention.value.bias() {
+            context = context.broadcast_add(bias)?;
+        }
+        let x0 = first_token(inputs)?;
         Ok(Output {
             logits: self.head(&x0, &context)?,
             cls_attention: attended.probs,
@@ -271,7 +250,7 @@ impl<'a> LastLayer<'a> {
     }
 }
 
-/// Sample indices as the u32 index tensor `forward` takes.
+/// Sample indices as a u32 index tensor.
 pub fn row_indices(indices: &[usize], device: &Device) -> Result<Tensor> {
     if indices.is_empty() {
         bail!("empty batch");

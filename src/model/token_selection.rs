@@ -36,8 +36,8 @@ impl TokenSelectionHead {
         })
     }
 
-    /// Σ_t softmax_t(X Wᵀ p) x_t over samples `rows` of `tokens` (the final tokens as keys that
-    /// are also the values, scale 1, with the text padding mask).
+    /// Σ_t softmax_t(X Wᵀ p) x_t over samples `rows` of `tokens` (the final tokens, one head,
+    /// scale 1, the text padding cut).
     pub fn select(&self, tokens: &Arc<KeyValues>, rows: &[usize]) -> Result<Selection> {
         // X Wᵀ p = X (Wᵀ p): one D-vector per step instead of a (T, D) product per sample.
         let direction = self.p.unsqueeze(0)?.matmul(&self.w)?; // (1, D) = (Wᵀ p)ᵀ
@@ -45,7 +45,7 @@ impl TokenSelectionHead {
         let bias = Tensor::zeros((rows.len(), 1), DType::F32, queries.device())?;
         let attended = tokens.attend(&queries, &bias, rows)?;
         Ok(Selection {
-            pooled: attended.context.squeeze(1)?,
+            pooled: attended.pooled.squeeze(1)?,
             attention: attended.probs.squeeze(1)?,
         })
     }
@@ -72,8 +72,7 @@ mod tests {
             &Device::Cpu,
         )
         .unwrap();
-        let mask = Tensor::new(&[[1f32, 1., 0.]], &Device::Cpu).unwrap();
-        let tokens = Arc::new(KeyValues::new(&tokens, None, Some(&mask), 1.0).unwrap());
+        let tokens = Arc::new(KeyValues::new(&tokens, 1, Some(&[2]), 1.0).unwrap());
         let s = head.select(&tokens, &[0]).unwrap();
         assert_eq!(
             s.pooled.to_vec2::<f32>().unwrap(),

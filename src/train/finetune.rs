@@ -28,6 +28,7 @@ use crate::data::{self, DatasetName};
 use crate::diagnostics::locater::{head_symmetric_variance, symmetric_variance};
 use crate::diagnostics::{Spectrum, head_spectrum, mean_over_heads, spectrum};
 use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
+use crate::encoder::layer_rows::{LayerBatch, LayerRows, RowsBuilder};
 use crate::encoder::{Backbone, Model, TextOptions, resolve};
 use crate::model::attend::KeyValues;
 use crate::model::{Classifier, LastLayer, QueryKey, TokenSelectionHead};
@@ -881,49 +882,34 @@ fn phase_two(
         )
     };
     let device = &setup.device;
-    let RunFeatures { finetune, test, .. } = features;
+    // The n ≤ 1000 fine-tune samples are read once into memory; the test set streams from the
+    // cache a chunk at a time, so no set-sized tensor exists whatever its size.
+    let train_rows = layer_inputs(&features.finetune)?.resident()?;
+    let test_rows = layer_inputs(&features.test)?.clone();
+    drop(features);
+    let source = |set: Set| if set == Set::Finetune { &train_rows } else { &test_rows };
     match job.config.mode {
         Mode::LastLayer => {
             let layer = LastLayer::new(&setup.backbone.model, &phase1.classifier);
             // Rank collapse is read on the first test samples' full layer (every token's query).
-            let probe_n = RANK_PROBE.min(test.cls.dim(0)?);
-            let probe_inputs = layer_inputs(&test)?.narrow(0, 0, probe_n)?.to_device(device)?;
-            let probe_mask = test
-                .attention_mask
-                .as_ref()
-                .map(|m| m.narrow(0, 0, probe_n)?.to_device(device))
-                .transpose()?;
-            // The caches replace the features they come from (they hold what phase 2 reads).
-            let prepare_set = |f: Features| -> Result<_> {
-                let mask = f.attention_mask.as_ref().map(|m| m.to_device(device)).transpose()?;
-                layer.prepare(&layer_inputs(&f)?.to_device(device)?, mask.as_ref())
-            };
-            let (train_cache, test_cache) = (prepare_set(finetune)?, prepare_set(test)?);
+            let probe_rows: Vec<usize> = (0..RANK_PROBE.min(test_rows.len())).collect();
+            let probe = test_rows.batch(&probe_rows, device)?;
+            let probe_mask = text_mask(&setup.backbone.model, &probe, device)?;
             let qk = QueryKey::reset(hidden, init_rng, device)?;
-            let rank_probe = || layer.rank_collapse(&qk, &probe_inputs, probe_mask.as_ref());
+            let rank_probe = || layer.rank_collapse(&qk, &probe.inputs, probe_mask.as_ref());
             let forward = |set: Set, rows: &[usize]| {
-                let cache = if set == Set::Finetune {
-                    &train_cache
-                } else {
-                    &test_cache
-                };
-                let out = layer.forward(&qk, cache, rows)?;
+                let batch = source(set).batch(rows, device)?;
+                let out = layer.forward(&qk, &batch.inputs, &batch.lengths)?;
                 Ok((out.logits, out.cls_attention))
             };
             train(&forward, qk.named(), Some(&rank_probe))
         }
         Mode::Head => {
-            // The final tokens are the keys and the values; text keeps HF's padding mask.
-            let tokens_of = |f: Features| -> Result<Arc<KeyValues>> {
-                let tokens = final_tokens(&setup.backbone.model, &f, device)?;
-                Ok(Arc::new(KeyValues::new(
-                    &tokens,
-                    None,
-                    f.attention_mask.as_ref(),
-                    1.0,
-                )?))
-            };
-            let (train_tokens, test_tokens) = (tokens_of(finetune)?, tokens_of(test)?);
+            // The final tokens are what the head selects from: the fine-tune set's in memory, the
+            // test set's in a temporary file beside the cache, each computed once.
+            let model = &setup.backbone.model;
+            let train_tokens = final_tokens(model, &train_rows, device, None)?;
+            let test_tokens = final_tokens(model, &test_rows, device, Some(setup.cache.root()))?;
             let head = TokenSelectionHead::new(hidden, init_rng, device)?;
             let classifier = &phase1.classifier;
             let forward = |set: Set, rows: &[usize]| {
@@ -932,7 +918,10 @@ fn phase_two(
                 } else {
                     &test_tokens
                 };
-                let selection = head.select(tokens, rows)?;
+                let batch = tokens.batch(rows, device)?;
+                let tokens = Arc::new(KeyValues::new(&batch.inputs, 1, Some(&batch.lengths), 1.0)?);
+                let all: Vec<usize> = (0..rows.len()).collect();
+                let selection = head.select(&tokens, &all)?;
                 Ok((classifier.forward(&selection.pooled)?, selection.attention))
             };
             train(&forward, head.named(), None)
@@ -940,34 +929,44 @@ fn phase_two(
     }
 }
 
-fn layer_inputs(features: &Features) -> Result<&Tensor> {
+fn layer_inputs(features: &Features) -> Result<&LayerRows> {
     features
         .layer_inputs
         .as_ref()
         .context("full features (the last layer's inputs) expected")
 }
 
-/// Final tokens (N, T, D) from cached last-layer inputs, through the frozen last layer on
-/// `device` (the model's).
-fn final_tokens(model: &Model, features: &Features, device: &Device) -> Result<Tensor> {
-    let inputs = layer_inputs(features)?;
-    let n = inputs.dim(0)?;
-    let mut out = Vec::new();
-    for start in (0..n).step_by(64) {
-        let len = 64.min(n - start);
-        let x = inputs.narrow(0, start, len)?.to_device(device)?;
-        out.push(match model {
-            Model::Vit(vit) => vit.finish(&x)?,
-            Model::Bert(bert) => {
-                let mask = features
-                    .attention_mask
-                    .as_ref()
-                    .context("text features carry their mask")?;
-                bert.finish(&x, &mask.narrow(0, start, len)?.to_device(device)?)?
-            }
-        });
+/// The padding mask of a text batch, on `device` (ViT attends to every token: none).
+fn text_mask(model: &Model, batch: &LayerBatch, device: &Device) -> Result<Option<Tensor>> {
+    Ok(match model {
+        Model::Vit(_) => None,
+        Model::Bert(_) => Some(batch.mask()?.to_device(device)?),
+    })
+}
+
+/// Final tokens from the last layer's inputs, through the frozen last layer on `device`, 64
+/// samples at a time: in memory, or in a temporary file under `spill_dir`.
+fn final_tokens(
+    model: &Model,
+    inputs: &LayerRows,
+    device: &Device,
+    spill_dir: Option<&Path>,
+) -> Result<LayerRows> {
+    let (tokens, dim) = (inputs.tokens(), inputs.dim());
+    let mut out = match spill_dir {
+        Some(dir) => RowsBuilder::on_disk(dir, tokens, dim)?,
+        None => RowsBuilder::in_memory(tokens, dim),
+    };
+    let rows: Vec<usize> = (0..inputs.len()).collect();
+    for chunk in rows.chunks(64) {
+        let batch = inputs.batch(chunk, device)?;
+        let finished = match model {
+            Model::Vit(vit) => vit.finish(&batch.inputs)?,
+            Model::Bert(bert) => bert.finish(&batch.inputs, &batch.mask()?.to_device(device)?)?,
+        };
+        out.push(&finished, &batch.lengths)?;
     }
-    Ok(Tensor::cat(&out, 0)?)
+    Ok(out.finish())
 }
 
 /// summary.json from the configuration, what it resolved to and the last epoch.

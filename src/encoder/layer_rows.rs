@@ -1,0 +1,358 @@
+//! The hidden states entering the last layer, per sample, without holding a whole set in memory.
+//!
+//! The feature cache stores them ragged: a (Σᵢ Lᵢ, D) f32 tensor of every sample's first Lᵢ token
+//! rows (its unpadded length; all T for images), beside the lengths. HF pads text on the right
+//! and phase 2 never reads a padded position, so padding is neither stored nor read. A
+//! [`LayerRows`] names where each sample's rows are, in a cached shard on disk or in memory, and
+//! reads a batch of samples at a time: the test set of a paper-scale run (10 000 samples of
+//! 197 × 768 floats) streams from the disk chunk by chunk, and only the n ≤ 1000 fine-tune samples
+//! are made resident. Each sample's bytes are checked against the digest its shard's sidecar
+//! recorded when they are read.
+
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail, ensure};
+use candle_core::{Device, Tensor};
+
+/// A sample's rows in a file: `tokens` rows of `dim` f32 starting at byte `offset`.
+#[derive(Clone, Debug)]
+struct OnDisk {
+    file: Arc<PathBuf>,
+    offset: u64,
+    digest: String,
+}
+
+#[derive(Clone, Debug)]
+enum Storage {
+    /// Per sample, its place in a shard file.
+    Disk(Vec<OnDisk>),
+    /// Every sample's rows back to back; `starts[i]` is sample i's first row.
+    Memory { values: Arc<Vec<f32>>, starts: Vec<usize> },
+}
+
+/// The last layer's inputs of a list of samples (in request order).
+#[derive(Clone, Debug)]
+pub struct LayerRows {
+    /// Unpadded tokens per sample.
+    lengths: Vec<usize>,
+    /// Tokens per sample before padding was cut (max_length for text, T for images).
+    tokens: usize,
+    dim: usize,
+    storage: Storage,
+    /// A temporary file the rows live in, removed with the last copy of them.
+    _spill: Option<Arc<tempfile::TempPath>>,
+}
+
+/// A batch read back: (B, L, D) zero-padded to the batch's longest sample, and the lengths.
+pub struct LayerBatch {
+    pub inputs: Tensor,
+    pub lengths: Vec<usize>,
+}
+
+impl LayerBatch {
+    /// The 0/1 padding mask (B, L) that HF's attention takes, u32.
+    pub fn mask(&self) -> Result<Tensor> {
+        let width = self.inputs.dim(1)?;
+        let mask: Vec<u32> = self
+            .lengths
+            .iter()
+            .flat_map(|&len| (0..width).map(move |t| u32::from(t < len)))
+            .collect();
+        Ok(Tensor::from_vec(mask, (self.lengths.len(), width), &Device::Cpu)?)
+    }
+}
+
+/// 64-bit hex digest of a sample's f32 bytes, as the sidecar records it.
+pub fn rows_digest(values: &[f32]) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    for v in values {
+        hasher.update(v.to_le_bytes());
+    }
+    hasher.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl LayerRows {
+    /// Rows in shard files: per sample (file, byte offset of its first row, rows, digest).
+    pub(crate) fn on_disk(
+        samples: Vec<(Arc<PathBuf>, u64, usize, String)>,
+        tokens: usize,
+        dim: usize,
+    ) -> Self {
+        let lengths = samples.iter().map(|s| s.2).collect();
+        let samples = samples
+            .into_iter()
+            .map(|(file, offset, _, digest)| OnDisk {
+                file,
+                offset,
+                digest,
+            })
+            .collect();
+        Self {
+            lengths,
+            tokens,
+            dim,
+            storage: Storage::Disk(samples),
+            _spill: None,
+        }
+    }
+
+    /// Rows held in memory: `values` (N, T, D) cut to `lengths` per sample (for tests, benches
+    /// and sets built in memory).
+    pub fn from_padded(values: &Tensor, lengths: Vec<usize>) -> Result<Self> {
+        let (n, tokens, dim) = values.dims3()?;
+        ensure!(lengths.len() == n, "{} lengths for {n} samples", lengths.len());
+        let all: Vec<f32> = values.flatten_all()?.to_vec1()?;
+        let mut kept = Vec::with_capacity(lengths.iter().sum::<usize>() * dim);
+        let mut starts = Vec::with_capacity(n);
+        for (i, &len) in lengths.iter().enumerate() {
+            ensure!(len <= tokens, "length {len} of sample {i} exceeds {tokens} tokens");
+            starts.push(kept.len() / dim);
+            kept.extend_from_slice(&all[i * tokens * dim..(i * tokens + len) * dim]);
+        }
+        Ok(Self {
+            lengths,
+            tokens,
+            dim,
+            storage: Storage::Memory {
+                values: Arc::new(kept),
+                starts,
+            },
+            _spill: None,
+        })
+    }
+
+    /// The samples at `positions`, in that order.
+    pub fn select(&self, positions: &[usize]) -> Result<Self> {
+        if let Some(&bad) = positions.iter().find(|&&p| p >= self.len()) {
+            bail!("layer inputs: sample {bad} of {}", self.len());
+        }
+        let lengths = positions.iter().map(|&p| self.lengths[p]).collect();
+        let storage = match &self.storage {
+            Storage::Disk(samples) => {
+                Storage::Disk(positions.iter().map(|&p| samples[p].clone()).collect())
+            }
+            Storage::Memory { values, starts } => Storage::Memory {
+                values: Arc::clone(values),
+                starts: positions.iter().map(|&p| starts[p]).collect(),
+            },
+        };
+        Ok(Self {
+            lengths,
+            tokens: self.tokens,
+            dim: self.dim,
+            storage,
+            _spill: self._spill.clone(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.lengths.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lengths.is_empty()
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    pub fn lengths(&self) -> &[usize] {
+        &self.lengths
+    }
+
+    /// Every sample read into memory once (the fine-tune set), checked as it is read.
+    pub fn resident(&self) -> Result<Self> {
+        if let Storage::Memory { .. } = self.storage {
+            return Ok(self.clone());
+        }
+        let mut values = Vec::with_capacity(self.lengths.iter().sum::<usize>() * self.dim);
+        let mut starts = Vec::with_capacity(self.len());
+        for i in 0..self.len() {
+            starts.push(values.len() / self.dim);
+            self.read_sample(i, &mut values)?;
+        }
+        Ok(Self {
+            lengths: self.lengths.clone(),
+            tokens: self.tokens,
+            dim: self.dim,
+            storage: Storage::Memory {
+                values: Arc::new(values),
+                starts,
+            },
+            _spill: None,
+        })
+    }
+
+    /// Appends sample i's rows to `out`.
+    fn read_sample(&self, i: usize, out: &mut Vec<f32>) -> Result<()> {
+        let len = self.lengths[i] * self.dim;
+        match &self.storage {
+            Storage::Memory { values, starts } => {
+                let start = starts[i] * self.dim;
+                out.extend_from_slice(&values[start..start + len]);
+            }
+            Storage::Disk(samples) => {
+                let sample = &samples[i];
+                let file = std::fs::File::open(sample.file.as_path())
+                    .with_context(|| format!("{}: cannot open", sample.file.display()))?;
+                let mut bytes = vec![0u8; len * 4];
+                file.read_exact_at(&mut bytes, sample.offset)
+                    .with_context(|| format!("{}: cannot read sample rows", sample.file.display()))?;
+                let first = out.len();
+                out.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                );
+                if rows_digest(&out[first..]) != sample.digest {
+                    bail!(
+                        "{}: a sample's rows differ from the digest its sidecar recorded; delete the shard to rebuild it",
+                        sample.file.display()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Samples `rows`, (B, L, D) zero-padded to the longest of them, on `device`.
+    pub fn batch(&self, rows: &[usize], device: &Device) -> Result<LayerBatch> {
+        if rows.is_empty() {
+            bail!("an empty batch of layer inputs");
+        }
+        if let Some(&bad) = rows.iter().find(|&&r| r >= self.len()) {
+            bail!("layer inputs: sample {bad} of {}", self.len());
+        }
+        let width = rows.iter().map(|&r| self.lengths[r]).max().unwrap_or(0);
+        let mut values = Vec::with_capacity(rows.len() * width * self.dim);
+        for &r in rows {
+            let start = values.len();
+            self.read_sample(r, &mut values)?;
+            values.resize(start + width * self.dim, 0.0);
+        }
+        Ok(LayerBatch {
+            inputs: Tensor::from_vec(values, (rows.len(), width, self.dim), device)?,
+            lengths: rows.iter().map(|&r| self.lengths[r]).collect(),
+        })
+    }
+}
+
+/// Builds a [`LayerRows`] batch by batch (e.g. the final tokens of a set), in memory or in a
+/// temporary file that lives as long as the rows do.
+pub struct RowsBuilder {
+    rows: LayerRows,
+    /// The open temporary file and the next byte to write, when on disk.
+    file: Option<(std::fs::File, u64)>,
+}
+
+impl RowsBuilder {
+    pub fn in_memory(tokens: usize, dim: usize) -> Self {
+        Self {
+            rows: LayerRows {
+                lengths: Vec::new(),
+                tokens,
+                dim,
+                storage: Storage::Memory {
+                    values: Arc::new(Vec::new()),
+                    starts: Vec::new(),
+                },
+                _spill: None,
+            },
+            file: None,
+        }
+    }
+
+    /// Rows written to a temporary file in `dir`.
+    pub fn on_disk(dir: &std::path::Path, tokens: usize, dim: usize) -> Result<Self> {
+        let (file, path) = tempfile::Builder::new()
+            .prefix(".tmp-rows-")
+            .tempfile_in(dir)
+            .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?
+            .into_parts();
+        Ok(Self {
+            rows: LayerRows {
+                lengths: Vec::new(),
+                tokens,
+                dim,
+                storage: Storage::Disk(Vec::new()),
+                _spill: Some(Arc::new(path)),
+            },
+            file: Some((file, 0)),
+        })
+    }
+
+    /// Appends a batch (B, L, D), keeping each sample's first `lengths[i]` rows.
+    pub fn push(&mut self, batch: &Tensor, lengths: &[usize]) -> Result<()> {
+        let (b, width, dim) = batch.dims3()?;
+        ensure!(
+            dim == self.rows.dim && lengths.len() == b && lengths.iter().all(|&l| l <= width),
+            "a batch {:?} with lengths {lengths:?} does not fit rows of width {}",
+            batch.dims(),
+            self.rows.dim
+        );
+        let values: Vec<f32> = batch.flatten_all()?.to_vec1()?;
+        for (i, &len) in lengths.iter().enumerate() {
+            let sample = &values[i * width * dim..(i * width + len) * dim];
+            match (&mut self.rows.storage, &mut self.file, &self.rows._spill) {
+                (Storage::Memory { values, starts }, _, _) => {
+                    let values = Arc::make_mut(values);
+                    starts.push(values.len() / dim);
+                    values.extend_from_slice(sample);
+                }
+                (Storage::Disk(samples), Some((file, offset)), Some(path)) => {
+                    let bytes: Vec<u8> = sample.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    file.write_all_at(&bytes, *offset)
+                        .with_context(|| format!("{}: cannot write rows", path.display()))?;
+                    samples.push(OnDisk {
+                        file: Arc::new(path.to_path_buf()),
+                        offset: *offset,
+                        digest: rows_digest(sample),
+                    });
+                    *offset += bytes.len() as u64;
+                }
+                _ => bail!("rows builder without its storage"),
+            }
+            self.rows.lengths.push(len);
+        }
+        Ok(())
+    }
+
+    pub fn finish(self) -> LayerRows {
+        self.rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ragged_rows_come_back_zero_padded_with_their_mask() {
+        let values: Vec<f32> = (0..2 * 3 * 2).map(|v| v as f32 + 1.0).collect();
+        let padded = Tensor::from_vec(values, (2, 3, 2), &Device::Cpu).unwrap();
+        let rows = LayerRows::from_padded(&padded, vec![3, 1]).unwrap();
+        let batch = rows.batch(&[1, 0], &Device::Cpu).unwrap();
+        assert_eq!(batch.inputs.dims(), [2, 3, 2]);
+        let got: Vec<Vec<Vec<f32>>> = batch.inputs.to_vec3().unwrap();
+        assert_eq!(got[0], vec![vec![7., 8.], vec![0., 0.], vec![0., 0.]]);
+        assert_eq!(got[1][2], vec![5., 6.]);
+        assert_eq!(
+            batch.mask().unwrap().to_vec2::<u32>().unwrap(),
+            vec![vec![1, 0, 0], vec![1, 1, 1]]
+        );
+        let short = rows.batch(&[1], &Device::Cpu).unwrap();
+        assert_eq!(short.inputs.dims(), [1, 1, 2]);
+        assert!(rows.batch(&[2], &Device::Cpu).is_err());
+    }
+}
