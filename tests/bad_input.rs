@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use candle_core::{Device, Tensor};
+use serde_json::json;
+
+mod common;
 
 const PROGRESS_ENV: &str = "BENIGN_PROGRESS_EVERY_SECS";
 
@@ -171,5 +174,115 @@ fn empty_sets_of_a_split_are_refused_naming_the_flag() {
             path_str(dir.path()),
         ]);
         assert_one_error_line(flag, &out, &[&format!("{flag} must be at least 1, got 0")]);
+    }
+}
+
+/// A copy of fixture model `name` in `dir` (config.json edited by `edit`), and for the ViT a
+/// preprocessor_config.json matching its 32-pixel images, edited by `edit_preprocessor`.
+fn model_copy(
+    dir: &Path,
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+    edit_preprocessor: impl FnOnce(&mut serde_json::Value),
+) -> PathBuf {
+    let fixture = common::fixtures().join(name);
+    let model = dir.join(name);
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(
+        fixture.join("model.safetensors"),
+        model.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap())
+            .unwrap();
+    edit(&mut config);
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    if name == "tiny_vit" {
+        let mut preprocessor =
+            serde_json::json!({"size": {"height": 32, "width": 32}, "resample": 2});
+        edit_preprocessor(&mut preprocessor);
+        // Written by hand: serde_json cannot write the non-finite numbers a test may put there.
+        let text = preprocessor.to_string().replace("\"INF\"", "1e999");
+        std::fs::write(model.join("preprocessor_config.json"), text).unwrap();
+    }
+    model
+}
+
+/// `extract` of 4 tiny BreastMNIST images through the backbone folder `model`.
+fn extract(data: &Path, model: &Path, cache: &Path) -> Output {
+    benign(&[
+        "extract",
+        "--backbone",
+        path_str(model),
+        "--dataset",
+        "breastmnist",
+        "--limit",
+        "4",
+        "--data-dir",
+        path_str(data),
+        "--cache-dir",
+        path_str(cache),
+    ])
+}
+
+#[test]
+fn backbone_configs_the_forward_cannot_run_are_refused_naming_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tiny_breastmnist(&data);
+    let cache = dir.path().join("cache");
+
+    // The unedited copy extracts: what fails below fails for the edited field.
+    let model = model_copy(&dir.path().join("ok"), "tiny_vit", |_| {}, |_| {});
+    let out = extract(&data, &model, &cache);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let expect_refusal = |model: PathBuf, file: &str, field: &str| {
+        let out = extract(&data, &model, &cache);
+        let file = model.join(file);
+        assert_one_error_line(
+            &format!("{} {field}", model.display()),
+            &out,
+            &[&format!("{}: ", file.display()), field],
+        );
+    };
+    // (model, config.json key, value, what the error says)
+    #[rustfmt::skip]
+    let config_cases = [
+        ("tiny_vit", "patch_size", json!(0), "patch_size is 0"),
+        ("tiny_vit", "num_hidden_layers", json!(0), "num_hidden_layers is 0"),
+        ("tiny_vit", "hidden_size", json!(0), "hidden_size is 0"),
+        ("tiny_vit", "num_attention_heads", json!(0), "num_attention_heads is 0"),
+        ("tiny_vit", "num_attention_heads", json!(5), "num_attention_heads 5"),
+        ("tiny_vit", "image_size", json!(30), "image_size 30 is not a multiple of patch_size 8"),
+        ("tiny_vit", "patch_size", json!(-1), "\"patch_size\": invalid value"),
+        ("tiny_bert", "num_hidden_layers", json!(0), "num_hidden_layers is 0"),
+        ("tiny_bert", "hidden_size", json!(0), "hidden_size is 0"),
+        ("tiny_bert", "num_attention_heads", json!(0), "num_attention_heads is 0"),
+        ("tiny_bert", "intermediate_size", json!(0), "intermediate_size is 0"),
+        ("tiny_bert", "vocab_size", json!(0), "vocab_size is 0"),
+        ("tiny_bert", "max_position_embeddings", json!(0), "max_position_embeddings is 0"),
+    ];
+    for (k, (name, key, value, field)) in config_cases.into_iter().enumerate() {
+        let place = dir.path().join(format!("config-{k}"));
+        let model = model_copy(&place, name, |c| c[key] = value, |_| {});
+        expect_refusal(model, "config.json", field);
+    }
+    // (preprocessor_config.json key, value, what the error says)
+    #[rustfmt::skip]
+    let preprocessor_cases = [
+        ("size", json!({"height": 0, "width": 32}), "size is 0×32"),
+        ("size", json!(0), "size is 0×0"),
+        ("size", json!({"shortest_edge": 0}), "size.shortest_edge"),
+        ("image_std", json!([0.5, 0.0, 0.5]), "image_std [0.5, 0.0, 0.5] holds 0"),
+        // JSON has no infinity: 1e999 is out of range (see model_copy).
+        ("image_std", json!([0.5, "INF", 0.5]), "\"image_std\": number out of range"),
+        ("size", json!({"height": 16, "width": 16}), "does not match image_size 32"),
+    ];
+    for (k, (key, value, field)) in preprocessor_cases.into_iter().enumerate() {
+        let place = dir.path().join(format!("preprocessor-{k}"));
+        let model = model_copy(&place, "tiny_vit", |_| {}, |p| p[key] = value);
+        expect_refusal(model, "preprocessor_config.json", field);
     }
 }
