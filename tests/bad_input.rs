@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use serde_json::json;
@@ -285,4 +286,30 @@ fn backbone_configs_the_forward_cannot_run_are_refused_naming_file_and_field() {
         let model = model_copy(&place, "tiny_vit", |_| {}, |p| p[key] = value);
         expect_refusal(model, "preprocessor_config.json", field);
     }
+}
+
+#[test]
+fn memory_implausible_synthetic_runs_are_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let started = Instant::now();
+    let out = benign(&[
+        "synthetic",
+        "--embed-dim",
+        "10000000",
+        "--out",
+        path_str(&out_dir),
+    ]);
+    assert_one_error_line(
+        "--embed-dim 10000000",
+        &out,
+        &["--embed-dim 10000000", "GiB"],
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(!out_dir.exists(), "{} was created", out_dir.display());
+    assert!(out.stdout.is_empty());
 }
