@@ -313,3 +313,52 @@ fn memory_implausible_synthetic_runs_are_refused_up_front() {
     assert!(!out_dir.exists(), "{} was created", out_dir.display());
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn progress_is_printed_as_lines_when_stderr_is_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |every: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_benign-attention"));
+        command.args([
+            "synthetic",
+            "--num-steps",
+            "200",
+            "--embed-dim",
+            "200",
+            "--test-n",
+            "100",
+            "--out",
+            path_str(&dir.path().join("run")),
+        ]);
+        match every {
+            Some(secs) => command.env(PROGRESS_ENV, secs),
+            None => command.env_remove(PROGRESS_ENV),
+        };
+        let out = command.output().expect("binary runs");
+        assert!(out.status.success(), "{}", stderr(&out));
+        stderr(&out)
+    };
+    let progress = |err: &str| -> Vec<String> {
+        err.lines()
+            .filter(|l| l.contains("/201 steps"))
+            .map(String::from)
+            .collect()
+    };
+
+    // Every update: a start line, one per step, a last line.
+    let err = run(Some("0"));
+    let lines = progress(&err);
+    assert!(lines[0].ends_with("0/201 steps started"), "{err}");
+    assert!(lines.iter().any(|l| l.ends_with(" 100/201 steps")), "{err}");
+    assert!(
+        lines.last().unwrap().ends_with(" 201/201 steps done"),
+        "{err}"
+    );
+    assert_eq!(lines.len(), 202, "{err}");
+
+    // The default interval (30 s): a run of a second prints the first and the last line only.
+    let err = run(None);
+    let lines = progress(&err);
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[0].ends_with("0/201 steps started") && lines[1].ends_with("201/201 steps done"));
+}
