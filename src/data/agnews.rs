@@ -43,6 +43,12 @@ pub fn load_csv(path: &Path) -> Result<Split> {
         labels.push(class - 1);
         texts.push(format!("{} {}", &record[1], &record[2]));
     }
+    if labels.is_empty() {
+        return Err(DataError::format(
+            path,
+            "no rows (expected \"class\",\"title\",\"description\" lines)",
+        ));
+    }
     let release_index = (0..labels.len()).collect();
     Ok(Split {
         inputs: Inputs::Texts(texts),
@@ -103,6 +109,7 @@ mod tests {
             ("\"0\",\"a\",\"b\"\n", "row 1: class 0 outside 1..4"),
             ("\"5\",\"a\",\"b\"\n", "row 1: class 5 outside 1..4"),
             ("\"x\",\"a\",\"b\"\n", "row 1: class \"x\" is not a number"),
+            ("", "no rows"),
         ] {
             let err = load(content).unwrap_err().to_string();
             assert!(err.contains("test.csv") && err.contains(needle), "{err}");

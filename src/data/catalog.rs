@@ -311,13 +311,15 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
         }
         DatasetName::PneumoniaMnist | DatasetName::BreastMnist | DatasetName::OtherMedMnist(_) => {
             let path = dir.join(format!("{}.npz", name.id()));
-            let train = medmnist::read_split(&path, "train")?;
-            let val = medmnist::read_split(&path, "val")?;
-            let test = medmnist::read_split(&path, "test")?;
-            let class_names = match name.manifest() {
-                Some(m) if !m.classes.is_empty() => m.classes,
+            let known = name.manifest().map(|m| m.classes).filter(|c| !c.is_empty());
+            let num_classes = known.as_ref().map(Vec::len);
+            let train = medmnist::read_split(&path, "train", num_classes)?;
+            let val = medmnist::read_split(&path, "val", num_classes)?;
+            let test = medmnist::read_split(&path, "test", num_classes)?;
+            let class_names = match known {
+                Some(classes) => classes,
                 // Tasks without a manifest: classes named by index.
-                _ => {
+                None => {
                     let max = [&train, &val, &test]
                         .iter()
                         .flat_map(|s| s.labels.iter())
@@ -372,7 +374,45 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
             warnings,
         },
     };
+    check_splits(&dataset)?;
     Ok(dataset)
+}
+
+/// What every run relies on, whatever the loader: the splits that are present hold samples, and
+/// every label is a class index below `num_classes()`. The loaders check their own files and name
+/// them; this is the backstop for any split they let through.
+fn check_splits(dataset: &Dataset) -> Result<()> {
+    let classes = dataset.num_classes();
+    let splits = [
+        ("train", dataset.train.as_ref()),
+        ("val", dataset.val.as_ref()),
+        ("test", Some(&dataset.test)),
+    ];
+    for (name, split) in splits {
+        let Some(split) = split else { continue };
+        let problem = if split.is_empty() {
+            Some(format!("the {name} split holds no samples"))
+        } else {
+            split
+                .labels
+                .iter()
+                .position(|&l| l as usize >= classes)
+                .map(|k| {
+                    format!(
+                        "{name} sample {k} has label {}, outside the {classes} classes 0..{}",
+                        split.labels[k],
+                        classes.saturating_sub(1)
+                    )
+                })
+        };
+        if let Some(problem) = problem {
+            return Err(DataError::Unavailable {
+                dataset: dataset.name.to_string(),
+                problem,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Present vs official record counts of one split.
@@ -486,6 +526,35 @@ mod tests {
     #[test]
     fn data_root_prefers_the_flag() {
         assert_eq!(data_root(Some(Path::new("/x"))), PathBuf::from("/x"));
+    }
+
+    #[test]
+    fn empty_splits_and_labels_outside_the_classes_are_refused() {
+        let split = |labels: Vec<u32>| crate::data::Split {
+            inputs: crate::data::Inputs::Texts(vec![String::new(); labels.len()]),
+            release_index: (0..labels.len()).collect(),
+            labels,
+        };
+        let dataset = |train: Vec<u32>, test: Vec<u32>| Dataset {
+            name: DatasetName::Trec,
+            class_names: vec!["a".into(), "b".into()],
+            train: Some(split(train)),
+            val: None,
+            test: split(test),
+            warnings: Vec::new(),
+        };
+        check_splits(&dataset(vec![0, 1], vec![1])).unwrap();
+        let err = check_splits(&dataset(vec![0, 1], vec![]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "trec: the test split holds no samples");
+        let err = check_splits(&dataset(vec![0, 2], vec![1]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "trec: train sample 1 has label 2, outside the 2 classes 0..1"
+        );
     }
 
     #[test]

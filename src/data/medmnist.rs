@@ -1,6 +1,6 @@
 //! MedMNIST v2 `.npz` archives (PneumoniaMNIST, BreastMNIST, and any other 2D task): arrays
 //! `{train,val,test}_images` (N, H, W) or (N, H, W, 3) of uint8 and `{split}_labels` (N, 1) of
-//! uint8 class indices.
+//! uint8 class indices. Labels are checked against the task's class count when it is known.
 
 use std::path::Path;
 
@@ -10,8 +10,9 @@ use candle_core::DType;
 use super::npz::read_array;
 use super::{ImageSet, Inputs, Split};
 
-/// One split ("train", "val" or "test") of the archive at `path`.
-pub fn read_split(path: &Path, split: &str) -> Result<Split> {
+/// One split ("train", "val" or "test") of the archive at `path`; with `num_classes`, every label
+/// must be below it.
+pub fn read_split(path: &Path, split: &str, num_classes: Option<usize>) -> Result<Split> {
     let (shape, pixels) = read_array::<u8>(path, &format!("{split}_images"), DType::U8)?;
     let (label_shape, labels) = read_array::<u8>(path, &format!("{split}_labels"), DType::U8)?;
     // (N, H, W) grayscale or (N, H, W, 3) colour, channels last as stored.
@@ -30,6 +31,24 @@ pub fn read_split(path: &Path, split: &str) -> Result<Split> {
             path,
             format!(
                 "{split}_labels has shape {label_shape:?} for {count} images (multi-label tasks are not supported)"
+            ),
+        ));
+    }
+    if count == 0 || height == 0 || width == 0 {
+        return Err(DataError::format(
+            path,
+            format!("{split}_images holds no images (shape {shape:?})"),
+        ));
+    }
+    if let Some(n) = num_classes
+        && let Some(k) = labels.iter().position(|&l| usize::from(l) >= n)
+    {
+        return Err(DataError::format(
+            path,
+            format!(
+                "{split}_labels[{k}] is {}, expected a class index 0..{} ({n} classes)",
+                labels[k],
+                n.saturating_sub(1)
             ),
         ));
     }
@@ -88,9 +107,9 @@ mod tests {
                 ("test_labels", array::<u8>(&[2, 1], &[1, 1])),
             ],
         );
-        let train = read_split(&path, "train").unwrap();
+        let train = read_split(&path, "train", Some(2)).unwrap();
         assert_eq!(train.labels, vec![0, 1]);
-        let test = read_split(&path, "test").unwrap();
+        let test = read_split(&path, "test", Some(2)).unwrap();
         let Inputs::Images(images) = &test.inputs else {
             panic!()
         };
@@ -113,20 +132,46 @@ mod tests {
                 ("train_labels", array::<u8>(&[1, 1], &[0])),
             ],
         );
-        let err = read_split(&path, "train").unwrap_err().to_string();
+        let err = read_split(&path, "train", None).unwrap_err().to_string();
         assert!(
             err.contains("broken.npz") && err.contains("train_images") && err.contains("F32"),
             "{err}"
         );
-        let err = read_split(&path, "val").unwrap_err().to_string();
+        let err = read_split(&path, "val", None).unwrap_err().to_string();
         assert!(
             err.contains("broken.npz") && err.contains("missing array val_images"),
             "{err}"
         );
         std::fs::write(&path, b"not a zip").unwrap();
-        let err = read_split(&path, "train").unwrap_err().to_string();
+        let err = read_split(&path, "train", None).unwrap_err().to_string();
         assert!(
             err.contains("broken.npz") && err.contains("not readable"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn labels_outside_the_classes_and_empty_splits_are_errors_naming_the_array() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.npz");
+        write_npz(
+            &path,
+            &[
+                ("train_images", array::<u8>(&[3, 2, 2], &[0; 12])),
+                ("train_labels", array::<u8>(&[3, 1], &[1, 0, 7])),
+                ("test_images", array::<u8>(&[0, 2, 2], &[])),
+                ("test_labels", array::<u8>(&[0, 1], &[])),
+            ],
+        );
+        let err = read_split(&path, "train", Some(2)).unwrap_err().to_string();
+        assert!(
+            err.contains("tiny.npz") && err.contains("train_labels[2] is 7"),
+            "{err}"
+        );
+        assert_eq!(read_split(&path, "train", None).unwrap().labels, [1, 0, 7]);
+        let err = read_split(&path, "test", Some(2)).unwrap_err().to_string();
+        assert!(
+            err.contains("tiny.npz") && err.contains("test_images holds no images"),
             "{err}"
         );
     }

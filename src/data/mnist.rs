@@ -32,9 +32,10 @@ fn parse_idx(path: &Path, mut bytes: Vec<u8>, magic: u32) -> Result<(Vec<usize>,
         ));
     }
     let dims: Vec<usize> = (1..=rank).map(|k| word(k) as usize).collect();
-    let expected: usize = dims.iter().product();
+    let expected = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
     let payload_len = bytes.len() - header_len;
-    if payload_len != expected {
+    if expected != Some(payload_len) {
+        let expected = expected.map_or("more than 2⁶⁴".into(), |e| e.to_string());
         let shape = dims
             .iter()
             .map(|d| d.to_string())
@@ -61,6 +62,15 @@ pub fn load_pair(images_path: &Path, labels_path: &Path) -> Result<Split> {
                 label_dims[0],
                 dims[0],
                 images_path.display()
+            ),
+        ));
+    }
+    if dims.contains(&0) {
+        return Err(DataError::format(
+            images_path,
+            format!(
+                "holds no images (shape {} × {} × {})",
+                dims[0], dims[1], dims[2]
             ),
         ));
     }

@@ -98,6 +98,20 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
         }
     };
 
+    // Phase 1 trains on the pretrain set, phase 2 on the fine-tune set, and both are scored on
+    // the test set: none of them may be empty.
+    for (flag, value) in [
+        ("--pretrain-n", plan.pretrain_n),
+        ("--n", plan.n),
+        ("--test-n", plan.test_n.unwrap_or(1)),
+    ] {
+        if value == 0 {
+            return Err(unavailable(format!("{flag} must be at least 1, got 0")));
+        }
+    }
+    if test_pool.is_empty() {
+        return Err(unavailable("the test pool holds no samples".into()));
+    }
     let wanted = plan.pretrain_n + plan.n;
     if wanted > train_pool.len() {
         return Err(unavailable(format!(
@@ -249,6 +263,46 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("--test-n 5000"), "{err}");
+    }
+
+    #[test]
+    fn empty_sets_are_refused_naming_the_flag() {
+        let data = toy(Some(100), 10);
+        for (plan, flag) in [
+            (plan(0, 10), "--pretrain-n"),
+            (plan(10, 0), "--n"),
+            (
+                SplitPlan {
+                    test_n: Some(0),
+                    ..plan(10, 10)
+                },
+                "--test-n",
+            ),
+        ] {
+            let err = partition(&data, &plan).unwrap_err().to_string();
+            assert!(err.contains(&format!("{flag} must be at least 1")), "{err}");
+        }
+        // A carve that leaves nothing to test on.
+        let err = partition(
+            &toy(None, 1),
+            &SplitPlan {
+                carve_train_from_test: Some(0.9),
+                ..plan(0, 1)
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("--pretrain-n"), "{err}");
+        let err = partition(
+            &toy(None, 2),
+            &SplitPlan {
+                carve_train_from_test: Some(0.9),
+                ..plan(1, 1)
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("the test pool holds no samples"), "{err}");
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub fn load_file(path: &Path) -> Result<Split> {
         labels.push(class as u32);
         texts.push(question.trim_end_matches(['\r', '\n']).to_string());
     }
+    if labels.is_empty() {
+        return Err(DataError::format(path, "no labelled questions"));
+    }
     let release_index = (0..labels.len()).collect();
     Ok(Split {
         inputs: Inputs::Texts(texts),
@@ -75,5 +78,11 @@ mod tests {
         std::fs::write(&path, b"XYZ:abc Fine ?\n").unwrap();
         let err = load_file(&path).unwrap_err().to_string();
         assert!(err.contains("unknown coarse label \"XYZ\""), "{err}");
+        std::fs::write(&path, b"\n  \n").unwrap();
+        let err = load_file(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("bad.label") && err.ends_with("no labelled questions"),
+            "{err}"
+        );
     }
 }

@@ -80,32 +80,47 @@ impl Backbone {
     pub fn load(files: BackboneFiles, device: &Device, text: TextOptions) -> Result<Self> {
         let config_text = std::fs::read_to_string(&files.config)
             .with_context(|| format!("{}: cannot read", files.config.display()))?;
-        let kind: ModelType = serde_json::from_str(&config_text)
-            .with_context(|| format!("{}: not a JSON config", files.config.display()))?;
+        let bad_config = |e: String| anyhow!("{}: {e}", files.config.display());
+        let parse_error = |e: serde_json::Error| bad_config(super::json_error(&config_text, &e));
+        let kind: ModelType = serde_json::from_str(&config_text).map_err(|e| {
+            bad_config(format!(
+                "not a JSON config: {}",
+                super::json_error(&config_text, &e)
+            ))
+        })?;
         let weights_sha256 = digests(&files.weights)?.sha256;
         // SAFETY: the weights file is read-only for the life of the map; candle copies tensors out.
         let vb =
             unsafe { VarBuilder::from_mmaped_safetensors(&[&files.weights], DType::F32, device) }
                 .with_context(|| format!("{}: cannot read the weights", files.weights.display()))?;
-        let bad_config = |e: serde_json::Error| anyhow!("{}: {e}", files.config.display());
         let (model, preprocessing) = match kind.model_type.as_deref() {
             Some("vit") => {
-                let config: VitConfig = serde_json::from_str(&config_text).map_err(bad_config)?;
+                let config: VitConfig = serde_json::from_str(&config_text).map_err(parse_error)?;
+                config.check().map_err(bad_config)?;
                 let path = files.preprocessor.as_ref().ok_or_else(|| {
                     anyhow!(
                         "{}: a ViT backbone needs preprocessor_config.json beside config.json",
                         files.id
                     )
                 })?;
+                let preprocessor = ImagePreprocessor::from_file(path)?;
+                if let Some((h, w)) = preprocessor.size
+                    && (h, w) != (config.image_size, config.image_size)
+                {
+                    bail!(
+                        "{}: size {h}×{w} does not match image_size {} of {}",
+                        path.display(),
+                        config.image_size,
+                        files.config.display()
+                    );
+                }
                 let model = Vit::load(vb, &config)
                     .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
-                (
-                    Model::Vit(model),
-                    Preprocessing::Image(ImagePreprocessor::from_file(path)?),
-                )
+                (Model::Vit(model), Preprocessing::Image(preprocessor))
             }
             Some("bert") => {
-                let config: BertConfig = serde_json::from_str(&config_text).map_err(bad_config)?;
+                let config: BertConfig = serde_json::from_str(&config_text).map_err(parse_error)?;
+                config.check().map_err(bad_config)?;
                 let path = files.tokenizer.as_ref().ok_or_else(|| {
                     anyhow!(
                         "{}: a BERT backbone needs tokenizer.json beside config.json",
@@ -193,6 +208,15 @@ impl Backbone {
             )?);
         }
         let (h, w) = p.size.unwrap_or((images.height, images.width));
+        if let Model::Vit(vit) = &self.model
+            && (h, w) != (vit.config.image_size, vit.config.image_size)
+        {
+            bail!(
+                "{}: images reach the model at {h}×{w} pixels, its image_size is {} (set size in preprocessor_config.json)",
+                self.files.id,
+                vit.config.image_size
+            );
+        }
         Ok(Tensor::from_vec(
             values,
             (indices.len(), 3, h, w),

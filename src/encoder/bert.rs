@@ -43,6 +43,45 @@ impl Default for BertConfig {
     }
 }
 
+impl BertConfig {
+    /// Rejects values the forward cannot run with (sizes of 0, heads that do not divide the
+    /// width, relative positions), naming the config.json field.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        for (field, value) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("intermediate_size", self.intermediate_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+            ("type_vocab_size", self.type_vocab_size),
+        ] {
+            if value == 0 {
+                return Err(format!("{field} is 0, expected at least 1"));
+            }
+        }
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+            return Err(format!(
+                "hidden_size {} is not a multiple of num_attention_heads {}",
+                self.hidden_size, self.num_attention_heads
+            ));
+        }
+        if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps >= 0.0) {
+            return Err(format!(
+                "layer_norm_eps is {}, expected a finite number ≥ 0",
+                self.layer_norm_eps
+            ));
+        }
+        if self.position_embedding_type != "absolute" {
+            return Err(format!(
+                "position_embedding_type {:?} is not supported (only \"absolute\")",
+                self.position_embedding_type
+            ));
+        }
+        Ok(())
+    }
+}
+
 struct BertEmbeddings {
     word: Embedding,
     position: Embedding,
@@ -159,12 +198,7 @@ pub struct TextBatch {
 impl Bert {
     /// Loads `BertModel` tensors, with or without the `bert.` prefix of task checkpoints.
     pub fn load(vb: VarBuilder, config: &BertConfig) -> Result<Self> {
-        if config.position_embedding_type != "absolute" {
-            candle_core::bail!(
-                "position_embedding_type {:?} is not supported (only \"absolute\")",
-                config.position_embedding_type
-            );
-        }
+        config.check().map_err(candle_core::Error::msg)?;
         let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
             vb.pp("bert")
         } else {

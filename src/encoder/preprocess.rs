@@ -263,33 +263,58 @@ impl ImagePreprocessor {
             (true, Some(Size::HeightWidth { height, width })) => Some((*height, *width)),
             (true, Some(Size::Square(s))) => Some((*s, *s)),
             (true, Some(Size::Shortest { .. })) => {
-                bail!("shortest_edge resizing is not a ViTImageProcessor setting")
+                bail!(
+                    "size.shortest_edge: shortest_edge resizing is not a ViTImageProcessor setting"
+                )
             }
         };
+        if let Some((h, w)) = size
+            && (h == 0 || w == 0)
+        {
+            bail!("size is {h}×{w}, expected a height and width of at least 1");
+        }
+        if config.do_rescale && !config.rescale_factor.is_finite() {
+            bail!(
+                "rescale_factor is {}, expected a finite number",
+                config.rescale_factor
+            );
+        }
         let three = |v: &[f64], what: &str| -> Result<[f64; 3]> {
-            v.try_into()
-                .map_err(|_| anyhow::anyhow!("{what} must have 3 values, found {}", v.len()))
+            let values: [f64; 3] = v
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("{what} must have 3 values, found {}", v.len()))?;
+            if let Some(bad) = values.iter().find(|x| !x.is_finite()) {
+                bail!("{what} holds {bad}, expected finite numbers");
+            }
+            Ok(values)
+        };
+        let normalize = if config.do_normalize {
+            let std = three(&config.image_std, "image_std")?;
+            if std.contains(&0.0) {
+                bail!("image_std {std:?} holds 0: normalising would divide by zero");
+            }
+            Some((three(&config.image_mean, "image_mean")?, std))
+        } else {
+            None
         };
         Ok(Self {
             size,
             resample: Resample::from_pil_code(config.resample)?,
             rescale_factor: config.do_rescale.then_some(config.rescale_factor),
-            normalize: if config.do_normalize {
-                Some((
-                    three(&config.image_mean, "image_mean")?,
-                    three(&config.image_std, "image_std")?,
-                ))
-            } else {
-                None
-            },
+            normalize,
         })
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read", path.display()))?;
-        let config: ImageProcessorConfig = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a ViT preprocessor config", path.display()))?;
+        let config: ImageProcessorConfig = serde_json::from_str(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: not a ViT preprocessor config: {}",
+                path.display(),
+                super::json_error(&text, &e)
+            )
+        })?;
         Self::from_config(&config).with_context(|| path.display().to_string())
     }
 
@@ -401,5 +426,64 @@ mod tests {
             ImagePreprocessor::from_config(&serde_json::from_str(r#"{"resample": 0}"#).unwrap())
                 .is_err()
         );
+    }
+
+    #[test]
+    fn sizes_of_zero_and_a_zero_or_non_finite_std_are_errors_naming_the_field() {
+        for (json, field) in [
+            (r#"{"size": {"height": 0, "width": 224}}"#, "size is 0×224"),
+            (r#"{"size": 0}"#, "size is 0×0"),
+            (r#"{"size": {"shortest_edge": 0}}"#, "size.shortest_edge"),
+            (r#"{"image_std": [0.5, 0.0, 0.5]}"#, "image_std"),
+        ] {
+            let config: ImageProcessorConfig = serde_json::from_str(json).unwrap();
+            let err = ImagePreprocessor::from_config(&config)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field), "{json}: {err}");
+        }
+        // JSON has no non-finite numbers: they come from code, or fail to parse (`from_file`).
+        let base: ImageProcessorConfig = serde_json::from_str("{}").unwrap();
+        for (config, field) in [
+            (
+                ImageProcessorConfig {
+                    image_std: vec![0.5, f64::INFINITY, 0.5],
+                    ..base.clone()
+                },
+                "image_std holds inf",
+            ),
+            (
+                ImageProcessorConfig {
+                    image_mean: vec![0.5, f64::NAN, 0.5],
+                    ..base.clone()
+                },
+                "image_mean holds NaN",
+            ),
+            (
+                ImageProcessorConfig {
+                    rescale_factor: f64::NEG_INFINITY,
+                    ..base.clone()
+                },
+                "rescale_factor",
+            ),
+        ] {
+            let err = ImagePreprocessor::from_config(&config)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field), "{err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("preprocessor_config.json");
+        std::fs::write(&path, "{\"image_std\": [0.5, NaN, 0.5]}").unwrap();
+        let err = format!("{:#}", ImagePreprocessor::from_file(&path).unwrap_err());
+        assert!(
+            err.contains("preprocessor_config.json")
+                && err.contains("\"image_std\": expected value"),
+            "{err}"
+        );
+        // Skipped steps are not checked.
+        let config: ImageProcessorConfig =
+            serde_json::from_str(r#"{"do_normalize": false, "image_std": [0, 0, 0]}"#).unwrap();
+        assert!(ImagePreprocessor::from_config(&config).is_ok());
     }
 }

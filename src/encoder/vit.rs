@@ -44,6 +44,48 @@ impl Default for VitConfig {
 }
 
 impl VitConfig {
+    /// Rejects values the forward cannot run with (sizes of 0, heads that do not divide the
+    /// width, an image that is not a whole number of patches), naming the config.json field.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        for (field, value) in [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("intermediate_size", self.intermediate_size),
+            ("image_size", self.image_size),
+            ("patch_size", self.patch_size),
+        ] {
+            if value == 0 {
+                return Err(format!("{field} is 0, expected at least 1"));
+            }
+        }
+        if self.num_channels != 3 {
+            return Err(format!(
+                "num_channels is {}, expected 3 (images reach the model as RGB)",
+                self.num_channels
+            ));
+        }
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+            return Err(format!(
+                "hidden_size {} is not a multiple of num_attention_heads {}",
+                self.hidden_size, self.num_attention_heads
+            ));
+        }
+        if !self.image_size.is_multiple_of(self.patch_size) {
+            return Err(format!(
+                "image_size {} is not a multiple of patch_size {}",
+                self.image_size, self.patch_size
+            ));
+        }
+        if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps >= 0.0) {
+            return Err(format!(
+                "layer_norm_eps is {}, expected a finite number ≥ 0",
+                self.layer_norm_eps
+            ));
+        }
+        Ok(())
+    }
+
     /// Tokens per image: the patches plus CLS.
     pub fn seq_len(&self) -> usize {
         (self.image_size / self.patch_size).pow(2) + 1
@@ -136,6 +178,7 @@ pub struct Vit {
 impl Vit {
     /// Loads `ViTModel` tensors, with or without the `vit.` prefix of classification checkpoints.
     pub fn load(vb: VarBuilder, config: &VitConfig) -> Result<Self> {
+        config.check().map_err(candle_core::Error::msg)?;
         let vb = if vb.contains_tensor("vit.embeddings.cls_token") {
             vb.pp("vit")
         } else {

@@ -2,11 +2,11 @@
 //! loss per epoch) and summary.json, each written atomically; and the live progress bar.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use anyhow::Result;
-use indicatif::ProgressBar;
 
+use super::progress::Bar;
 use crate::io::{ensure_dir, write_json, write_json_lines};
 use crate::train::finetune::{FinetuneRun, Progress};
 use crate::train::phases::EpochMetrics;
@@ -24,37 +24,40 @@ pub fn write_run(dir: &Path, run: &FinetuneRun) -> Result<()> {
     write_json(&dir.join("summary.json"), &run.summary)
 }
 
-/// One bar per stage on stderr; phase 2 shows train/test accuracy and memorization live.
+/// One bar per stage on stderr (lines where stderr is not a terminal, see `progress`); phase 2
+/// shows train/test accuracy and memorization live.
 #[derive(Default)]
 pub struct Bars {
-    bar: Mutex<Option<ProgressBar>>,
+    bar: Mutex<Option<Bar>>,
     last_test: Mutex<Option<f64>>,
+}
+
+/// The guarded value even if a thread panicked while holding it: progress is display only.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Progress for Bars {
     fn stage(&self, what: &str, total: usize) {
-        if let Some(old) = self.bar.lock().expect("progress lock").take() {
+        let mut bar = lock(&self.bar);
+        if let Some(old) = bar.take() {
             old.finish_and_clear();
         }
-        *self.bar.lock().expect("progress lock") = Some(super::progress::bar(total as u64, what));
+        *bar = Some(super::progress::bar(total as u64, what));
     }
 
     fn advance(&self, by: usize) {
-        if let Some(bar) = self.bar.lock().expect("progress lock").as_ref() {
+        if let Some(bar) = lock(&self.bar).as_ref() {
             bar.inc(by as u64);
         }
     }
 
     fn epoch(&self, m: &EpochMetrics) {
         if m.test_acc.is_some() {
-            *self.last_test.lock().expect("progress lock") = m.test_acc;
+            *lock(&self.last_test) = m.test_acc;
         }
-        if let Some(bar) = self.bar.lock().expect("progress lock").as_ref() {
-            let test = self
-                .last_test
-                .lock()
-                .expect("progress lock")
-                .map_or("–".to_string(), |t| format!("{t:.3}"));
+        if let Some(bar) = lock(&self.bar).as_ref() {
+            let test = lock(&self.last_test).map_or("–".to_string(), |t| format!("{t:.3}"));
             bar.set_message(format!(
                 "train {:.3} · memorization {:.3} · test {test} · loss {:.3}",
                 m.train_acc, m.memorization, m.train_loss
@@ -65,9 +68,11 @@ impl Progress for Bars {
 }
 
 impl Drop for Bars {
+    /// Clears a bar left on the terminal; prints no "done" line for a stage an error may have cut
+    /// short (a stage that ran to its length has printed it).
     fn drop(&mut self) {
-        if let Some(bar) = self.bar.lock().expect("progress lock").take() {
-            bar.finish_and_clear();
+        if let Some(bar) = lock(&self.bar).take() {
+            bar.abandon();
         }
     }
 }

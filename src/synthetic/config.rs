@@ -6,6 +6,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use super::engine::EngineKind;
+
 /// One synthetic run. Field names are the authors' config keys; the CLI flags are their kebab-case.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -151,8 +153,194 @@ impl SyntheticConfig {
             "a finite number ≥ 0",
             self.locater.to_string(),
         )?;
-        Ok(())
+        // Before knowing the engine: even the cheaper one must fit.
+        self.check_memory(None, false, &Available::now())
     }
+
+    /// [`validate`](Self::validate), and the memory `engine` needs must fit.
+    pub fn validate_for(&self, engine: EngineKind) -> Result<()> {
+        self.validate()?;
+        self.check_memory(Some(engine), false, &Available::now())
+    }
+
+    /// [`validate_for`](Self::validate_for), counting the per-step attention trace of every
+    /// training sample too when `attention_trace` (what `Trace::Full` keeps for the plots).
+    pub fn validate_run(&self, engine: EngineKind, attention_trace: bool) -> Result<()> {
+        self.validate()?;
+        self.check_memory(Some(engine), attention_trace, &Available::now())
+    }
+
+    /// The large allocations of a run with `engine`, in bytes (an estimate, not a bound).
+    pub fn memory_estimate(&self, engine: EngineKind, attention_trace: bool) -> MemoryEstimate {
+        // f64 throughout: the products overflow usize for absurd flags.
+        let (d, t) = (self.embed_dim as f64, self.seq_len as f64);
+        let (n, m) = (self.train_n as f64, self.test_n as f64);
+        let rank = n * t; // M = n·T training tokens
+        let (per_entry, engine_tokens, reduced) = match engine {
+            // W₀ as drawn (f32), W, ∇W and the update's temporaries (f32), and the f64 copies the
+            // spectrum traces read; the engine's own f32 copy of the training tokens.
+            EngineKind::Dense => (24.0, 4.0 * rank * d, 0.0),
+            // W₀ as drawn (f32) and in f64, and the f64 copy the traces read; A, B = W₀ᵀA and the
+            // product BᵀW₀ in f64 (d × nT each, plus the f32 copy A comes from); seven nT × nT
+            // f64 matrices (G_A, G_B, Q and the trace terms).
+            EngineKind::Subspace => (20.0, 28.0 * rank * d, 56.0 * rank * rank),
+        };
+        MemoryEstimate {
+            key_query: per_entry * d * d,
+            tokens: 4.0 * (n + m) * t * d + engine_tokens + reduced,
+            attention_trace: if attention_trace {
+                4.0 * (self.num_steps as f64 + 1.0) * rank
+            } else {
+                0.0
+            },
+        }
+    }
+
+    /// Refuses a run whose memory estimate exceeds `available`; `engine` `None`: the cheaper one.
+    fn check_memory(
+        &self,
+        engine: Option<EngineKind>,
+        attention_trace: bool,
+        available: &Available,
+    ) -> Result<()> {
+        let estimate = |e| self.memory_estimate(e, attention_trace);
+        let (engine_flag, estimate) = match engine {
+            Some(e) => (format!("--engine {}", engine_name(e)), estimate(e)),
+            None => {
+                let (dense, subspace) =
+                    (estimate(EngineKind::Dense), estimate(EngineKind::Subspace));
+                let cheaper = if dense.total() < subspace.total() {
+                    dense
+                } else {
+                    subspace
+                };
+                ("whichever --engine".to_string(), cheaper)
+            }
+        };
+        if estimate.total() <= available.bytes {
+            return Ok(());
+        }
+        let gib = |bytes: f64| {
+            let g = bytes / GIB;
+            if g < 100.0 {
+                format!("{g:.1} GiB")
+            } else {
+                format!("{g:.0} GiB")
+            }
+        };
+        let trace = if attention_trace {
+            format!(
+                ", attention trace of --num-steps {} {}",
+                self.num_steps,
+                gib(estimate.attention_trace)
+            )
+        } else {
+            String::new()
+        };
+        bail!(
+            "--embed-dim {} (with --seq-len {}, --train-n {}, --test-n {}, {engine_flag}) needs about {} of \
+             memory (d × d matrices {}, tokens {}{trace}), more than the {} available ({}); lower \
+             --embed-dim, --train-n or --test-n",
+            self.embed_dim,
+            self.seq_len,
+            self.train_n,
+            self.test_n,
+            gib(estimate.total()),
+            gib(estimate.key_query),
+            gib(estimate.tokens),
+            gib(available.bytes),
+            available.source,
+        )
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Bytes of a run's large allocations, by what holds them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryEstimate {
+    /// The d × d key-query matrix W₀/W and the engine's copies of it.
+    pub key_query: f64,
+    /// Train and test tokens (n·T·d and test_n·T·d f32) and the engine's own token matrices.
+    pub tokens: f64,
+    /// The attention of every training sample at every step.
+    pub attention_trace: f64,
+}
+
+impl MemoryEstimate {
+    pub fn total(&self) -> f64 {
+        self.key_query + self.tokens + self.attention_trace
+    }
+}
+
+fn engine_name(engine: EngineKind) -> String {
+    use clap::ValueEnum;
+    engine
+        .to_possible_value()
+        .map_or_else(|| format!("{engine:?}"), |v| v.get_name().to_string())
+}
+
+/// Memory a run may use, and where that number comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Available {
+    pub bytes: f64,
+    pub source: String,
+}
+
+/// Used when neither /proc/meminfo nor a cgroup limit can be read (not Linux).
+const FALLBACK_CAP_GIB: u64 = 256;
+
+impl Available {
+    /// `MemAvailable` of /proc/meminfo, lowered to this process's cgroup (v2) `memory.max` when
+    /// that is smaller (Slurm and containers); a fixed cap where neither can be read.
+    pub fn now() -> Self {
+        let meminfo = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|text| mem_available(&text))
+            .map(|bytes| Available {
+                bytes,
+                source: "MemAvailable in /proc/meminfo".into(),
+            });
+        let cgroup = cgroup_limit().map(|bytes| Available {
+            bytes,
+            source: "the cgroup's memory.max".into(),
+        });
+        match (meminfo, cgroup) {
+            (Some(a), Some(b)) => {
+                if b.bytes < a.bytes {
+                    b
+                } else {
+                    a
+                }
+            }
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => Available {
+                bytes: (FALLBACK_CAP_GIB << 30) as f64,
+                source: format!(
+                    "a fixed cap of {FALLBACK_CAP_GIB} GiB: /proc/meminfo is unreadable"
+                ),
+            },
+        }
+    }
+}
+
+/// `MemAvailable:   123456 kB` → bytes.
+fn mem_available(meminfo: &str) -> Option<f64> {
+    let line = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let kb: f64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kb * 1024.0)
+}
+
+/// `memory.max` of this process's cgroup v2, when it is a number (not "max").
+fn cgroup_limit() -> Option<f64> {
+    let membership = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = membership.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let limit = Path::new("/sys/fs/cgroup")
+        .join(path.trim().trim_start_matches('/'))
+        .join("memory.max");
+    std::fs::read_to_string(limit).ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]
@@ -206,6 +394,69 @@ mod tests {
                 .to_string()
                 .contains("--learning-rate")
         );
+    }
+
+    #[test]
+    fn memory_implausible_configs_are_refused_with_the_estimate() {
+        let small = Available {
+            bytes: 4.0 * GIB,
+            source: "test".into(),
+        };
+        let paper = SyntheticConfig::default();
+        paper.check_memory(None, false, &small).unwrap();
+        for engine in [EngineKind::Dense, EngineKind::Subspace] {
+            paper.check_memory(Some(engine), true, &small).unwrap();
+        }
+        // d = 20000: W in f32 alone is 1.5 GiB; the engines' copies take it past 4 GiB.
+        let wide = SyntheticConfig {
+            embed_dim: 20_000,
+            ..Default::default()
+        };
+        let msg = wide
+            .check_memory(Some(EngineKind::Dense), false, &small)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("--embed-dim 20000 (with")
+                && msg.contains("--engine dense) needs about 9.") // 24·d² = 8.9 GiB + tokens
+                && msg.contains("4.0 GiB available (test)"),
+            "{msg}"
+        );
+        let estimate = wide.memory_estimate(EngineKind::Dense, false);
+        assert_eq!(estimate.key_query, 24.0 * 4e8);
+        // Absurd flags do not overflow.
+        let absurd = SyntheticConfig {
+            embed_dim: usize::MAX,
+            ..Default::default()
+        };
+        let msg = absurd.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("--embed-dim") && msg.contains("whichever --engine"),
+            "{msg}"
+        );
+        // The attention trace counts only when asked for.
+        let long = SyntheticConfig {
+            num_steps: 1 << 30,
+            ..Default::default()
+        };
+        long.check_memory(Some(EngineKind::Subspace), false, &small)
+            .unwrap();
+        let msg = long
+            .check_memory(Some(EngineKind::Subspace), true, &small)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("attention trace of --num-steps 1073741824"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn mem_available_is_read_in_bytes() {
+        let text = "MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   2048 kB\n";
+        assert_eq!(mem_available(text), Some(2048.0 * 1024.0));
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+        assert!(Available::now().bytes > 0.0);
     }
 
     #[test]

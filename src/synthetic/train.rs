@@ -292,7 +292,7 @@ pub fn run_with_engine(
     on_step: &mut dyn FnMut(usize),
     make_engine: impl FnOnce(&TokenSet, &[f32]) -> Result<Box<dyn Engine>>,
 ) -> Result<SyntheticRun> {
-    config.validate()?;
+    config.validate_run(engine_kind, trace == Trace::Full)?;
     let started = Instant::now();
     let (train, test) = train_and_test(config);
     let w0 = initial_key_query(config.embed_dim, config.seed);
