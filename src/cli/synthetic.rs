@@ -138,7 +138,7 @@ pub fn run(args: SyntheticArgs) -> Result<()> {
     if let Some(norm) = args.signal_norm {
         config.signal_norm = norm;
     }
-    config.validate()?;
+    config.validate_for(args.shared.engine)?;
     let bar = report::progress::bar(config.num_steps as u64 + 1, "steps");
     let run = synthetic::run(&config, args.shared.engine, Trace::Full, &mut |_| {
         bar.inc(1)
@@ -185,7 +185,7 @@ fn run_grid(
     trace: Trace,
 ) -> Result<(SyntheticConfig, Vec<synthetic::SweepRow>, f64)> {
     let base = shared.config()?;
-    base.validate()?;
+    base.validate_for(shared.engine)?;
     if jobs == Some(0) {
         anyhow::bail!("--jobs must be at least 1, got 0");
     }
