@@ -247,20 +247,8 @@ impl FeatureCache {
             lock.sweep(&dir);
         }
         let mut stats = CacheStats::default();
-        let key_of = |contents: Contents, positions: &[usize]| ShardKey {
-            version: FORMAT_VERSION,
-            backbone: backbone.files.id.clone(),
-            weights_sha256: backbone.weights_sha256.clone(),
-            config_sha256: backbone.config_sha256.clone(),
-            preprocessing: backbone.preprocessing_fingerprint(),
-            dataset: dataset.to_string(),
-            split: split.to_string(),
-            contents,
-            release_index: positions.iter().map(|&p| data.release_index[p]).collect(),
-            sample_digest: positions
-                .iter()
-                .map(|&p| data.inputs.sample_digest(p))
-                .collect(),
+        let key_of = |contents: Contents, positions: &[usize]| {
+            self.key(backbone, dataset, split, data, positions, contents)
         };
         // Each requested sample by what identifies its features: release index and bytes.
         let wanted: Vec<(usize, String)> = positions
@@ -297,17 +285,63 @@ impl FeatureCache {
                     on_computed(chunk.len());
                 }
                 let key = key_of(contents, part);
-                let tensors = shard_tensors(&encoded, contents)?;
-                ensure_finite(&tensors, backbone, &key)?;
-                let sidecar = write_shard(&dir, &key, &tensors, backbone.max_tokens())?;
+                let (path, sidecar) = write_encoded(&dir, &key, &encoded, backbone)?;
                 stats.computed += part.len();
-                let path = dir.join(format!("{}.safetensors", key.file_stem()?));
                 store.add(&path, &sidecar)?;
             }
         }
         stats.from_cache = positions.len() - stats.computed.min(positions.len());
         let features = store.gather(&wanted, contents)?;
         Ok((features, stats))
+    }
+
+    /// Stores features computed elsewhere for `positions` of `data`, one shard, as an extraction
+    /// would: benches fill a cache with random layer inputs at paper sizes this way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn store(
+        &self,
+        backbone: &Backbone,
+        dataset: &str,
+        split: &str,
+        data: &Split,
+        positions: &[usize],
+        contents: Contents,
+        encoded: &[Encoded],
+    ) -> Result<()> {
+        let dir = self.dir(backbone, dataset, split);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("{}: cannot create the cache folder", dir.display()))?;
+        let _lock = FolderLock::acquire(&dir)?;
+        let key = self.key(backbone, dataset, split, data, positions, contents);
+        write_encoded(&dir, &key, encoded, backbone)?;
+        Ok(())
+    }
+
+    /// The key of a shard of `positions` of `data`.
+    fn key(
+        &self,
+        backbone: &Backbone,
+        dataset: &str,
+        split: &str,
+        data: &Split,
+        positions: &[usize],
+        contents: Contents,
+    ) -> ShardKey {
+        ShardKey {
+            version: FORMAT_VERSION,
+            backbone: backbone.files.id.clone(),
+            weights_sha256: backbone.weights_sha256.clone(),
+            config_sha256: backbone.config_sha256.clone(),
+            preprocessing: backbone.preprocessing_fingerprint(),
+            dataset: dataset.to_string(),
+            split: split.to_string(),
+            contents,
+            release_index: positions.iter().map(|&p| data.release_index[p]).collect(),
+            sample_digest: positions
+                .iter()
+                .map(|&p| data.inputs.sample_digest(p))
+                .collect(),
+        }
     }
 }
 
@@ -320,6 +354,19 @@ struct Shard {
     lengths: Vec<usize>,
     file: std::sync::Arc<PathBuf>,
     tokens: usize,
+}
+
+/// One shard of `encoded` batches under `key`, checked for finite values.
+fn write_encoded(
+    dir: &Path,
+    key: &ShardKey,
+    encoded: &[Encoded],
+    backbone: &Backbone,
+) -> Result<(PathBuf, Sidecar)> {
+    let tensors = shard_tensors(encoded, key.contents)?;
+    ensure_finite(&tensors, backbone, key)?;
+    let sidecar = write_shard(dir, key, &tensors, backbone.max_tokens())?;
+    Ok((dir.join(format!("{}.safetensors", key.file_stem()?)), sidecar))
 }
 
 /// The trusted shards a request reads, and where each requested sample is.

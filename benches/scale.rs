@@ -1,0 +1,402 @@
+//! Phase 2 at the paper's scale: memory and speed with backbones of the paper's sizes, against the
+//! named baseline of the authors' code path, in the same run.
+//!
+//! For ViT-B/16 (HF ViTConfig defaults: 768 wide, 12 layers, 12 heads, 197 tokens) and for
+//! bert-base-uncased's size (768 wide, 12 layers, 128 tokens): a checkpoint of RANDOM weights
+//! (seeded; they serve memory and speed only, never results) is written to a temporary folder, and
+//! random layer inputs of 10 000 test and 200 fine-tune samples are written straight into a
+//! feature cache (the bench measures phase 2, not extraction; text samples get random unpadded
+//! lengths, as real sentences have). Then, in a child process so that its peak RSS is phase 2's
+//! alone, `finetune`'s phase 2 reads them back: the 200 fine-tune samples into memory, the test
+//! set streamed from the cache. Reported:
+//!
+//!   ours:      one epoch at n = 200, batch 16 (13 steps plus the per-epoch evaluation of the 200
+//!              fine-tune samples), one thread; one evaluation of the 10 000 test samples; the
+//!              child's peak RSS (VmHWM);
+//!   baseline:  13 × the authors' step: the batch of 16 through the frozen backbone to the last
+//!              layer, the full last layer with the trainable query/key, the classifier, backward
+//!              and AdamW (all cores).
+//!
+//! `cargo bench --bench scale`; about 10 GB of temporary disk.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use benign_attention::data::{ImageSet, Inputs, Split};
+use benign_attention::encoder::bert::{BertConfig, TextBatch};
+use benign_attention::encoder::cache::{Contents, FeatureCache};
+use benign_attention::encoder::layer_rows::LayerRows;
+use benign_attention::encoder::{Backbone, Encoded, Model, TextOptions, resolve};
+use benign_attention::model::{Classifier, LastLayer, QueryKey};
+use benign_attention::train::optim::{AdamW, OptimizerConfig};
+use benign_attention::train::phases::{Phase2Data, Set, train_phase2};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use rand::{RngExt, SeedableRng};
+
+const TEST_N: usize = 10_000;
+const N: usize = 200;
+const BATCH: usize = 16;
+const CHILD: &str = "BENIGN_SCALE_CHILD";
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Size {
+    VitB,
+    BertBase,
+}
+
+impl Size {
+    fn name(self) -> &'static str {
+        match self {
+            Size::VitB => "ViT-B/16 size",
+            Size::BertBase => "bert-base size",
+        }
+    }
+
+    fn tokens(self) -> usize {
+        match self {
+            Size::VitB => 197,
+            Size::BertBase => 128,
+        }
+    }
+}
+
+/// A seeded random-weight checkpoint of `size` in Hugging Face layout under `dir`.
+fn write_checkpoint(size: Size, dir: &Path) {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    match size {
+        Size::VitB => {
+            std::fs::write(
+                dir.join("config.json"),
+                serde_json::json!({
+                    "model_type": "vit", "hidden_size": 768, "num_hidden_layers": 12,
+                    "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu",
+                    "layer_norm_eps": 1e-12, "image_size": 224, "patch_size": 16,
+                    "num_channels": 3, "qkv_bias": true
+                })
+                .to_string(),
+            )
+            .unwrap();
+            std::fs::write(
+                dir.join("preprocessor_config.json"),
+                r#"{"size": {"height": 224, "width": 224}, "resample": 2}"#,
+            )
+            .unwrap();
+            let config: benign_attention::encoder::vit::VitConfig = Default::default();
+            benign_attention::encoder::vit::Vit::load(vb, &config).unwrap();
+        }
+        Size::BertBase => {
+            std::fs::write(
+                dir.join("config.json"),
+                serde_json::json!({
+                    "model_type": "bert", "vocab_size": 30522, "hidden_size": 768,
+                    "num_hidden_layers": 12, "num_attention_heads": 12,
+                    "intermediate_size": 3072, "hidden_act": "gelu",
+                    "max_position_embeddings": 512, "type_vocab_size": 2,
+                    "layer_norm_eps": 1e-12, "pad_token_id": 0
+                })
+                .to_string(),
+            )
+            .unwrap();
+            // A word-level vocabulary: the bench never tokenizes, the backbone needs one.
+            std::fs::write(
+                dir.join("tokenizer.json"),
+                serde_json::json!({
+                    "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+                    "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+                    "post_processor": null, "decoder": null,
+                    "model": {"type": "WordLevel", "vocab": {"[PAD]": 0, "[UNK]": 1},
+                              "unk_token": "[UNK]"}
+                })
+                .to_string(),
+            )
+            .unwrap();
+            let config = BertConfig::default();
+            benign_attention::encoder::bert::Bert::load(vb, &config).unwrap();
+        }
+    }
+    // Seeded values with HF's initialisation scales: N(0, 0.02²) weights, unit norms, zero biases.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2025);
+    let normal = rand_distr::Normal::new(0f32, 0.02).unwrap();
+    let mut names: Vec<(String, candle_core::Var)> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    names.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, var) in names {
+        let shape = var.shape().clone();
+        let count = shape.elem_count();
+        let norm = name.to_lowercase().contains("layernorm") || name.contains("LayerNorm");
+        let values: Vec<f32> = if name.ends_with("bias") {
+            vec![0.0; count]
+        } else if norm {
+            vec![1.0; count]
+        } else {
+            (0..count).map(|_| rng.sample(normal)).collect()
+        };
+        var.set(&Tensor::from_vec(values, shape, &Device::Cpu).unwrap())
+            .unwrap();
+    }
+    varmap.save(dir.join("model.safetensors")).unwrap();
+}
+
+/// TEST_N + N distinct samples (only their bytes' digests matter: nothing is encoded).
+fn samples(size: Size) -> Split {
+    let count = TEST_N + N;
+    let inputs = match size {
+        Size::VitB => Inputs::Images(ImageSet {
+            count,
+            channels: 1,
+            height: 2,
+            width: 2,
+            pixels: (0..count as u32).flat_map(u32::to_le_bytes).collect(),
+        }),
+        Size::BertBase => Inputs::Texts((0..count).map(|i| format!("sample {i}")).collect()),
+    };
+    Split {
+        inputs,
+        labels: (0..count).map(|i| (i % 4) as u32).collect(),
+        release_index: (0..count).collect(),
+    }
+}
+
+/// Random features of every sample written into the cache, 256 samples per shard.
+fn fill_cache(size: Size, backbone: &Backbone, cache: &FeatureCache, data: &Split) {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let (t, d) = (size.tokens(), 768);
+    let positions: Vec<usize> = (0..data.len()).collect();
+    for part in positions.chunks(256) {
+        let b = part.len();
+        let mut random =
+            |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect() };
+        let layer_inputs = Tensor::from_vec(random(b * t * d), (b, t, d), &Device::Cpu).unwrap();
+        let cls = Tensor::from_vec(random(b * d), (b, d), &Device::Cpu).unwrap();
+        let attention_mask = (size == Size::BertBase).then(|| {
+            let mask: Vec<u32> = (0..b)
+                .flat_map(|_| {
+                    let len = 8 + (rng.random::<u32>() as usize % (t - 8));
+                    (0..t).map(move |k| u32::from(k < len))
+                })
+                .collect();
+            Tensor::from_vec(mask, (b, t), &Device::Cpu).unwrap()
+        });
+        let encoded = Encoded {
+            layer_inputs,
+            attention_mask,
+            pooled: (size == Size::BertBase).then(|| cls.clone()),
+            mean: cls.clone(),
+            cls,
+        };
+        cache
+            .store(backbone, "scale", "test", data, part, Contents::Full, &[encoded])
+            .unwrap();
+    }
+}
+
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(|a, b| a.total_cmp(b));
+    times[times.len() / 2]
+}
+
+/// The child: phase 2 from the cache; prints "epoch_s test_eval_s peak_rss_bytes".
+fn phase2_child(size: Size, dir: &Path) {
+    let device = Device::Cpu;
+    let backbone = Backbone::load(
+        resolve(dir.join("model").to_str().unwrap(), None).unwrap(),
+        &device,
+        TextOptions::default(),
+    )
+    .unwrap();
+    let cache = FeatureCache::open(dir.join("cache")).unwrap();
+    let data = samples(size);
+    let test: Vec<usize> = (0..TEST_N).collect();
+    let finetune: Vec<usize> = (TEST_N..TEST_N + N).collect();
+    let read = |positions: &[usize]| -> LayerRows {
+        let (features, stats) = cache
+            .features(&backbone, "scale", "test", &data, positions, Contents::Full, 32, &mut |_| {
+                panic!("the bench's cache is complete")
+            })
+            .unwrap();
+        assert_eq!(stats.computed, 0);
+        features.layer_inputs.unwrap()
+    };
+    let train_rows = read(&finetune).resident().unwrap();
+    let test_rows = read(&test);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let classes = 4;
+    let pooler = match &backbone.model {
+        Model::Bert(bert) => bert.pooler.as_ref().map(|p| (p.weight(), p.bias().unwrap())),
+        Model::Vit(_) => None,
+    };
+    let classifier = Classifier::new(768, classes, pooler, &mut rng, &device).unwrap();
+    let layer = LastLayer::new(&backbone.model, &classifier);
+    let qk = QueryKey::reset(768, &mut rng, &device).unwrap();
+    let forward = |set: Set, rows: &[usize]| {
+        let source = if set == Set::Finetune {
+            &train_rows
+        } else {
+            &test_rows
+        };
+        let batch = source.batch(rows, &device)?;
+        let out = layer.forward(&qk, &batch.inputs, &batch.lengths)?;
+        Ok((out.logits, out.cls_attention))
+    };
+    let labels: Vec<u32> = (0..N).map(|i| (i % classes) as u32).collect();
+    let noisy_mask: Vec<bool> = (0..N).map(|i| i % 5 == 0).collect();
+    let test_labels: Vec<u32> = (0..TEST_N).map(|i| (i % classes) as u32).collect();
+    let data = Phase2Data {
+        labels: &labels,
+        clean_labels: &labels,
+        noisy_mask: &noisy_mask,
+        test_labels: &test_labels,
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let epochs = 4;
+    let mut opt = AdamW::new(qk.named(), OptimizerConfig::default(), epochs * 13).unwrap();
+    // Epochs without the test set, then one with it: the difference is one test evaluation.
+    let mut times = Vec::new();
+    pool.install(|| {
+        let mut last = Instant::now();
+        train_phase2(
+            &forward,
+            &mut opt,
+            &data,
+            0,
+            epochs,
+            BATCH,
+            0,
+            usize::MAX,
+            None,
+            &mut |_, _| {
+                times.push(last.elapsed().as_secs_f64());
+                last = Instant::now();
+                Ok(())
+            },
+        )
+        .unwrap()
+    });
+    let epoch = median(times[..epochs - 1].to_vec());
+    let test_eval = times[epochs - 1] - epoch;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let peak_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    println!("{epoch} {test_eval} {}", peak_kb * 1024);
+}
+
+/// The authors' step at this size, seconds (median of 3 after a warm-up), all cores.
+fn baseline_step(dir: &Path) -> f64 {
+    let device = Device::Cpu;
+    let backbone = Backbone::load(
+        resolve(dir.join("model").to_str().unwrap(), None).unwrap(),
+        &device,
+        TextOptions::default(),
+    )
+    .unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let classifier = Classifier::new(768, 4, None, &mut rng, &device).unwrap();
+    let layer = LastLayer::new(&backbone.model, &classifier);
+    let qk = QueryKey::reset(768, &mut rng, &device).unwrap();
+    let mut opt = AdamW::new(qk.named(), OptimizerConfig::default(), 100).unwrap();
+    let targets = Tensor::from_vec((0..BATCH as u32).map(|i| i % 4).collect::<Vec<_>>(), BATCH, &device).unwrap();
+    let mut step = || match &backbone.model {
+        Model::Vit(vit) => {
+            let pixels = Tensor::randn(0f32, 1.0, (BATCH, 3, 224, 224), &device).unwrap();
+            let x = vit.last_layer_input(&pixels).unwrap();
+            let logits = layer.full_forward_logits(&qk, &x, None).unwrap();
+            let loss = candle_nn::loss::cross_entropy(&logits, &targets).unwrap();
+            opt.step(&loss.backward().unwrap()).unwrap();
+        }
+        Model::Bert(bert) => {
+            let ids: Vec<u32> = (0..BATCH * 128).map(|k| 1000 + (k as u32 * 17) % 20000).collect();
+            let input_ids = Tensor::from_vec(ids, (BATCH, 128), &device).unwrap();
+            let batch = TextBatch {
+                token_type_ids: input_ids.zeros_like().unwrap(),
+                attention_mask: input_ids.ones_like().unwrap(),
+                input_ids,
+            };
+            let x = bert.last_layer_input(&batch).unwrap();
+            let logits = layer
+                .full_forward_logits(&qk, &x, Some(&batch.attention_mask))
+                .unwrap();
+            let loss = candle_nn::loss::cross_entropy(&logits, &targets).unwrap();
+            opt.step(&loss.backward().unwrap()).unwrap();
+        }
+    };
+    step();
+    median(
+        (0..3)
+            .map(|_| {
+                let started = Instant::now();
+                step();
+                started.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    // SAFETY: first statement, no other thread yet. The same thread settings as the binary.
+    unsafe { benign_attention::runtime::configure_threads() };
+    if let Ok(spec) = std::env::var(CHILD) {
+        let (size, dir) = spec.split_once(':').unwrap();
+        let size = if size == "vit" { Size::VitB } else { Size::BertBase };
+        phase2_child(size, &PathBuf::from(dir));
+        return;
+    }
+    println!("| phase 2 at paper size, n = {N}, {TEST_N} cached test samples | ours: s/epoch | ours: test eval (s) | ours: peak RSS | baseline: s/epoch | ratio |");
+    println!("|---|---|---|---|---|---|");
+    for size in [Size::VitB, Size::BertBase] {
+        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        let model = dir.path().join("model");
+        std::fs::create_dir_all(&model).unwrap();
+        write_checkpoint(size, &model);
+        let backbone = Backbone::load(
+            resolve(model.to_str().unwrap(), None).unwrap(),
+            &Device::Cpu,
+            TextOptions::default(),
+        )
+        .unwrap();
+        let cache = FeatureCache::open(dir.path().join("cache")).unwrap();
+        fill_cache(size, &backbone, &cache, &samples(size));
+        drop(backbone);
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(
+                CHILD,
+                format!(
+                    "{}:{}",
+                    if size == Size::VitB { "vit" } else { "bert" },
+                    dir.path().display()
+                ),
+            )
+            .output()
+            .unwrap();
+        assert!(
+            child.status.success(),
+            "{}",
+            String::from_utf8_lossy(&child.stderr)
+        );
+        let out = String::from_utf8_lossy(&child.stdout);
+        let values: Vec<f64> = out
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let (epoch, test_eval, peak) = (values[0], values[1], values[2]);
+        let baseline = baseline_step(dir.path()) * N.div_ceil(BATCH) as f64;
+        println!(
+            "| {} | {epoch:.3} | {test_eval:.1} | {:.2} GiB | {baseline:.1} | {:.0}× |",
+            size.name(),
+            peak / f64::from(1u32 << 30),
+            baseline / epoch
+        );
+    }
+}
