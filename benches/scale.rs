@@ -197,6 +197,16 @@ fn fill_cache(size: Size, backbone: &Backbone, cache: &FeatureCache, data: &Spli
     }
 }
 
+/// The checkpoint folder `model` as a backbone on the CPU.
+fn load(model: &Path) -> Backbone {
+    Backbone::load(
+        resolve(model.to_str().unwrap(), None).unwrap(),
+        &Device::Cpu,
+        TextOptions::default(),
+    )
+    .unwrap()
+}
+
 fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(|a, b| a.total_cmp(b));
     times[times.len() / 2]
@@ -205,12 +215,7 @@ fn median(mut times: Vec<f64>) -> f64 {
 /// The child: phase 2 from the cache; prints "epoch_s test_eval_s peak_rss_bytes".
 fn phase2_child(size: Size, dir: &Path) {
     let device = Device::Cpu;
-    let backbone = Backbone::load(
-        resolve(dir.join("model").to_str().unwrap(), None).unwrap(),
-        &device,
-        TextOptions::default(),
-    )
-    .unwrap();
+    let backbone = load(&dir.join("model"));
     let cache = FeatureCache::open(dir.join("cache")).unwrap();
     let data = samples(size);
     let test: Vec<usize> = (0..TEST_N).collect();
@@ -296,12 +301,7 @@ fn phase2_child(size: Size, dir: &Path) {
 /// The authors' step at this size, seconds (median of 3 after a warm-up), all cores.
 fn baseline_step(dir: &Path) -> f64 {
     let device = Device::Cpu;
-    let backbone = Backbone::load(
-        resolve(dir.join("model").to_str().unwrap(), None).unwrap(),
-        &device,
-        TextOptions::default(),
-    )
-    .unwrap();
+    let backbone = load(&dir.join("model"));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let classifier = Classifier::new(768, 4, None, &mut rng, &device).unwrap();
     let layer = LastLayer::new(&backbone.model, &classifier);
@@ -360,12 +360,7 @@ fn main() {
         let model = dir.path().join("model");
         std::fs::create_dir_all(&model).unwrap();
         write_checkpoint(size, &model);
-        let backbone = Backbone::load(
-            resolve(model.to_str().unwrap(), None).unwrap(),
-            &Device::Cpu,
-            TextOptions::default(),
-        )
-        .unwrap();
+        let backbone = load(&model);
         let cache = FeatureCache::open(dir.path().join("cache")).unwrap();
         fill_cache(size, &backbone, &cache, &samples(size));
         drop(backbone);
