@@ -279,3 +279,27 @@ fn extract_refuses_an_empty_selection() {
     let err = stderr(&out);
     assert!(err.contains("--limit") && err.lines().count() == 1, "{err}");
 }
+
+#[test]
+fn a_missing_dataset_is_fetched_and_offline_fails_fast_naming_where_to_put_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let out = benign(&[
+        "finetune",
+        "--dataset",
+        "breastmnist",
+        "--eta",
+        "0.2",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--cache-dir",
+        dir.path().join("cache").to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    // It tried the download (this machine is offline), then kept the load's own advice.
+    assert!(err.contains("downloading the official files"), "{err}");
+    assert!(err.contains("download failed"), "{err}");
+    assert!(started.elapsed().as_secs() < 60, "took {:?}", started.elapsed());
+    assert!(!dir.path().join("medmnist").exists(), "a failed download left its folder");
+}

@@ -301,3 +301,53 @@ fn killed_and_resumed_run_matches_an_uninterrupted_one() {
         "{err}"
     );
 }
+
+/// Phase 1 is shared between runs only when it would be the same: another η reuses it, other
+/// labels for the same sentences retrain it.
+#[test]
+fn phase_one_is_reused_only_with_the_same_labels() {
+    let Ok(root) = std::env::var("BENIGN_DATA_DIR") else {
+        eprintln!("skipped phase_one_is_reused_only_with_the_same_labels: BENIGN_DATA_DIR is not set");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    // A copy of TREC whose training labels are all moved to the next class.
+    let relabelled = dir.path().join("data");
+    std::fs::create_dir_all(relabelled.join("trec")).unwrap();
+    let trec = std::path::Path::new(&root).join("trec");
+    std::fs::copy(trec.join("TREC_10.label"), relabelled.join("trec/TREC_10.label")).unwrap();
+    let classes = ["ABBR", "ENTY", "DESC", "HUM", "LOC", "NUM"];
+    let train = std::fs::read(trec.join("train_5500.label")).unwrap();
+    let moved: Vec<u8> = train
+        .split(|&b| b == b'\n')
+        .map(|line| {
+            let text = String::from_utf8_lossy(line);
+            match classes.iter().position(|c| text.starts_with(&format!("{c}:"))) {
+                Some(k) => {
+                    let mut out = classes[(k + 1) % 6].as_bytes().to_vec();
+                    out.extend_from_slice(&line[classes[k].len()..]);
+                    out
+                }
+                None => line.to_vec(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(&b'\n');
+    std::fs::write(relabelled.join("trec/train_5500.label"), moved).unwrap();
+    let run = |eta: &str, data: &str| {
+        let mut args = vec!["finetune", "--dataset", "trec", "--eta", eta, "--data-dir", data];
+        args.extend(["--pretrain-n", "200", "--n", "20", "--epochs", "1"]);
+        args.extend(["--pretrain-epochs", "2", "--test-n", "40"]);
+        let out = benign(&args, &cache);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        err.contains("phase 1 epochs")
+    };
+    assert!(run("0.2", &root), "the first run trains phase 1");
+    assert!(!run("0.0", &root), "another η reuses phase 1");
+    assert!(
+        run("0.2", relabelled.to_str().unwrap()),
+        "other labels retrain phase 1"
+    );
+}

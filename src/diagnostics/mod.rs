@@ -232,6 +232,18 @@ pub fn rank_collapse_residual(y: &[f32], rows: usize, cols: usize) -> f64 {
 
 #[cfg(test)]
 mod tests {
+
+    /// A matrix with a NaN (features of a broken backbone) gives NaN statistics at once instead of
+    /// an eigenvalue iteration that never ends.
+    #[test]
+    fn non_finite_matrices_give_nan_statistics() {
+        let mut m = DMatrix::<f64>::identity(4, 4);
+        m[(1, 2)] = f64::NAN;
+        assert!(spectrum(&m).var_real.is_nan());
+        let rows = [f32::INFINITY; 8];
+        assert!(head_spectrum(&rows, &rows, 2, 1.0).mean_real.is_nan());
+    }
+
     use super::*;
 
     #[derive(Deserialize)]

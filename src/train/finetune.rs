@@ -1006,3 +1006,25 @@ fn summarize(
         epochs: log,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that panics while holding the phase-1 lock does not take the other runs of a grid
+    /// down with it.
+    #[test]
+    fn a_poisoned_phase1_lock_is_taken_over() {
+        let file = Path::new("/nonexistent/phase1-lock-test");
+        let lock = phase1_lock(file);
+        let poisoned = Arc::clone(&lock);
+        let _ = std::thread::spawn(move || {
+            let _held = poisoned.lock().unwrap();
+            panic!("a run failed while computing phase 1");
+        })
+        .join();
+        assert!(lock.is_poisoned());
+        let again = phase1_lock(file);
+        let _held = again.lock().unwrap_or_else(|e| e.into_inner());
+    }
+}
