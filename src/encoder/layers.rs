@@ -1,5 +1,6 @@
 //! Building blocks shared by the ViT and BERT encoders, in the Hugging Face tensor layout:
-//! multi-head self-attention with separate query/key/value projections, and config parsing.
+//! multi-head self-attention (HF's separate query/key/value weights, run as one fused product and
+//! one fused attention pass on the CPU), LayerNorm, GELU and masks.
 
 use candle_core::{CpuStorage, CustomOp1, D, Layout, Result, Shape, Tensor};
 use candle_nn::{Activation, Linear, Module, VarBuilder};
@@ -11,6 +12,8 @@ pub struct SelfAttention {
     pub query: Linear,
     pub key: Linear,
     pub value: Linear,
+    /// The three projections as one (3D × D) product: one pass over the inputs instead of three.
+    qkv: Linear,
     pub num_heads: usize,
     pub head_dim: usize,
 }
@@ -29,10 +32,17 @@ impl SelfAttention {
                 candle_nn::linear_no_bias(hidden_size, hidden_size, vb.pp(name))
             }
         };
+        let (query, key, value) = (proj("query")?, proj("key")?, proj("value")?);
+        let weight = Tensor::cat(&[query.weight(), key.weight(), value.weight()], 0)?;
+        let bias = match (query.bias(), key.bias(), value.bias()) {
+            (Some(q), Some(k), Some(v)) => Some(Tensor::cat(&[q, k, v], 0)?),
+            _ => None,
+        };
         Ok(Self {
-            query: proj("query")?,
-            key: proj("key")?,
-            value: proj("value")?,
+            qkv: Linear::new(weight, bias),
+            query,
+            key,
+            value,
             num_heads,
             head_dim: hidden_size / num_heads,
         })
@@ -52,8 +62,32 @@ impl SelfAttention {
         xs.transpose(1, 2)?.contiguous()?.reshape((b, t, h * d))
     }
 
-    /// Attention probabilities (B, H, T, T) for `xs` (B, T, D); `mask` is additive, (B, 1, 1, T).
-    pub fn probabilities(&self, xs: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    /// The attention context (B, T, D) before the output projection; `mask` is additive,
+    /// (B, 1, 1, T). On the CPU (frozen inputs, f32) one product for Q, K and V, then
+    /// [`FusedSelfAttention`]; elsewhere [`Self::forward_reference`].
+    pub fn forward(&self, xs: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        if !(xs.device().is_cpu() && xs.dtype() == candle_core::DType::F32) || xs.track_op() {
+            return self.forward_reference(xs, mask);
+        }
+        let (b, t, _) = xs.dims3()?;
+        let qkv = self.qkv.forward(&xs.contiguous()?)?.contiguous()?; // (B, T, 3D)
+        let mask = match mask {
+            Some(m) => Some(m.flatten_all()?.to_vec1::<f32>()?),
+            None => None,
+        };
+        if mask.as_ref().is_some_and(|m| m.len() != b * t) {
+            candle_core::bail!("attention mask does not fit {b} × {t} tokens");
+        }
+        qkv.apply_op1_no_bwd(&FusedSelfAttention {
+            heads: self.num_heads,
+            head_dim: self.head_dim,
+            mask,
+        })
+    }
+
+    /// The same function from candle's generic ops: separate projections, the (B, H, T, T)
+    /// scores, softmax and the weighted sum (any device, differentiable).
+    pub fn forward_reference(&self, xs: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let q = self.split_heads(&self.query.forward(xs)?)?;
         let k = self.split_heads(&self.key.forward(xs)?)?;
         let scores = (q.matmul(&k.t()?)? / (self.head_dim as f64).sqrt())?;
@@ -61,14 +95,139 @@ impl SelfAttention {
             Some(mask) => scores.broadcast_add(mask)?,
             None => scores,
         };
-        candle_nn::ops::softmax_last_dim(&scores)
-    }
-
-    /// The attention context (B, T, D) before the output projection.
-    pub fn forward(&self, xs: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-        let probs = self.probabilities(xs, mask)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let v = self.split_heads(&self.value.forward(xs)?)?;
         Self::merge_heads(&probs.matmul(&v)?)
+    }
+}
+
+/// Self-attention of every query of a sample over its keys in one pass, per sample and head:
+/// S = Q_h K_hᵀ/√d_h + mask over the keys up to the last unmasked one (padded keys have
+/// probability exactly 0 under HF's most-negative mask), softmax, O_h = P V_h, written straight
+/// into the merged (B, T, D) layout. Reads Q, K and V in place from the fused (B, T, 3D)
+/// projection: no split or merged copies and no (B, H, T, T) tensor. Inference only.
+struct FusedSelfAttention {
+    heads: usize,
+    head_dim: usize,
+    /// Additive, (B·T), when text is padded.
+    mask: Option<Vec<f32>>,
+}
+
+impl CustomOp1 for FusedSelfAttention {
+    fn name(&self) -> &'static str {
+        "fused-self-attention"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let CpuStorage::F32(data) = storage else {
+            candle_core::bail!("fused-self-attention: f32 only")
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("fused-self-attention: contiguous input only")
+        };
+        let qkv = &data[start..end];
+        let (b, t, three_d) = layout.shape().dims3()?;
+        let d = self.heads * self.head_dim;
+        if three_d != 3 * d {
+            candle_core::bail!("fused-self-attention: width {three_d}, expected {}", 3 * d);
+        }
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let mut out = vec![0f32; b * t * d];
+        out.par_chunks_mut(t * d)
+            .zip(qkv.par_chunks(t * three_d))
+            .enumerate()
+            .for_each(|(i, (out, qkv))| {
+                let mask = self.mask.as_ref().map(|m| &m[i * t..(i + 1) * t]);
+                // Keys past the last unmasked one get probability exactly 0: skip them.
+                let len = mask.map_or(t, |m| {
+                    m.iter()
+                        .rposition(|&v| v > f32::MIN / 2.0)
+                        .map_or(t, |last| last + 1)
+                });
+                let mut scores = vec![0f32; t * len];
+                for h in 0..self.heads {
+                    let (q, k, v) = (h * self.head_dim, d + h * self.head_dim, 2 * d + h * self.head_dim);
+                    // S (T×L) = Q_h (T×d_h, row stride 3D) · K_hᵀ.
+                    gemm_into(
+                        (t, len, self.head_dim),
+                        (&mut scores, len),
+                        (&qkv[q..], three_d as isize, 1),
+                        (&qkv[k..], 1, three_d as isize),
+                    );
+                    for row in scores.chunks_mut(len) {
+                        match mask {
+                            Some(m) => row
+                                .iter_mut()
+                                .zip(m)
+                                .for_each(|(s, m)| *s = *s * scale + m),
+                            None => row.iter_mut().for_each(|s| *s *= scale),
+                        }
+                        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let mut total = 0.0;
+                        for s in row.iter_mut() {
+                            *s = (*s - max).exp();
+                            total += *s;
+                        }
+                        let inv = 1.0 / total;
+                        row.iter_mut().for_each(|s| *s *= inv);
+                    }
+                    // O_h (T×d_h, row stride D) = P (T×L) · V_h (L×d_h, row stride 3D).
+                    gemm_into(
+                        (t, self.head_dim, len),
+                        (&mut out[h * self.head_dim..], d),
+                        (&scores, len as isize, 1),
+                        (&qkv[v..], three_d as isize, 1),
+                    );
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from((b, t, d))))
+    }
+}
+
+/// dst (m×n, row stride `dst_rs`) = lhs (m×k) · rhs (k×n), operands as (data, row stride, column
+/// stride): gemm's kernels on one thread (callers parallelise over samples).
+pub(crate) fn gemm_into(
+    (m, n, k): (usize, usize, usize),
+    (dst, dst_rs): (&mut [f32], usize),
+    (lhs, lhs_rs, lhs_cs): (&[f32], isize, isize),
+    (rhs, rhs_rs, rhs_cs): (&[f32], isize, isize),
+) {
+    let last = |rs: isize, cs: isize, rows: usize, cols: usize| {
+        (rs * (rows as isize - 1) + cs * (cols as isize - 1)) as usize
+    };
+    assert!(
+        m > 0
+            && n > 0
+            && k > 0
+            && dst.len() > last(dst_rs as isize, 1, m, n)
+            && lhs.len() > last(lhs_rs, lhs_cs, m, k)
+            && rhs.len() > last(rhs_rs, rhs_cs, k, n),
+        "matmul operands out of bounds"
+    );
+    // SAFETY: the assertion keeps every element gemm touches inside the slices; dst is borrowed
+    // mutably, so it aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            false,
+            lhs.as_ptr(),
+            lhs_cs,
+            lhs_rs,
+            rhs.as_ptr(),
+            rhs_cs,
+            rhs_rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }
 
@@ -221,6 +380,46 @@ impl CustomOp1 for GeluErf {
 mod tests {
     use super::*;
     use candle_core::{Device, Var};
+
+    /// The fused CPU attention equals the generic ops, with trailing padding and a masked hole.
+    #[test]
+    fn fused_self_attention_matches_the_generic_ops() {
+        use candle_nn::VarMap;
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &Device::Cpu);
+        // A first load creates the weights, randomised here; the second fuses them.
+        SelfAttention::load(vb, 24, 3, true).unwrap();
+        for var in varmap.all_vars() {
+            let shape = var.shape().clone();
+            var.set(&Tensor::randn(0f32, 0.3, shape, &Device::Cpu).unwrap())
+                .unwrap();
+        }
+        let vb = VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &Device::Cpu);
+        let attention = SelfAttention::load(vb, 24, 3, true).unwrap();
+        let xs = Tensor::randn(0f32, 1.0, (2, 7, 24), &Device::Cpu).unwrap();
+        let keep = Tensor::new(
+            &[[1f32, 1., 1., 1., 1., 0., 0.], [1., 0., 1., 1., 1., 1., 1.]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let mask = ((1.0 - keep).unwrap() * f64::from(f32::MIN))
+            .unwrap()
+            .reshape((2, 1, 1, 7))
+            .unwrap();
+        for mask in [None, Some(&mask)] {
+            let fused = attention.forward(&xs, mask).unwrap();
+            let reference = attention.forward_reference(&xs, mask).unwrap();
+            let worst = (fused - reference)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(worst < 1e-5, "max |Δ| {worst}");
+        }
+    }
 
     #[test]
     fn parallel_gelu_matches_candles_exact_gelu_and_its_gradient() {

@@ -24,6 +24,7 @@ use anyhow::{Result, ensure};
 use candle_core::{CpuStorage, CustomOp2, D, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use crate::encoder::layers::gemm_into as matmul;
 pub use crate::encoder::layers::unpadded_lengths;
 
 /// The tokens of a batch, in host memory.
@@ -174,54 +175,6 @@ impl KeyValues {
             }
             row.iter_mut().for_each(|p| *p /= total);
         }
-    }
-}
-
-/// dst (m×n, row stride `dst_rs`) = lhs (m×k) · rhs (k×n), each operand given as (data, row
-/// stride, column stride): gemm's AVX-512/AVX2 kernels, single-threaded (callers parallelise
-/// over samples).
-fn matmul(
-    (m, n, k): (usize, usize, usize),
-    (dst, dst_rs): (&mut [f32], usize),
-    (lhs, lhs_rs, lhs_cs): (&[f32], isize, isize),
-    (rhs, rhs_rs, rhs_cs): (&[f32], isize, isize),
-) {
-    let last = |rs: isize, cs: isize, rows: usize, cols: usize| {
-        (rs * (rows as isize - 1) + cs * (cols as isize - 1)) as usize
-    };
-    assert!(
-        m > 0
-            && n > 0
-            && k > 0
-            && dst.len() > last(dst_rs as isize, 1, m, n)
-            && lhs.len() > last(lhs_rs, lhs_cs, m, k)
-            && rhs.len() > last(rhs_rs, rhs_cs, k, n),
-        "matmul operands out of bounds"
-    );
-    // SAFETY: the assertion keeps every element gemm touches inside the slices; dst is borrowed
-    // mutably, so it aliases neither input.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            false,
-            lhs.as_ptr(),
-            lhs_cs,
-            lhs_rs,
-            rhs.as_ptr(),
-            rhs_cs,
-            rhs_rs,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
     }
 }
 
