@@ -3,6 +3,8 @@
 
 use std::process::{Command, Output};
 
+mod common;
+
 fn benign(args: &[&str], cache: &std::path::Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_benign-attention"))
         .args(args)
@@ -28,6 +30,10 @@ const SMALL: [&str; 12] = [
 
 #[test]
 fn both_modes_run_and_write_summary_and_metrics() {
+    let test = "finetune_real::both_modes_run_and_write_summary_and_metrics";
+    let Some(_) = common::data_and_models_roots(test, &["trec"]) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     for mode in ["last-layer", "head"] {
@@ -107,6 +113,10 @@ fn both_modes_run_and_write_summary_and_metrics() {
 
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
+    let test = "finetune_real::bad_input_is_one_line_and_exit_2";
+    let Some(_) = common::data_and_models_roots(test, &["trec"]) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let cases: &[(&[&str], &str)] = &[
@@ -199,6 +209,10 @@ fn outcome(dir: &std::path::Path) -> (serde_json::Value, String) {
 #[test]
 fn killed_and_resumed_run_matches_an_uninterrupted_one() {
     use benign_attention::train::checkpoint;
+    let test = "finetune_real::killed_and_resumed_run_matches_an_uninterrupted_one";
+    let Some(_) = common::data_and_models_roots(test, &["trec"]) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let epochs = 150;

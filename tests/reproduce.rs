@@ -5,6 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+mod common;
+
 fn benign(args: &[&str], cache: &Path) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
         .args(args)
@@ -53,6 +55,11 @@ fn report_body(dir: &Path) -> String {
 
 #[test]
 fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() {
+    let test =
+        "reproduce::shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing";
+    let Some(_) = common::data_and_models_roots(test, &["trec"]) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let whole = dir.path().join("whole");

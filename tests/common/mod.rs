@@ -1,13 +1,109 @@
-//! Helpers shared by the integration tests that read the committed fixtures (tests/fixtures/).
+//! Helpers shared by the integration tests: the committed fixtures (tests/fixtures/), and the roots
+//! of real data and real checkpoints, which a test without them skips (`data_root`, `models_root`).
 
 #![allow(dead_code)] // each test crate uses its own subset
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use benign_attention::encoder::bert::TextBatch;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
+
+/// Set to 1 (as `.ci/run` does), a test that finds no data root or models root fails instead of
+/// skipping.
+pub const REQUIRE_DATA_ENV: &str = "BENIGN_REQUIRE_DATA";
+
+fn data_required() -> bool {
+    std::env::var(REQUIRE_DATA_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// `test` cannot run, because `why`: says so on stderr and returns `None`, or panics when
+/// `BENIGN_REQUIRE_DATA=1`. Written to the stderr handle itself, not through `eprintln!`, so that
+/// the line shows even while the test harness captures output.
+pub fn skip<T>(test: &str, why: &str) -> Option<T> {
+    if data_required() {
+        panic!("{test}: {why}; {REQUIRE_DATA_ENV}=1 makes this a failure instead of a skip");
+    }
+    let _ = writeln!(std::io::stderr(), "skipped {test}: {why}");
+    None
+}
+
+/// A root given by `variable`: `None` when unset or empty; a failure when it is not a directory,
+/// because then it was set by mistake.
+fn root_from_env(test: &str, variable: &str) -> Option<PathBuf> {
+    let dir = PathBuf::from(std::env::var_os(variable).filter(|v| !v.is_empty())?);
+    assert!(
+        dir.is_dir(),
+        "{test}: {variable}={} is not a directory",
+        dir.display()
+    );
+    Some(dir)
+}
+
+/// The data root, found the way the program finds it (`BENIGN_DATA_DIR`, else ./datasets when it
+/// holds a dataset folder), holding every dataset folder of `folders` (e.g. "trec"). Otherwise the
+/// test is skipped with the reason on stderr (a failure under `BENIGN_REQUIRE_DATA=1`).
+pub fn data_root_with(test: &str, folders: &[&str]) -> Option<PathBuf> {
+    use benign_attention::data::catalog;
+    let root = match root_from_env(test, catalog::DATA_DIR_ENV) {
+        Some(root) => root,
+        None => {
+            let default = catalog::data_root(None);
+            let holds_data = catalog::manifest_names()
+                .filter_map(catalog::manifest)
+                .any(|m| default.join(&m.folder).is_dir());
+            if !holds_data {
+                return skip(
+                    test,
+                    &format!(
+                        "{env} is not set and ./{}/ holds no dataset (point {env} at a data root; .ci/run uses ../shared/data)",
+                        default.display(),
+                        env = catalog::DATA_DIR_ENV,
+                    ),
+                );
+            }
+            default
+        }
+    };
+    for folder in folders {
+        if !root.join(folder).is_dir() {
+            return skip(
+                test,
+                &format!("the data root {} has no {folder}/", root.display()),
+            );
+        }
+    }
+    Some(root)
+}
+
+/// The data root (see `data_root_with`), for a test that checks which datasets it holds itself.
+pub fn data_root(test: &str) -> Option<PathBuf> {
+    data_root_with(test, &[])
+}
+
+/// The models root (`BENIGN_MODELS_DIR`, checkpoints as <org>/<name>/), else the test is skipped
+/// with the reason on stderr (a failure under `BENIGN_REQUIRE_DATA=1`).
+pub fn models_root(test: &str) -> Option<PathBuf> {
+    use benign_attention::encoder::hub::MODELS_DIR_ENV;
+    root_from_env(test, MODELS_DIR_ENV).or_else(|| {
+        skip(
+            test,
+            &format!(
+                "{MODELS_DIR_ENV} is not set (point it at a models root of <org>/<name>/ checkpoints; .ci/run uses ../shared/models)"
+            ),
+        )
+    })
+}
+
+/// Both roots, for a test that needs real data (its dataset folders `folders`) and real
+/// checkpoints; each missing one is reported.
+pub fn data_and_models_roots(test: &str, folders: &[&str]) -> Option<(PathBuf, PathBuf)> {
+    let data = data_root_with(test, folders);
+    let models = models_root(test);
+    Some((data?, models?))
+}
 
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
