@@ -8,12 +8,17 @@
 //!
 //! Inputs as in bench_torch.py: pixel_values[b,c,y,x] = ((b*7 + c*3 + y + 2*x) % 255)/127.5 − 1,
 //! input_ids[b,t] = 1000 + (b*131 + t*17) % 20000. Two warm-up batches, median of 5.
-//! `cargo bench --bench encoder`.
+//!
+//! Then a profile: the per-op time of one layer of ViT-Ti and of MiniLM on the same batch, op by
+//! op through candle's generic ops (the path before the fused attention: separate Q/K/V products,
+//! head split and merge copies, the (B, H, T, T) scores, softmax, P·V) and through the path the
+//! encoders take now (one QKV product and the fused attention pass). `cargo bench --bench encoder`.
 
 use std::time::Instant;
 
-use benign_attention::encoder::bert::{Bert, TextBatch};
-use benign_attention::encoder::vit::{Vit, VitConfig};
+use benign_attention::encoder::bert::{Bert, BertLayer, TextBatch};
+use benign_attention::encoder::layers::{SelfAttention, activate, additive_mask};
+use benign_attention::encoder::vit::{Vit, VitConfig, VitLayer};
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Module, VarBuilder, VarMap};
@@ -116,4 +121,129 @@ fn main() {
         median_seconds(|| run(bert)),
         "sentences",
     );
+    profile(vit, bert, &x, &batch);
+}
+
+/// Milliseconds per op of one layer, summed by name in first-seen order.
+#[derive(Default)]
+struct Profile(Vec<(&'static str, f64)>);
+
+impl Profile {
+    fn time<T>(&mut self, name: &'static str, f: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = f();
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, total)) => *total += ms,
+            None => self.0.push((name, ms)),
+        }
+        out
+    }
+
+    /// The median-free average of `reps` runs of `layer`, after one warm-up.
+    fn of(reps: usize, mut layer: impl FnMut(&mut Profile)) -> Self {
+        layer(&mut Profile::default());
+        let mut total = Profile::default();
+        for _ in 0..reps {
+            layer(&mut total);
+        }
+        total.0.iter_mut().for_each(|(_, ms)| *ms /= reps as f64);
+        total
+    }
+
+    fn print(&self, title: &str) {
+        let sum: f64 = self.0.iter().map(|(_, ms)| ms).sum();
+        println!("\n| {title} | ms | share |");
+        println!("|---|---|---|");
+        let mut rows = self.0.clone();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (name, ms) in rows {
+            println!("| {name} | {ms:.1} | {:.0} % |", 100.0 * ms / sum);
+        }
+        println!("| one layer | {sum:.1} | |");
+    }
+}
+
+/// The attention of a layer op by op through candle's generic ops (the path before this round).
+fn attention_generic(p: &mut Profile, a: &SelfAttention, xs: &Tensor, mask: Option<&Tensor>) -> Tensor {
+    let (q, k, v) = p.time("Q, K, V products (three)", || {
+        (
+            a.query.forward(xs).unwrap(),
+            a.key.forward(xs).unwrap(),
+            a.value.forward(xs).unwrap(),
+        )
+    });
+    let (q, k, v) = p.time("split heads (contiguous copies)", || {
+        (
+            a.split_heads(&q).unwrap(),
+            a.split_heads(&k).unwrap(),
+            a.split_heads(&v).unwrap(),
+        )
+    });
+    let scores = p.time("scores Q·Kᵀ (B·H batched products)", || {
+        q.matmul(&k.t().unwrap()).unwrap()
+    });
+    let scores = p.time("scale and mask", || {
+        let s = (scores / (a.head_dim as f64).sqrt()).unwrap();
+        match mask {
+            Some(m) => s.broadcast_add(m).unwrap(),
+            None => s,
+        }
+    });
+    let probs = p.time("softmax", || candle_nn::ops::softmax_last_dim(&scores).unwrap());
+    let context = p.time("weighted sum P·V", || probs.matmul(&v).unwrap());
+    p.time("merge heads (copy)", || SelfAttention::merge_heads(&context).unwrap())
+}
+
+fn attention_fused(p: &mut Profile, a: &SelfAttention, xs: &Tensor, mask: Option<&Tensor>) -> Tensor {
+    p.time("attention: one QKV product + fused pass", || a.forward(xs, mask).unwrap())
+}
+
+type Attention = fn(&mut Profile, &SelfAttention, &Tensor, Option<&Tensor>) -> Tensor;
+
+fn vit_layer(p: &mut Profile, layer: &VitLayer, xs: &Tensor, attention: Attention) {
+    let normed = p.time("LayerNorm", || layer.layernorm_before.forward(xs).unwrap());
+    let context = attention(p, &layer.attention, &normed, None);
+    let out = p.time("output and MLP products", || layer.attention_output.forward(&context).unwrap());
+    let hidden = p.time("residual adds", || (xs + out).unwrap());
+    let mlp = p.time("LayerNorm", || layer.layernorm_after.forward(&hidden).unwrap());
+    let mlp = p.time("output and MLP products", || layer.intermediate.forward(&mlp).unwrap());
+    let mlp = p.time("GELU", || activate(layer.activation, &mlp).unwrap());
+    let mlp = p.time("output and MLP products", || layer.output.forward(&mlp).unwrap());
+    p.time("residual adds", || drop((hidden + mlp).unwrap()));
+}
+
+fn bert_layer(p: &mut Profile, layer: &BertLayer, xs: &Tensor, mask: &Tensor, attention: Attention) {
+    let context = attention(p, &layer.attention, xs, Some(mask));
+    let out = p.time("output and MLP products", || layer.attention_output.forward(&context).unwrap());
+    let hidden = p.time("residual adds", || (xs + out).unwrap());
+    let attended = p.time("LayerNorm", || layer.attention_norm.forward(&hidden).unwrap());
+    let mlp = p.time("output and MLP products", || layer.intermediate.forward(&attended).unwrap());
+    let mlp = p.time("GELU", || activate(layer.activation, &mlp).unwrap());
+    let mlp = p.time("output and MLP products", || layer.output.forward(&mlp).unwrap());
+    let sum = p.time("residual adds", || (attended + mlp).unwrap());
+    p.time("LayerNorm", || drop(layer.output_norm.forward(&sum).unwrap()));
+}
+
+/// The per-op profiles of one ViT-Ti layer (batch 16) and one MiniLM layer (batch 32 × 128).
+fn profile(vit: &Vit, bert: &Bert, pixels: &Tensor, batch: &TextBatch) {
+    let xs = vit.embed(pixels).unwrap();
+    let layer = &vit.layers[0];
+    for (attention, path) in [
+        (attention_generic as Attention, "generic ops (before)"),
+        (attention_fused as Attention, "fused (now)"),
+    ] {
+        Profile::of(5, |p| vit_layer(p, layer, &xs, attention))
+            .print(&format!("ViT-Ti layer, batch 16, {path}"));
+    }
+    let xs = &bert.hidden_states(batch).unwrap()[0];
+    let mask = additive_mask(&batch.attention_mask).unwrap();
+    let layer = &bert.layers[0];
+    for (attention, path) in [
+        (attention_generic as Attention, "generic ops (before)"),
+        (attention_fused as Attention, "fused (now)"),
+    ] {
+        Profile::of(5, |p| bert_layer(p, layer, xs, &mask, attention))
+            .print(&format!("MiniLM layer, batch 32 × 128, {path}"));
+    }
 }
