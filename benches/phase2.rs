@@ -76,9 +76,10 @@ fn main() {
     let all = Tensor::cat(&inputs, 0).unwrap();
     let cached = LayerRows::from_padded(&all, vec![all.dim(1).unwrap(); N]).unwrap();
     let qk = QueryKey::reset(hidden, &mut rng, &device).unwrap();
+    // The fine-tune set as `finetune` holds it: normed once, read in place every step.
+    let resident = layer.resident(&cached, &device).unwrap();
     let forward = |_: Set, rows: &[usize]| {
-        let batch = cached.batch(rows, &device)?;
-        let out = layer.forward(&qk, &batch.inputs, &batch.lengths)?;
+        let out = layer.forward_resident(&qk, &resident, rows)?;
         Ok((out.logits, out.cls_attention))
     };
     let data = Phase2Data {

@@ -62,6 +62,12 @@ fn check(
     let rows = LayerRows::from_padded(&through_cache(layer_inputs), lengths).unwrap();
     let batch = rows.batch(&(0..n).collect::<Vec<_>>(), &Device::Cpu).unwrap();
     let out = layer.forward(&qk, &batch.inputs, &batch.lengths).unwrap();
+    // The resident path (the fine-tune set, normed once) is the same function too.
+    let resident = layer.resident(&rows, &Device::Cpu).unwrap();
+    let again = layer
+        .forward_resident(&qk, &resident, &(0..n).collect::<Vec<_>>())
+        .unwrap();
+    assert!(max_rel_diff(&again.logits.detach(), &out.logits.detach()) < 1e-5);
     let loss = candle_nn::loss::cross_entropy(&out.logits, labels).unwrap();
     let grads = loss.backward().unwrap();
 

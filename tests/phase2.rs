@@ -38,15 +38,15 @@ fn train_tiny_last_layer(locater: f64) -> Trained {
         LayerRows::from_padded(&part, vec![part.dim(1).unwrap(); len]).unwrap()
     };
     let (train_rows, test_rows) = (rows_of(0, 16), rows_of(16, 8));
+    let train_set = layer.resident(&train_rows, &Device::Cpu).unwrap();
     let qk = QueryKey::reset(config.hidden_size, &mut rng, &Device::Cpu).unwrap();
     let forward = |set: Set, rows: &[usize]| {
-        let source = if set == Set::Finetune {
-            &train_rows
+        let out = if set == Set::Finetune {
+            layer.forward_resident(&qk, &train_set, rows)?
         } else {
-            &test_rows
+            let batch = test_rows.batch(rows, &Device::Cpu)?;
+            layer.forward(&qk, &batch.inputs, &batch.lengths)?
         };
-        let batch = source.batch(rows, &Device::Cpu)?;
-        let out = layer.forward(&qk, &batch.inputs, &batch.lengths)?;
         Ok((out.logits, out.cls_attention))
     };
     let clean: Vec<u32> = (0..16).map(|i| (i % 3) as u32).collect();

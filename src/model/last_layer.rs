@@ -23,6 +23,7 @@ use rand::RngExt;
 use super::attend::KeyValues;
 use super::classifier::Classifier;
 use crate::encoder::Model;
+use crate::encoder::layer_rows::LayerRows;
 use crate::encoder::layers::{SelfAttention, first_token};
 
 /// The trainable query and key of the last layer.
@@ -84,6 +85,16 @@ impl QueryKey {
     }
 }
 
+/// A set held in memory as phase 2 reads it every step.
+pub struct ResidentSet {
+    /// The CLS row of the layer inputs X, (N, D): the residual stream.
+    cls_inputs: Tensor,
+    /// That row as the attention reads it, (N, D): the query's input.
+    cls_normed: Tensor,
+    /// The normed tokens of every sample.
+    tokens: Arc<KeyValues>,
+}
+
 /// The logits and the CLS attention (B, H, T) of a batch.
 pub struct Output {
     pub logits: Tensor,
@@ -120,16 +131,83 @@ impl<'a> LastLayer<'a> {
         self.classifier.forward(&out0.squeeze(1)?)
     }
 
-    /// The cheap path: CLS query row only, on a batch of layer inputs (B, L, D) whose samples
-    /// have `lengths` unpadded tokens.
-    pub fn forward(&self, qk: &QueryKey, inputs: &Tensor, lengths: &[usize]) -> Result<Output> {
-        let attention = self.attention();
-        let (h, dh) = (attention.num_heads, attention.head_dim);
-        let normed = match self.model {
+    /// What the attention reads: LN(X) for ViT (pre-LN), X for BERT.
+    fn normed(&self, inputs: &Tensor) -> Result<Tensor> {
+        Ok(match self.model {
             Model::Vit(v) => v.last_layer().layernorm_before.forward(inputs)?,
             Model::Bert(_) => inputs.clone(),
-        };
-        let x0_hat = first_token(&normed)?; // (B, D)
+        })
+    }
+
+    /// The cheap path: CLS query row only, on a batch of layer inputs (B, L, D) whose samples
+    /// have `lengths` unpadded tokens (the streamed test set).
+    pub fn forward(&self, qk: &QueryKey, inputs: &Tensor, lengths: &[usize]) -> Result<Output> {
+        let normed = self.normed(inputs)?;
+        let tokens = Arc::new(KeyValues::new(
+            &normed,
+            self.attention().num_heads,
+            Some(lengths),
+            self.scale(),
+        )?);
+        let rows: Vec<usize> = (0..lengths.len()).collect();
+        self.attend(qk, &first_token(inputs)?, &first_token(&normed)?, &tokens, &rows)
+    }
+
+    /// The normed tokens and CLS rows of a set held in memory (the fine-tune set), derived once
+    /// so that a step reads them in place.
+    pub fn resident(&self, rows: &LayerRows, device: &Device) -> Result<ResidentSet> {
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let width = rows.lengths().iter().copied().max().unwrap_or(0);
+        let (mut cls_inputs, mut cls_normed, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+        for chunk in all.chunks(64) {
+            let batch = rows.batch(chunk, device)?;
+            let normed = self.normed(&batch.inputs)?;
+            cls_inputs.push(first_token(&batch.inputs)?);
+            cls_normed.push(first_token(&normed)?);
+            // Every chunk padded to the set's longest sample (padding is never attended).
+            let pad = width - normed.dim(1)?;
+            tokens.push(normed.pad_with_zeros(1, 0, pad)?);
+        }
+        Ok(ResidentSet {
+            cls_inputs: Tensor::cat(&cls_inputs, 0)?.contiguous()?,
+            cls_normed: Tensor::cat(&cls_normed, 0)?.contiguous()?,
+            tokens: Arc::new(KeyValues::new(
+                &Tensor::cat(&tokens, 0)?,
+                self.attention().num_heads,
+                Some(rows.lengths()),
+                self.scale(),
+            )?),
+        })
+    }
+
+    /// The cheap path on samples `rows` of a resident set.
+    pub fn forward_resident(&self, qk: &QueryKey, set: &ResidentSet, rows: &[usize]) -> Result<Output> {
+        let index = row_indices(rows, set.cls_inputs.device())?;
+        self.attend(
+            qk,
+            &set.cls_inputs.index_select(&index, 0)?,
+            &set.cls_normed.index_select(&index, 0)?,
+            &set.tokens,
+            rows,
+        )
+    }
+
+    fn scale(&self) -> f64 {
+        1.0 / (self.attention().head_dim as f64).sqrt()
+    }
+
+    /// The CLS query of rows `rows` of `tokens`, given their CLS input x0 and its normed x̂0
+    /// (B, D): attention, value projection, the rest of the layer and the classifier.
+    fn attend(
+        &self,
+        qk: &QueryKey,
+        x0: &Tensor,
+        x0_hat: &Tensor,
+        tokens: &Arc<KeyValues>,
+        rows: &[usize],
+    ) -> Result<Output> {
+        let attention = self.attention();
+        let (h, dh) = (attention.num_heads, attention.head_dim);
         let (b, d) = x0_hat.dims2()?;
         let q0 = x0_hat
             .matmul(&qk.wq.t()?)?
@@ -146,16 +224,14 @@ impl<'a> LastLayer<'a> {
         let key_bias = q0
             .broadcast_mul(&qk.bk.reshape((1, h, dh))?)?
             .sum(D::Minus1)?; // (B, H)
-        let tokens = Arc::new(KeyValues::new(
-            &normed,
-            h,
-            Some(lengths),
-            1.0 / (dh as f64).sqrt(),
-        )?);
-        let rows: Vec<usize> = (0..b).collect();
-        let attended = tokens.attend(&r, &key_bias, &rows)?;
+        let attended = tokens.attend(&r, &key_bias, rows)?;
         // context_h = pooled_h W_Vₕᵀ + b_Vₕ: (H, B, D) × (H, D, d_h) → (B, H, d_h).
-        let wv = attention.value.weight().reshape((h, dh, d))?.transpose(1, 2)?.contiguous()?;
+        let wv = attention
+            .value
+            .weight()
+            .reshape((h, dh, d))?
+            .transpose(1, 2)?
+            .contiguous()?;
         let mut context = attended
             .pooled
             .transpose(0, 1)?
@@ -166,9 +242,8 @@ impl<'a> LastLayer<'a> {
         if let Some(bias) = attention.value.bias() {
             context = context.broadcast_add(bias)?;
         }
-        let x0 = first_token(inputs)?;
         Ok(Output {
-            logits: self.head(&x0, &context)?,
+            logits: self.head(x0, &context)?,
             cls_attention: attended.probs,
         })
     }

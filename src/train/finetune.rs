@@ -887,7 +887,6 @@ fn phase_two(
     let train_rows = layer_inputs(&features.finetune)?.resident()?;
     let test_rows = layer_inputs(&features.test)?.clone();
     drop(features);
-    let source = |set: Set| if set == Set::Finetune { &train_rows } else { &test_rows };
     match job.config.mode {
         Mode::LastLayer => {
             let layer = LastLayer::new(&setup.backbone.model, &phase1.classifier);
@@ -897,9 +896,16 @@ fn phase_two(
             let probe_mask = text_mask(&setup.backbone.model, &probe, device)?;
             let qk = QueryKey::reset(hidden, init_rng, device)?;
             let rank_probe = || layer.rank_collapse(&qk, &probe.inputs, probe_mask.as_ref());
+            let resident = layer.resident(&train_rows, device)?;
+            drop(train_rows);
             let forward = |set: Set, rows: &[usize]| {
-                let batch = source(set).batch(rows, device)?;
-                let out = layer.forward(&qk, &batch.inputs, &batch.lengths)?;
+                let out = match set {
+                    Set::Finetune => layer.forward_resident(&qk, &resident, rows)?,
+                    Set::Test => {
+                        let batch = test_rows.batch(rows, device)?;
+                        layer.forward(&qk, &batch.inputs, &batch.lengths)?
+                    }
+                };
                 Ok((out.logits, out.cls_attention))
             };
             train(&forward, qk.named(), Some(&rank_probe))
@@ -910,18 +916,25 @@ fn phase_two(
             let model = &setup.backbone.model;
             let train_tokens = final_tokens(model, &train_rows, device, None)?;
             let test_tokens = final_tokens(model, &test_rows, device, Some(setup.cache.root()))?;
+            drop(train_rows);
+            // The fine-tune set's tokens once as the head reads them; test batches as they come.
+            let as_keys = |tokens: &LayerRows, rows: &[usize]| -> Result<Arc<KeyValues>> {
+                let batch = tokens.batch(rows, device)?;
+                Ok(Arc::new(KeyValues::new(&batch.inputs, 1, Some(&batch.lengths), 1.0)?))
+            };
+            let all_train: Vec<usize> = (0..train_tokens.len()).collect();
+            let train_keys = as_keys(&train_tokens, &all_train)?;
+            drop(train_tokens);
             let head = TokenSelectionHead::new(hidden, init_rng, device)?;
             let classifier = &phase1.classifier;
             let forward = |set: Set, rows: &[usize]| {
-                let tokens = if set == Set::Finetune {
-                    &train_tokens
-                } else {
-                    &test_tokens
+                let selection = match set {
+                    Set::Finetune => head.select(&train_keys, rows)?,
+                    Set::Test => {
+                        let keys = as_keys(&test_tokens, rows)?;
+                        head.select(&keys, &(0..rows.len()).collect::<Vec<_>>())?
+                    }
                 };
-                let batch = tokens.batch(rows, device)?;
-                let tokens = Arc::new(KeyValues::new(&batch.inputs, 1, Some(&batch.lengths), 1.0)?);
-                let all: Vec<usize> = (0..rows.len()).collect();
-                let selection = head.select(&tokens, &all)?;
                 Ok((classifier.forward(&selection.pooled)?, selection.attention))
             };
             train(&forward, head.named(), None)
