@@ -196,6 +196,7 @@ impl FeatureCache {
             .prefix(".tmp-probe-")
             .tempfile_in(&root)
             .map_err(unwritable)?;
+        super::layer_rows::sweep_spills(&root);
         Ok(Self { root })
     }
 

@@ -248,6 +248,30 @@ impl LayerRows {
     }
 }
 
+/// Temporary row files are named `<prefix><pid>-…`, so that files of killed processes can be
+/// told from those of running ones ([`sweep_spills`]).
+const SPILL_PREFIX: &str = ".tmp-rows-";
+
+/// Removes the temporary row files in `dir` whose process is gone (killed before it could).
+pub fn sweep_spills(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(SPILL_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Builds a [`LayerRows`] batch by batch (e.g. the final tokens of a set), in memory or in a
 /// temporary file that lives as long as the rows do.
 pub struct RowsBuilder {
@@ -276,7 +300,7 @@ impl RowsBuilder {
     /// Rows written to a temporary file in `dir`.
     pub fn on_disk(dir: &std::path::Path, tokens: usize, dim: usize) -> Result<Self> {
         let (file, path) = tempfile::Builder::new()
-            .prefix(".tmp-rows-")
+            .prefix(&format!("{SPILL_PREFIX}{}-", std::process::id()))
             .tempfile_in(dir)
             .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?
             .into_parts();
