@@ -28,6 +28,7 @@ use benign_attention::encoder::cache::{Contents, FeatureCache};
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Encoded, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
+use benign_attention::rng::Shuffle;
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use benign_attention::train::phases::{Phase2Data, Set, train_phase2};
 use candle_core::{DType, Device, Tensor};
@@ -271,7 +272,7 @@ fn phase2_child(size: Size, dir: &Path) {
             0,
             epochs,
             BATCH,
-            0,
+            Shuffle::own(0),
             usize::MAX,
             None,
             &mut |_, _| {

@@ -8,6 +8,7 @@ use benign_attention::data::noise::NoiseModel;
 use benign_attention::data::prepare::{NoiseSpec, prepare};
 use benign_attention::data::split::SplitPlan;
 use benign_attention::data::{self, DatasetName, Inputs, cifar10n};
+use benign_attention::rng::RngChoice;
 
 fn root() -> PathBuf {
     let root = data::data_root(None);
@@ -163,6 +164,7 @@ fn paper_split_with_real_human_noise() {
         test_n: Some(500),
         seed: 42,
         carve_train_from_test: None,
+        rng: RngChoice::Own,
     };
     let noise = NoiseSpec {
         model: "cifar10n:worse".parse::<NoiseModel>().unwrap(),
@@ -203,6 +205,7 @@ fn paper_split_with_real_human_noise() {
         test_n: None,
         seed: 1,
         carve_train_from_test: None,
+        rng: RngChoice::Own,
     };
     let err = prepare(&ag, &plan, &noise, &root).unwrap_err().to_string();
     assert!(err.contains("--carve-train-from-test"), "{err}");

@@ -32,7 +32,7 @@ use crate::encoder::layer_rows::{LayerBatch, LayerRows, RowsBuilder};
 use crate::encoder::{Backbone, Model, TextOptions, resolve};
 use crate::model::attend::KeyValues;
 use crate::model::{Classifier, LastLayer, QueryKey, TokenSelectionHead};
-use crate::rng::{Stream, stream};
+use crate::rng::{RngChoice, Shuffle, Stream, stream};
 
 /// Test samples whose full last layer is run at scored epochs for the rank-collapse residual.
 const RANK_PROBE: usize = 16;
@@ -249,12 +249,28 @@ fn load_backbone(
     }
 }
 
-/// The split of a run; pretrain_n shrinks to fit partial data (a deviation).
+/// The split of a run; pretrain_n shrinks to fit partial data (a deviation), except for the
+/// authors' split, which draws the official sizes from the official rows or refuses.
 fn split_plan(
     config: &RunConfig,
     dataset: &data::Dataset,
     completeness: &Completeness,
 ) -> Result<(SplitPlan, Vec<String>)> {
+    let mut deviations = Vec::new();
+    if config.rng == RngChoice::Authors {
+        deviations.push(AUTHORS_RNG_DEVIATION.to_string());
+    }
+    let plan = SplitPlan {
+        pretrain_n: config.pretrain_n,
+        n: config.n,
+        test_n: config.test_n,
+        seed: config.seed,
+        carve_train_from_test: config.carve_train_from_test,
+        rng: config.rng,
+    };
+    if config.rng == RngChoice::Authors && config.carve_train_from_test.is_none() {
+        return Ok((plan, deviations));
+    }
     let n = config.n;
     let pool = match (config.carve_train_from_test, &dataset.train) {
         (Some(f), _) => (f * dataset.test.len() as f64).round() as usize,
@@ -268,7 +284,6 @@ fn split_plan(
             config.dataset
         );
     }
-    let mut deviations = Vec::new();
     let mut pretrain_n = config.pretrain_n;
     if pool > 0 && pretrain_n + n > pool {
         let shrunk = pool - n;
@@ -278,15 +293,14 @@ fn split_plan(
         ));
         pretrain_n = shrunk;
     }
-    let plan = SplitPlan {
-        pretrain_n,
-        n,
-        test_n: config.test_n,
-        seed: config.seed,
-        carve_train_from_test: config.carve_train_from_test,
-    };
-    Ok((plan, deviations))
+    Ok((SplitPlan { pretrain_n, ..plan }, deviations))
 }
+
+/// What `--rng authors` leaves ours, recorded with every such run.
+pub const AUTHORS_RNG_DEVIATION: &str = "--rng authors: the split, the symmetric label noise and \
+    both phases' batch orders are the authors' numpy and torch draws, but the classifier \
+    initialisation and the query/key reset (or the head) come from this crate's ChaCha8 stream \
+    (the authors' come from torch's CPU stream and from CUDA), and float sums differ in order";
 
 /// The split, the label noise and the three sets.
 fn prepare_data(setup: &Setup, job: &FinetuneJob) -> Result<PreparedData> {
@@ -675,7 +689,10 @@ fn phase_one(
         config.pretrain_epochs,
         config.batch_size,
         &config.optimizer,
-        config.seed,
+        Shuffle {
+            rng: config.rng,
+            seed: config.seed,
+        },
         &mut |_, loss| {
             losses.push(loss);
             progress.advance(1);
@@ -827,7 +844,10 @@ fn train_trainable(
         start_epoch,
         config.epochs,
         config.batch_size,
-        config.seed,
+        Shuffle {
+            rng: config.rng,
+            seed: config.seed,
+        },
         config.eval_every,
         penalty.as_deref(),
         &mut |m: &EpochMetrics, opt: &AdamW| {
