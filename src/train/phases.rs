@@ -3,7 +3,7 @@
 //! epoch's logged loss the mean of its batch losses.
 
 use anyhow::Result;
-use candle_core::Tensor;
+use candle_core::{D, Tensor};
 use serde::Serialize;
 
 use super::metrics::{accuracy_where, attention_stats, evaluate};
@@ -115,6 +115,19 @@ fn forward_all(forward: &Forward, set: Set, len: usize) -> Result<(Tensor, Tenso
         logits.push(l.detach());
         attention.push(a.detach());
     }
+    // A text chunk is padded to its own longest sample, so its attention may be narrower than
+    // another's: widen each to the widest with zero probabilities, what a padded key gets.
+    let mut width = 0;
+    for a in &attention {
+        width = width.max(a.dim(D::Minus1)?);
+    }
+    let attention = attention
+        .into_iter()
+        .map(|a| {
+            let missing = width - a.dim(D::Minus1)?;
+            a.pad_with_zeros(D::Minus1, 0, missing)
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
     Ok((Tensor::cat(&logits, 0)?, Tensor::cat(&attention, 0)?))
 }
 
@@ -189,6 +202,36 @@ mod tests {
     use candle_core::{DType, Device, Var};
     use rand::SeedableRng;
     use rand_distr::{Distribution, Normal};
+
+    /// Text chunks are padded to their own longest sample: a set of several chunks joins
+    /// attention of different widths, the narrower ones widened with zeros.
+    #[test]
+    fn a_set_of_chunks_of_different_widths_joins() {
+        let forward = |_: Set, rows: &[usize]| -> Result<(Tensor, Tensor)> {
+            let width = 2 + rows[0] % 3;
+            let logits = Tensor::zeros((rows.len(), 2), DType::F32, &Device::Cpu)?;
+            let attention = Tensor::full(1.0 / width as f32, (rows.len(), 1, width), &Device::Cpu)?;
+            Ok((logits, attention))
+        };
+        let (logits, attention) = forward_all(&forward, Set::Finetune, 150).unwrap();
+        assert_eq!(logits.dims(), [150, 2]);
+        // Chunks start at rows 0, 64 and 128: widths 2, 3 and 4.
+        assert_eq!(attention.dims(), [150, 1, 4]);
+        let row = |r: usize| {
+            attention
+                .get(r)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        assert_eq!(row(0), [0.5, 0.5, 0.0, 0.0]);
+        assert_eq!(row(149), [0.25; 4]);
+        let (max, _) = attention_stats(&attention).unwrap();
+        let expected = (64.0 * 0.5 + 64.0 / 3.0 + 22.0 * 0.25) / 150.0;
+        assert!((max - expected).abs() < 1e-6, "{max} vs {expected}");
+    }
 
     fn authors(seed: u64) -> Shuffle {
         Shuffle {
