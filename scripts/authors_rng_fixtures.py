@@ -13,7 +13,7 @@ found), so install it whole (about 3 GB; only its CPU generator is used):
     python3 -m venv /tmp/authors-rng-venv
     /tmp/authors-rng-venv/bin/pip install numpy==2.2.3 torch==2.6.0
 
-Then, from the repository root, with the offline data mirror (MNIST-style release files; only
+Then, from the repository root, with the data folder holding the release files (only
 trec/train_5500.label and medmnist/breastmnist.npz are read):
 
     /tmp/authors-rng-venv/bin/python scripts/authors_rng_fixtures.py --data-dir /path/to/data

@@ -1,7 +1,8 @@
-//! `data split --rng authors` on the real release files (`BENIGN_DATA_DIR`, e.g. the offline
-//! mirror; every test returns early when it is unset): the authors' split and label noise, checked
-//! against PAPER.md §3.1's seed-42 prefixes and against real numpy 2.2.3 / torch 2.6.0 run on the
-//! real labels (`tests/fixtures/authors_rng.json`, `real_splits`), and refused on partial data.
+//! `--rng authors` on the real release files (`BENIGN_DATA_DIR`, e.g. the offline mirror; every
+//! test returns early when it is unset): `data split`'s split and label noise, checked against
+//! PAPER.md §3.1's seed-42 prefixes and against real numpy 2.2.3 / torch 2.6.0 run on the real
+//! labels (`tests/fixtures/authors_rng.json`, `real_splits`), refused on partial data; and a small
+//! `finetune` run (also needs `BENIGN_MODELS_DIR`) that records the choice and its deviations.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -226,4 +227,85 @@ fn partial_data_is_refused_naming_the_missing_rows() {
         );
     }
     assert!(missing > 0 && missing < 10_200, "{missing}");
+}
+
+/// A small `finetune --rng authors` runs end to end; config.json and summary.json carry the
+/// choice, and the deviations say what stays ours.
+#[test]
+fn finetune_runs_with_the_authors_draws_and_records_them() {
+    let Some(root) = data_dir() else { return };
+    if std::env::var_os("BENIGN_MODELS_DIR").is_none_or(|d| d.is_empty()) {
+        eprintln!("skipped: BENIGN_MODELS_DIR is not set");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, run) = (dir.path().join("cache"), dir.path().join("run"));
+    let out = benign(
+        &root,
+        &[
+            "finetune",
+            "--rng",
+            "authors",
+            "--dataset",
+            "trec",
+            "--eta",
+            "0.2",
+            "--pretrain-n",
+            "200",
+            "--n",
+            "30",
+            "--epochs",
+            "2",
+            "--pretrain-epochs",
+            "2",
+            "--test-n",
+            "40",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |name: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(run.join(name)).unwrap()).unwrap()
+    };
+    let summary = read("summary.json");
+    assert_eq!(summary["config"]["rng"], "authors");
+    assert_eq!(read("config.json"), summary["config"]);
+    let deviations: Vec<&str> = summary["deviations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert!(
+        deviations.contains(&benign_attention::train::finetune::AUTHORS_RNG_DEVIATION),
+        "{deviations:?}"
+    );
+    assert!(
+        deviations
+            .iter()
+            .any(|d| d.starts_with("--rng authors with --test-n")),
+        "{deviations:?}"
+    );
+    // The fine-tune labels are the authors' draw: their realised rate is that of `data split`.
+    let rows = authors_split(
+        &root,
+        &["--dataset", "trec", "--pretrain-n", "200", "--n", "30"],
+    );
+    let flipped = rows["noisy_mask"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m.as_bool().unwrap())
+        .count();
+    assert_eq!(
+        summary["resolved"]["realised_eta"].as_f64().unwrap(),
+        flipped as f64 / 30.0
+    );
 }
