@@ -165,7 +165,12 @@ impl Profile {
 }
 
 /// The attention of a layer op by op through candle's generic ops (the path before this round).
-fn attention_generic(p: &mut Profile, a: &SelfAttention, xs: &Tensor, mask: Option<&Tensor>) -> Tensor {
+fn attention_generic(
+    p: &mut Profile,
+    a: &SelfAttention,
+    xs: &Tensor,
+    mask: Option<&Tensor>,
+) -> Tensor {
     let (q, k, v) = p.time("Q, K, V products (three)", || {
         (
             a.query.forward(xs).unwrap(),
@@ -190,13 +195,24 @@ fn attention_generic(p: &mut Profile, a: &SelfAttention, xs: &Tensor, mask: Opti
             None => s,
         }
     });
-    let probs = p.time("softmax", || candle_nn::ops::softmax_last_dim(&scores).unwrap());
+    let probs = p.time("softmax", || {
+        candle_nn::ops::softmax_last_dim(&scores).unwrap()
+    });
     let context = p.time("weighted sum P·V", || probs.matmul(&v).unwrap());
-    p.time("merge heads (copy)", || SelfAttention::merge_heads(&context).unwrap())
+    p.time("merge heads (copy)", || {
+        SelfAttention::merge_heads(&context).unwrap()
+    })
 }
 
-fn attention_fused(p: &mut Profile, a: &SelfAttention, xs: &Tensor, mask: Option<&Tensor>) -> Tensor {
-    p.time("attention: one QKV product + fused pass", || a.forward(xs, mask).unwrap())
+fn attention_fused(
+    p: &mut Profile,
+    a: &SelfAttention,
+    xs: &Tensor,
+    mask: Option<&Tensor>,
+) -> Tensor {
+    p.time("attention: one QKV product + fused pass", || {
+        a.forward(xs, mask).unwrap()
+    })
 }
 
 type Attention = fn(&mut Profile, &SelfAttention, &Tensor, Option<&Tensor>) -> Tensor;
@@ -204,25 +220,49 @@ type Attention = fn(&mut Profile, &SelfAttention, &Tensor, Option<&Tensor>) -> T
 fn vit_layer(p: &mut Profile, layer: &VitLayer, xs: &Tensor, attention: Attention) {
     let normed = p.time("LayerNorm", || layer.layernorm_before.forward(xs).unwrap());
     let context = attention(p, &layer.attention, &normed, None);
-    let out = p.time("output and MLP products", || layer.attention_output.forward(&context).unwrap());
+    let out = p.time("output and MLP products", || {
+        layer.attention_output.forward(&context).unwrap()
+    });
     let hidden = p.time("residual adds", || (xs + out).unwrap());
-    let mlp = p.time("LayerNorm", || layer.layernorm_after.forward(&hidden).unwrap());
-    let mlp = p.time("output and MLP products", || layer.intermediate.forward(&mlp).unwrap());
+    let mlp = p.time("LayerNorm", || {
+        layer.layernorm_after.forward(&hidden).unwrap()
+    });
+    let mlp = p.time("output and MLP products", || {
+        layer.intermediate.forward(&mlp).unwrap()
+    });
     let mlp = p.time("GELU", || activate(layer.activation, &mlp).unwrap());
-    let mlp = p.time("output and MLP products", || layer.output.forward(&mlp).unwrap());
+    let mlp = p.time("output and MLP products", || {
+        layer.output.forward(&mlp).unwrap()
+    });
     p.time("residual adds", || drop((hidden + mlp).unwrap()));
 }
 
-fn bert_layer(p: &mut Profile, layer: &BertLayer, xs: &Tensor, mask: &Tensor, attention: Attention) {
+fn bert_layer(
+    p: &mut Profile,
+    layer: &BertLayer,
+    xs: &Tensor,
+    mask: &Tensor,
+    attention: Attention,
+) {
     let context = attention(p, &layer.attention, xs, Some(mask));
-    let out = p.time("output and MLP products", || layer.attention_output.forward(&context).unwrap());
+    let out = p.time("output and MLP products", || {
+        layer.attention_output.forward(&context).unwrap()
+    });
     let hidden = p.time("residual adds", || (xs + out).unwrap());
-    let attended = p.time("LayerNorm", || layer.attention_norm.forward(&hidden).unwrap());
-    let mlp = p.time("output and MLP products", || layer.intermediate.forward(&attended).unwrap());
+    let attended = p.time("LayerNorm", || {
+        layer.attention_norm.forward(&hidden).unwrap()
+    });
+    let mlp = p.time("output and MLP products", || {
+        layer.intermediate.forward(&attended).unwrap()
+    });
     let mlp = p.time("GELU", || activate(layer.activation, &mlp).unwrap());
-    let mlp = p.time("output and MLP products", || layer.output.forward(&mlp).unwrap());
+    let mlp = p.time("output and MLP products", || {
+        layer.output.forward(&mlp).unwrap()
+    });
     let sum = p.time("residual adds", || (attended + mlp).unwrap());
-    p.time("LayerNorm", || drop(layer.output_norm.forward(&sum).unwrap()));
+    p.time("LayerNorm", || {
+        drop(layer.output_norm.forward(&sum).unwrap())
+    });
 }
 
 /// The per-op profiles of one ViT-Ti layer (batch 16) and one MiniLM layer (batch 32 × 128).

@@ -16,6 +16,7 @@ use std::time::Instant;
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
+use benign_attention::rng::Shuffle;
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use benign_attention::train::phases::{Phase2Data, Set, train_phase2};
 use candle_core::{Device, Tensor};
@@ -109,7 +110,7 @@ fn main() {
                             0,
                             block,
                             BATCH,
-                            0,
+                            Shuffle::own(0),
                             usize::MAX,
                             None,
                             &mut |_, _| Ok(()),

@@ -28,6 +28,7 @@ use benign_attention::encoder::cache::{Contents, FeatureCache};
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Encoded, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
+use benign_attention::rng::Shuffle;
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use benign_attention::train::phases::{Phase2Data, Set, train_phase2};
 use candle_core::{DType, Device, Tensor};
@@ -171,8 +172,9 @@ fn fill_cache(size: Size, backbone: &Backbone, cache: &FeatureCache, data: &Spli
     let positions: Vec<usize> = (0..data.len()).collect();
     for part in positions.chunks(256) {
         let b = part.len();
-        let mut random =
-            |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect() };
+        let mut random = |len: usize| -> Vec<f32> {
+            (0..len).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect()
+        };
         let layer_inputs = Tensor::from_vec(random(b * t * d), (b, t, d), &Device::Cpu).unwrap();
         let cls = Tensor::from_vec(random(b * d), (b, d), &Device::Cpu).unwrap();
         let attention_mask = (size == Size::BertBase).then(|| {
@@ -192,7 +194,15 @@ fn fill_cache(size: Size, backbone: &Backbone, cache: &FeatureCache, data: &Spli
             cls,
         };
         cache
-            .store(backbone, "scale", "test", data, part, Contents::Full, &[encoded])
+            .store(
+                backbone,
+                "scale",
+                "test",
+                data,
+                part,
+                Contents::Full,
+                &[encoded],
+            )
             .unwrap();
     }
 }
@@ -222,9 +232,16 @@ fn phase2_child(size: Size, dir: &Path) {
     let finetune: Vec<usize> = (TEST_N..TEST_N + N).collect();
     let read = |positions: &[usize]| -> LayerRows {
         let (features, stats) = cache
-            .features(&backbone, "scale", "test", &data, positions, Contents::Full, 32, &mut |_| {
-                panic!("the bench's cache is complete")
-            })
+            .features(
+                &backbone,
+                "scale",
+                "test",
+                &data,
+                positions,
+                Contents::Full,
+                32,
+                &mut |_| panic!("the bench's cache is complete"),
+            )
             .unwrap();
         assert_eq!(stats.computed, 0);
         features.layer_inputs.unwrap()
@@ -234,7 +251,10 @@ fn phase2_child(size: Size, dir: &Path) {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let classes = 4;
     let pooler = match &backbone.model {
-        Model::Bert(bert) => bert.pooler.as_ref().map(|p| (p.weight(), p.bias().unwrap())),
+        Model::Bert(bert) => bert
+            .pooler
+            .as_ref()
+            .map(|p| (p.weight(), p.bias().unwrap())),
         Model::Vit(_) => None,
     };
     let classifier = Classifier::new(768, classes, pooler, &mut rng, &device).unwrap();
@@ -276,7 +296,7 @@ fn phase2_child(size: Size, dir: &Path) {
             0,
             epochs,
             BATCH,
-            0,
+            Shuffle::own(0),
             usize::MAX,
             None,
             &mut |_, _| {
@@ -307,7 +327,12 @@ fn baseline_step(dir: &Path) -> f64 {
     let layer = LastLayer::new(&backbone.model, &classifier);
     let qk = QueryKey::reset(768, &mut rng, &device).unwrap();
     let mut opt = AdamW::new(qk.named(), OptimizerConfig::default(), 100).unwrap();
-    let targets = Tensor::from_vec((0..BATCH as u32).map(|i| i % 4).collect::<Vec<_>>(), BATCH, &device).unwrap();
+    let targets = Tensor::from_vec(
+        (0..BATCH as u32).map(|i| i % 4).collect::<Vec<_>>(),
+        BATCH,
+        &device,
+    )
+    .unwrap();
     let mut step = || match &backbone.model {
         Model::Vit(vit) => {
             let pixels = Tensor::randn(0f32, 1.0, (BATCH, 3, 224, 224), &device).unwrap();
@@ -317,7 +342,9 @@ fn baseline_step(dir: &Path) -> f64 {
             opt.step(&loss.backward().unwrap()).unwrap();
         }
         Model::Bert(bert) => {
-            let ids: Vec<u32> = (0..BATCH * 128).map(|k| 1000 + (k as u32 * 17) % 20000).collect();
+            let ids: Vec<u32> = (0..BATCH * 128)
+                .map(|k| 1000 + (k as u32 * 17) % 20000)
+                .collect();
             let input_ids = Tensor::from_vec(ids, (BATCH, 128), &device).unwrap();
             let batch = TextBatch {
                 token_type_ids: input_ids.zeros_like().unwrap(),
@@ -349,11 +376,17 @@ fn main() {
     unsafe { benign_attention::runtime::configure_threads() };
     if let Ok(spec) = std::env::var(CHILD) {
         let (size, dir) = spec.split_once(':').unwrap();
-        let size = if size == "vit" { Size::VitB } else { Size::BertBase };
+        let size = if size == "vit" {
+            Size::VitB
+        } else {
+            Size::BertBase
+        };
         phase2_child(size, &PathBuf::from(dir));
         return;
     }
-    println!("| phase 2 at paper size, n = {N}, {TEST_N} cached test samples | ours: s/epoch | ours: test eval (s) | ours: peak RSS | baseline: s/epoch | ratio |");
+    println!(
+        "| phase 2 at paper size, n = {N}, {TEST_N} cached test samples | ours: s/epoch | ours: test eval (s) | ours: peak RSS | baseline: s/epoch | ratio |"
+    );
     println!("|---|---|---|---|---|---|");
     for size in [Size::VitB, Size::BertBase] {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
@@ -381,10 +414,7 @@ fn main() {
             String::from_utf8_lossy(&child.stderr)
         );
         let out = String::from_utf8_lossy(&child.stdout);
-        let values: Vec<f64> = out
-            .split_whitespace()
-            .map(|v| v.parse().unwrap())
-            .collect();
+        let values: Vec<f64> = out.split_whitespace().map(|v| v.parse().unwrap()).collect();
         let (epoch, test_eval, peak) = (values[0], values[1], values[2]);
         let baseline = baseline_step(dir.path()) * N.div_ceil(BATCH) as f64;
         println!(

@@ -258,7 +258,13 @@ fn coarse_sweep_writes_csv_and_heat_maps() {
 fn data_verify_fails_when_a_file_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("trec")).unwrap();
-    let out = benign(&["data", "verify", "trec", "--data-dir", dir.path().to_str().unwrap()]);
+    let out = benign(&[
+        "data",
+        "verify",
+        "trec",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("missing"), "{stdout}");
@@ -300,6 +306,13 @@ fn a_missing_dataset_is_fetched_and_offline_fails_fast_naming_where_to_put_it() 
     // It tried the download (this machine is offline), then kept the load's own advice.
     assert!(err.contains("downloading the official files"), "{err}");
     assert!(err.contains("download failed"), "{err}");
-    assert!(started.elapsed().as_secs() < 60, "took {:?}", started.elapsed());
-    assert!(!dir.path().join("medmnist").exists(), "a failed download left its folder");
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        !dir.path().join("medmnist").exists(),
+        "a failed download left its folder"
+    );
 }

@@ -15,6 +15,7 @@ use benign_attention::data::noise::NoiseModel;
 use benign_attention::data::prepare::{NoiseSpec, prepare};
 use benign_attention::data::split::SplitPlan;
 use benign_attention::data::{self, DatasetName, Inputs, Split, cifar10n};
+use benign_attention::rng::RngChoice;
 use md5::Md5;
 use sha2::{Digest, Sha256};
 
@@ -528,6 +529,7 @@ fn paper_split_with_real_human_noise() {
         test_n: Some(500),
         seed: 42,
         carve_train_from_test: None,
+        rng: RngChoice::Own,
     };
     let noise = NoiseSpec {
         model: "cifar10n:worse".parse::<NoiseModel>().unwrap(),
@@ -583,6 +585,7 @@ fn ag_news_split_needs_a_training_split_or_an_explicit_carve() {
         test_n: None,
         seed: 1,
         carve_train_from_test: None,
+        rng: RngChoice::Own,
     };
     let result = prepare(&ag, &plan, &noise, &root);
     match &ag.train {

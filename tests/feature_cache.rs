@@ -302,10 +302,22 @@ fn request(
     backbone: &Backbone,
     split: &str,
     data: &Split,
-) -> (benign_attention::encoder::cache::Features, benign_attention::encoder::cache::CacheStats) {
+) -> (
+    benign_attention::encoder::cache::Features,
+    benign_attention::encoder::cache::CacheStats,
+) {
     let all: Vec<usize> = (0..data.len()).collect();
     cache
-        .features(backbone, "toy", split, data, &all, Contents::Full, 12, &mut |_| {})
+        .features(
+            backbone,
+            "toy",
+            split,
+            data,
+            &all,
+            Contents::Full,
+            12,
+            &mut |_| {},
+        )
         .unwrap()
 }
 
@@ -320,7 +332,9 @@ fn a_sample_whose_bytes_changed_is_recomputed_not_served() {
     let mut replaced = data.clone();
     if let Inputs::Images(set) = &mut replaced.inputs {
         let len = set.image_len();
-        set.pixels[3 * len..4 * len].iter_mut().for_each(|p| *p = 255 - *p);
+        set.pixels[3 * len..4 * len]
+            .iter_mut()
+            .for_each(|p| *p = 255 - *p);
     }
     let (after, stats) = request(&cache, &backbone, "test", &replaced);
     assert_eq!(stats.computed, 1);
@@ -393,7 +407,11 @@ fn a_shard_with_non_finite_values_is_rebuilt_even_with_a_matching_checksum() {
     std::fs::write(&sidecar_path, sidecar.to_string()).unwrap();
     let (features, stats) = request(&cache, &backbone, "test", &data);
     assert_eq!(stats.computed, 12, "{:?}", stats.warnings);
-    assert!(stats.warnings[0].contains("non-finite"), "{:?}", stats.warnings);
+    assert!(
+        stats.warnings[0].contains("non-finite"),
+        "{:?}",
+        stats.warnings
+    );
     assert_eq!(
         features.cls.to_vec2::<f32>().unwrap(),
         cls.to_vec2::<f32>().unwrap()
@@ -445,7 +463,10 @@ fn an_unwritable_cache_is_refused_when_opened() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
     std::fs::write(&file, "x").unwrap();
-    let err = FeatureCache::open(file.join("cache")).err().unwrap().to_string();
+    let err = FeatureCache::open(file.join("cache"))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("cannot be written"), "{err}");
 }
 

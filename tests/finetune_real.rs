@@ -335,14 +335,21 @@ fn phase_one_is_reused_only_with_the_same_labels() {
     let relabelled = dir.path().join("data");
     std::fs::create_dir_all(relabelled.join("trec")).unwrap();
     let trec = std::path::Path::new(&root).join("trec");
-    std::fs::copy(trec.join("TREC_10.label"), relabelled.join("trec/TREC_10.label")).unwrap();
+    std::fs::copy(
+        trec.join("TREC_10.label"),
+        relabelled.join("trec/TREC_10.label"),
+    )
+    .unwrap();
     let classes = ["ABBR", "ENTY", "DESC", "HUM", "LOC", "NUM"];
     let train = std::fs::read(trec.join("train_5500.label")).unwrap();
     let moved: Vec<u8> = train
         .split(|&b| b == b'\n')
         .map(|line| {
             let text = String::from_utf8_lossy(line);
-            match classes.iter().position(|c| text.starts_with(&format!("{c}:"))) {
+            match classes
+                .iter()
+                .position(|c| text.starts_with(&format!("{c}:")))
+            {
                 Some(k) => {
                     let mut out = classes[(k + 1) % 6].as_bytes().to_vec();
                     out.extend_from_slice(&line[classes[k].len()..]);
@@ -355,7 +362,15 @@ fn phase_one_is_reused_only_with_the_same_labels() {
         .join(&b'\n');
     std::fs::write(relabelled.join("trec/train_5500.label"), moved).unwrap();
     let run = |eta: &str, data: &str| {
-        let mut args = vec!["finetune", "--dataset", "trec", "--eta", eta, "--data-dir", data];
+        let mut args = vec![
+            "finetune",
+            "--dataset",
+            "trec",
+            "--eta",
+            eta,
+            "--data-dir",
+            data,
+        ];
         args.extend(["--pretrain-n", "200", "--n", "20", "--epochs", "1"]);
         args.extend(["--pretrain-epochs", "2", "--test-n", "40"]);
         let out = benign(&args, &cache);

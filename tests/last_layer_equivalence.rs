@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 
 use benign_attention::encoder::Model;
+use benign_attention::encoder::bert::{Bert, BertConfig};
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::layers::unpadded_lengths;
-use benign_attention::encoder::bert::{Bert, BertConfig};
 use benign_attention::encoder::vit::{Vit, VitConfig};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use candle_core::{Device, Tensor};
@@ -60,7 +60,9 @@ fn check(
         None => vec![layer_inputs.dim(1).unwrap(); n],
     };
     let rows = LayerRows::from_padded(&through_cache(layer_inputs), lengths).unwrap();
-    let batch = rows.batch(&(0..n).collect::<Vec<_>>(), &Device::Cpu).unwrap();
+    let batch = rows
+        .batch(&(0..n).collect::<Vec<_>>(), &Device::Cpu)
+        .unwrap();
     let out = layer.forward(&qk, &batch.inputs, &batch.lengths).unwrap();
     // The resident path (the fine-tune set, normed once) is the same function too.
     let resident = layer.resident(&rows, &Device::Cpu).unwrap();

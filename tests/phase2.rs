@@ -6,6 +6,7 @@ use benign_attention::encoder::Model;
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::vit::{Vit, VitConfig};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
+use benign_attention::rng::Shuffle;
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use benign_attention::train::phases::{
     EpochMetrics, Penalty, Phase2Data, Set, steps_per_epoch, train_phase2,
@@ -99,7 +100,7 @@ fn train_tiny_last_layer(locater: f64) -> Trained {
         0,
         epochs,
         4,
-        1,
+        Shuffle::own(1),
         10,
         (locater > 0.0).then_some(&penalty as &Penalty),
         &mut |m, _| {

@@ -1,5 +1,6 @@
 //! `data list|verify|fetch|split`: the real datasets.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -11,6 +12,7 @@ use crate::data::prepare::{NoiseSpec, prepare};
 use crate::data::split::SplitPlan;
 use crate::data::{self, DatasetName};
 use crate::report;
+use crate::rng::RngChoice;
 
 #[derive(Subcommand, Debug)]
 pub enum DataCommand {
@@ -24,7 +26,6 @@ pub enum DataCommand {
     /// Draw the paper's split and label noise and print its summary as JSON.
     Split(SplitArgs),
 }
-
 
 #[derive(Args, Debug)]
 pub struct DatasetsArgs {
@@ -66,6 +67,15 @@ pub struct SplitArgs {
     /// training split is absent; recorded as a deviation
     #[arg(long, value_name = "F")]
     pub carve_train_from_test: Option<f64>,
+    /// Whose random draws pick the split and the label noise: `own` (ChaCha8 streams) or
+    /// `authors` (numpy's choice over the official training rows and torch's noise loop,
+    /// PAPER.md §3.1; refused on partial data unless every drawn row is present)
+    #[arg(long, value_enum, default_value_t = RngChoice::Own)]
+    pub rng: RngChoice,
+    /// Also write the drawn rows as JSON: pretrain_indices and finetune_indices (release indices,
+    /// in draw order for --rng authors), finetune_labels (after noise) and noisy_mask
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 /// Hyper-parameters shared by a single run and the grid, named after the authors' config keys.
@@ -165,6 +175,7 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
                 test_n: args.test_n,
                 seed: args.seed,
                 carve_train_from_test: args.carve_train_from_test,
+                rng: args.rng,
             };
             let noise = NoiseSpec {
                 model: args.noise,
@@ -172,14 +183,16 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
                 seed: args.noise_seed.unwrap_or(args.seed),
             };
             let prepared = prepare(&dataset, &plan, &noise, &root)?;
+            if let Some(out) = &args.out {
+                crate::io::write_json(out, &report::data::drawn_rows(&dataset, &plan, &prepared))?;
+            }
             println!(
                 "{}",
                 serde_json::to_string_pretty(&report::data::split_summary(
-                    &dataset, &prepared, &noise
+                    &dataset, &prepared, &plan, &noise
                 ))?
             );
             Ok(ExitCode::SUCCESS)
         }
     }
 }
-

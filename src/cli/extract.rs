@@ -74,7 +74,6 @@ pub struct ExtractArgs {
     pub limit: Option<usize>,
 }
 
-
 pub fn run(args: ExtractArgs) -> Result<()> {
     let root = data::data_root(args.root.data_dir.as_deref());
     if args.limit == Some(0) {

@@ -9,6 +9,7 @@ use super::Places;
 use crate::data::DatasetName;
 use crate::data::noise::NoiseModel;
 use crate::report;
+use crate::rng::RngChoice;
 use crate::train::finetune::{FinetuneJob, Mode, RunConfig};
 
 #[derive(Args, Debug)]
@@ -34,6 +35,11 @@ pub struct FinetuneArgs {
     /// Seed of the split, the label noise, the initialisations and the batch order
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Whose random draws pick the split, the label noise and both phases' batch orders: `own`
+    /// (ChaCha8 streams) or `authors` (numpy and torch draws as the authors' code makes them,
+    /// PAPER.md §3.1; the initialisations stay ours, recorded as a deviation)
+    #[arg(long, value_enum, default_value_t = RngChoice::Own)]
+    pub rng: RngChoice,
     /// Backbone hub id or folder [default: the config's preference list, paper's first]
     #[arg(long, value_name = "ID")]
     pub backbone: Option<String>,
@@ -95,6 +101,7 @@ impl FinetuneArgs {
             pretrain_n: self.pretrain_n.unwrap_or(paper.pretrain_n),
             test_n: self.test_n,
             seed: self.seed,
+            rng: self.rng,
             epochs: self.epochs.unwrap_or(paper.epochs),
             pretrain_epochs: self.pretrain_epochs.unwrap_or(paper.pretrain_epochs),
             eval_every: self.eval_every,

@@ -48,7 +48,6 @@ pub enum Command {
     Reproduce(reproduce::ReproduceCommand),
 }
 
-
 #[derive(Args, Debug, Clone)]
 pub struct Places {
     #[command(flatten)]
@@ -75,14 +74,12 @@ impl Places {
     }
 }
 
-
 #[derive(Args, Debug, Clone)]
 pub struct DataDirArg {
     /// Folder holding one folder per dataset [default: $BENIGN_DATA_DIR, else ./datasets]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 }
-
 
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -133,4 +130,3 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Reproduce(command) => reproduce::run(command),
     }
 }
-

@@ -10,6 +10,7 @@ use super::Places;
 use crate::data::DatasetName;
 use crate::report;
 use crate::reproduce as library;
+use crate::rng::RngChoice;
 use crate::train::finetune::Mode;
 
 #[derive(Subcommand, Debug)]
@@ -46,6 +47,9 @@ pub struct GridArgs {
     /// What phase 2 trains (see finetune --mode)
     #[arg(long, value_enum, default_value_t = Mode::LastLayer)]
     pub mode: Mode,
+    /// Whose random draws pick each run's split, label noise and batch orders (see finetune --rng)
+    #[arg(long, value_enum, default_value_t = RngChoice::Own)]
+    pub rng: RngChoice,
     /// Result folder: runs/<run>/ and the report [default: results/<experiment>]
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -83,6 +87,7 @@ impl GridArgs {
         }
         flags.extend(["--budget".into(), value(&self.budget)]);
         flags.extend(["--mode".into(), value(&self.mode)]);
+        flags.extend(["--rng".into(), value(&self.rng)]);
         if let Some(j) = self.jobs {
             flags.extend(["--jobs".into(), j.to_string()]);
         }
@@ -124,7 +129,6 @@ pub struct SlurmArgs {
     #[arg(long)]
     pub partition: Option<String>,
 }
-
 
 fn experiment_name(e: library::Experiment) -> &'static str {
     match e {
@@ -226,6 +230,7 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
         shard: args.shard,
         places: args.places.places(),
         device: args.places.device,
+        rng: args.rng,
     };
     // A missing GPU or CUDA build is one line now, not a failure of every run.
     options.device.device()?;
@@ -255,3 +260,29 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::ReproduceCommand;
+    use crate::cli::{Cli, Command};
+
+    /// A Slurm task repeats the grid's flags, --rng included.
+    #[test]
+    fn grid_flags_repeat_the_rng() {
+        let cli = Cli::try_parse_from([
+            "benign-attention",
+            "reproduce",
+            "table2",
+            "--rng",
+            "authors",
+        ])
+        .unwrap();
+        let Command::Reproduce(ReproduceCommand::Table2(args)) = cli.command else {
+            panic!("table2 expected")
+        };
+        let flags = args.grid_flags();
+        let at = flags.iter().position(|f| f == "--rng").unwrap();
+        assert_eq!(flags[at + 1], "authors");
+    }
+}

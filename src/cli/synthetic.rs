@@ -129,7 +129,6 @@ pub struct LocalizationSweepArgs {
     pub jobs: Option<usize>,
 }
 
-
 pub fn run(args: SyntheticArgs) -> Result<()> {
     let mut config = args.shared.config()?;
     if let Some(d) = args.embed_dim {
@@ -225,4 +224,3 @@ pub fn localization_sweep(args: LocalizationSweepArgs) -> Result<()> {
     );
     Ok(())
 }
-

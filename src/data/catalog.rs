@@ -415,6 +415,37 @@ fn check_splits(dataset: &Dataset) -> Result<()> {
     Ok(())
 }
 
+/// The number of rows of the official training split, against which the authors drew their
+/// split (`numpy choice(N, …)` over the release's row order), when the local training rows can be
+/// matched to it by their `release_index`: files read in part keep their leading records (CIFAR-10
+/// batches, CSV and label files), but a MedMNIST archive is read whole, so one whose size differs
+/// from the release is another file (the mirror's PneumoniaMNIST), whose row positions are not
+/// release indices. The error says why, for a message about `--rng authors`.
+pub fn official_train_size(dataset: &Dataset) -> std::result::Result<usize, String> {
+    let official = dataset
+        .name
+        .manifest()
+        .and_then(|m| m.expected.get("train").copied())
+        .ok_or_else(|| {
+            format!(
+                "the size of {}'s official training split is not known (no manifest in datasets/)",
+                dataset.name
+            )
+        })?;
+    if dataset.name.is_medmnist()
+        && let Some(train) = &dataset.train
+        && train.len() != official
+    {
+        return Err(format!(
+            "{}.npz holds {} training images, not the official {official}: it is another file, \
+             not a part of the release, so its rows cannot be matched to the release's",
+            dataset.name.id(),
+            train.len()
+        ));
+    }
+    Ok(official)
+}
+
 /// Present vs official record counts of one split.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SplitCount {

@@ -10,8 +10,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use md5::Md5;
 use sha2::{Digest, Sha256};
 
-use super::catalog::{DatasetName, Manifest, ManifestFile, check_file};
 use super::Dataset;
+use super::catalog::{DatasetName, Manifest, ManifestFile, check_file};
 
 /// What a fetch did, file by file.
 #[derive(Debug, Default)]
@@ -97,7 +97,9 @@ pub fn load_or_fetch(name: &DatasetName, root: &Path) -> Result<Dataset> {
             root.display()
         );
         if let Err(download) = fetch(&manifest, root) {
-            let missing = super::load(name, root).err().map_or(String::new(), |e| format!("{e}; "));
+            let missing = super::load(name, root)
+                .err()
+                .map_or(String::new(), |e| format!("{e}; "));
             bail!("{missing}the download failed too: {download:#}");
         }
     }

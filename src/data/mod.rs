@@ -91,7 +91,10 @@ pub struct Split {
     pub inputs: Inputs,
     pub labels: Vec<u32>,
     /// Position of each sample in the full official release of this split. Equal to 0..len for
-    /// complete files; with partial files it keeps the link to per-image side data (CIFAR-10N).
+    /// complete files; with partial files it keeps the link to per-image side data (CIFAR-10N)
+    /// and to the authors' split (`--rng authors`). A MedMNIST archive whose size differs from the
+    /// release is not a part of it: there it is the position in that file
+    /// (see [`catalog::official_train_size`]).
     pub release_index: Vec<usize>,
 }
 

@@ -2,7 +2,8 @@
 //! the label becomes a uniformly random *different* class (symmetric, as the authors) or the next
 //! class (pair, y → y+1 mod C). Beyond the paper, CIFAR-10N replaces each label with a real human
 //! annotation. The clean labels and the `noisy_mask` are kept for memorization metrics; nothing is
-//! changed in place.
+//! changed in place. With `--rng authors`, symmetric noise is the authors' own draw (torch's CPU
+//! generator, PAPER.md §3.1); the other models are not theirs and are refused.
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,7 +13,7 @@ use serde::Serialize;
 
 use super::cifar10n::{Annotations, HumanLabels};
 use super::files::{DataError, Result};
-use crate::rng::{Stream, stream};
+use crate::rng::{RngChoice, Stream, stream, torch};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -83,13 +84,16 @@ impl NoisyLabels {
     }
 }
 
-/// Symmetric or pair noise at rate `eta` ∈ [0, 1), from the label-noise stream of `seed`.
+/// Symmetric or pair noise at rate `eta` ∈ [0, 1), from the label-noise stream of `seed`; with
+/// `RngChoice::Authors`, symmetric noise as the authors drew it: torch's CPU generator seeded
+/// `seed`, the rows in order, both draws made for every row ([`torch::label_noise`]).
 pub fn corrupt(
     clean: &[u32],
     num_classes: usize,
     model: NoiseModel,
     eta: f64,
     seed: u64,
+    rng: RngChoice,
 ) -> Result<NoisyLabels> {
     let bad = |problem: String| DataError::Unavailable {
         dataset: "label noise".into(),
@@ -112,7 +116,15 @@ pub fn corrupt(
             ));
         }
     };
-    let classes = num_classes as u32;
+    let classes = u32::try_from(num_classes)
+        .map_err(|_| bad(format!("{num_classes} classes: too many for label noise")))?;
+    if rng == RngChoice::Authors {
+        if pair {
+            return Err(bad(authors_only_symmetric(model)));
+        }
+        let labels = torch::label_noise(clean, classes, eta, seed).map_err(bad)?;
+        return Ok(NoisyLabels::new(labels, clean.to_vec()));
+    }
     let mut rng = stream(seed, Stream::LabelNoise);
     let labels = clean
         .iter()
@@ -129,6 +141,14 @@ pub fn corrupt(
         })
         .collect();
     Ok(NoisyLabels::new(labels, clean.to_vec()))
+}
+
+/// Why `--rng authors` refuses a noise model other than symmetric, naming the flag.
+pub fn authors_only_symmetric(model: NoiseModel) -> String {
+    format!(
+        "--noise {model} is not the authors' procedure: --rng authors draws symmetric noise only \
+         (use --noise symmetric, or --rng own)"
+    )
 }
 
 /// CIFAR-10N: each image's label is its human annotation, found by its release index.
@@ -171,7 +191,15 @@ mod tests {
     fn symmetric_rate_is_within_binomial_tolerance() {
         let n = 10_000;
         let eta = 0.2;
-        let noisy = corrupt(&clean(n), 10, NoiseModel::Symmetric, eta, 42).unwrap();
+        let noisy = corrupt(
+            &clean(n),
+            10,
+            NoiseModel::Symmetric,
+            eta,
+            42,
+            RngChoice::Own,
+        )
+        .unwrap();
         // 4 standard deviations of Binomial(n, η)/n.
         let tolerance = 4.0 * (eta * (1.0 - eta) / n as f64).sqrt();
         assert!(
@@ -212,19 +240,19 @@ mod tests {
     #[test]
     fn seeds_and_zero_rate() {
         let c = clean(10_000);
-        let a = corrupt(&c, 10, NoiseModel::Symmetric, 0.2, 1).unwrap();
-        let b = corrupt(&c, 10, NoiseModel::Symmetric, 0.2, 1).unwrap();
-        let other = corrupt(&c, 10, NoiseModel::Symmetric, 0.2, 2).unwrap();
+        let a = corrupt(&c, 10, NoiseModel::Symmetric, 0.2, 1, RngChoice::Own).unwrap();
+        let b = corrupt(&c, 10, NoiseModel::Symmetric, 0.2, 1, RngChoice::Own).unwrap();
+        let other = corrupt(&c, 10, NoiseModel::Symmetric, 0.2, 2, RngChoice::Own).unwrap();
         assert_eq!(a.noisy_mask, b.noisy_mask);
         assert_ne!(a.noisy_mask, other.noisy_mask);
-        let none = corrupt(&c, 10, NoiseModel::Symmetric, 0.0, 1).unwrap();
+        let none = corrupt(&c, 10, NoiseModel::Symmetric, 0.0, 1, RngChoice::Own).unwrap();
         assert_eq!(none.noisy_count(), 0);
         assert_eq!(none.labels, c);
     }
 
     #[test]
     fn pair_noise_moves_to_the_next_class_and_binary_flips() {
-        let noisy = corrupt(&clean(5000), 10, NoiseModel::Pair, 0.3, 3).unwrap();
+        let noisy = corrupt(&clean(5000), 10, NoiseModel::Pair, 0.3, 3, RngChoice::Own).unwrap();
         for (y, c) in noisy
             .labels
             .iter()
@@ -234,7 +262,7 @@ mod tests {
             assert_eq!(*y, (c + 1) % 10);
         }
         let binary: Vec<u32> = (0..2000).map(|k| k % 2).collect();
-        let flipped = corrupt(&binary, 2, NoiseModel::Symmetric, 0.5, 3).unwrap();
+        let flipped = corrupt(&binary, 2, NoiseModel::Symmetric, 0.5, 3, RngChoice::Own).unwrap();
         for (y, c) in flipped
             .labels
             .iter()
@@ -248,12 +276,29 @@ mod tests {
     #[test]
     fn bad_rates_and_names_are_refused() {
         assert!(
-            corrupt(&clean(10), 10, NoiseModel::Symmetric, 1.0, 0)
-                .unwrap_err()
-                .to_string()
-                .contains("--eta")
+            corrupt(
+                &clean(10),
+                10,
+                NoiseModel::Symmetric,
+                1.0,
+                0,
+                RngChoice::Own
+            )
+            .unwrap_err()
+            .to_string()
+            .contains("--eta")
         );
-        assert!(corrupt(&clean(10), 10, NoiseModel::Symmetric, -0.1, 0).is_err());
+        assert!(
+            corrupt(
+                &clean(10),
+                10,
+                NoiseModel::Symmetric,
+                -0.1,
+                0,
+                RngChoice::Own
+            )
+            .is_err()
+        );
         assert_eq!(
             "cifar10n:worse".parse::<NoiseModel>().unwrap(),
             NoiseModel::Cifar10n(HumanLabels::Worse)
@@ -263,6 +308,24 @@ mod tests {
                 .parse::<NoiseModel>()
                 .unwrap_err()
                 .contains("symmetric")
+        );
+    }
+
+    #[test]
+    fn authors_symmetric_noise_is_the_torch_draw_and_pair_is_refused() {
+        let c = clean(1000);
+        let noisy = corrupt(&c, 10, NoiseModel::Symmetric, 0.2, 7, RngChoice::Authors).unwrap();
+        assert_eq!(noisy.labels, torch::label_noise(&c, 10, 0.2, 7).unwrap());
+        assert_eq!(noisy.clean_labels, c);
+        assert!(noisy.noisy_count() > 0);
+        let own = corrupt(&c, 10, NoiseModel::Symmetric, 0.2, 7, RngChoice::Own).unwrap();
+        assert_ne!(noisy.noisy_mask, own.noisy_mask);
+        let err = corrupt(&c, 10, NoiseModel::Pair, 0.2, 7, RngChoice::Authors)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--noise pair") && err.contains("--rng authors"),
+            "{err}"
         );
     }
 

@@ -6,9 +6,10 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::files::{DataError, Result};
-use super::noise::{NoiseModel, NoisyLabels, corrupt, human};
+use super::noise::{NoiseModel, NoisyLabels, authors_only_symmetric, corrupt, human};
 use super::split::{Partition, SplitPlan, TrainSource, partition};
 use super::{Dataset, Split, cifar10n};
+use crate::rng::RngChoice;
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct NoiseSpec {
@@ -35,12 +36,21 @@ pub fn prepare(
     noise: &NoiseSpec,
     data_root: &Path,
 ) -> Result<PreparedData> {
+    if plan.rng == RngChoice::Authors && noise.model != NoiseModel::Symmetric {
+        return Err(DataError::Unavailable {
+            dataset: dataset.name.to_string(),
+            problem: authors_only_symmetric(noise.model),
+        });
+    }
     let partition = partition(dataset, plan)?;
     let source = match partition.train_source {
         TrainSource::Train => dataset
             .train
             .as_ref()
-            .expect("partition checked that the training split exists"),
+            .ok_or_else(|| DataError::Unavailable {
+                dataset: dataset.name.to_string(),
+                problem: "the partition drew from a training split that is absent".into(),
+            })?,
         TrainSource::Test => &dataset.test,
     };
     let pretrain = source.subset(&partition.pretrain);
@@ -69,6 +79,7 @@ pub fn prepare(
             model,
             noise.eta,
             noise.seed,
+            plan.rng,
         )?,
     };
     finetune.labels = labels.labels.clone();

@@ -6,14 +6,20 @@
 //!
 //! When a dataset's training split is absent (AG-news offline), `carve_train_from_test` splits the
 //! test split into disjoint training and test pools instead, and says so in `deviations`.
+//!
+//! With `--rng authors` the split is the authors' own draw (PAPER.md §3.1): numpy
+//! `default_rng(seed).choice(N, pretrain_n + n, replace=False)` over the N rows of the official
+//! training split, pretrain = the first pretrain_n draws, fine-tune = the next n, in draw order.
+//! Its indices are release indices: a partial local copy is refused unless it holds every drawn
+//! row. The test subsample and the carve stay ours.
 
 use rand::seq::SliceRandom;
 use rand::seq::index::sample;
 use serde::Serialize;
 
-use super::Dataset;
 use super::files::{DataError, Result};
-use crate::rng::{Stream, stream};
+use super::{Dataset, Split, catalog};
+use crate::rng::{RngChoice, Stream, numpy, stream};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SplitPlan {
@@ -25,6 +31,9 @@ pub struct SplitPlan {
     pub seed: u64,
     /// Fraction of the test split that becomes the training pool.
     pub carve_train_from_test: Option<f64>,
+    /// Whose draw picks the pretrain and fine-tune samples (the carve and the test subsample are
+    /// always ours).
+    pub rng: RngChoice,
 }
 
 /// Which split the pretrain and fine-tune indices point into.
@@ -39,9 +48,9 @@ pub enum TrainSource {
 #[derive(Clone, Debug, Serialize)]
 pub struct Partition {
     pub train_source: TrainSource,
-    /// Indices into the training source, phase 1.
+    /// Indices into the training source, phase 1 (with `--rng authors`, in draw order).
     pub pretrain: Vec<usize>,
-    /// Indices into the training source, phase 2.
+    /// Indices into the training source, phase 2 (with `--rng authors`, in draw order).
     pub finetune: Vec<usize>,
     /// Indices into the test split.
     pub test: Vec<usize>,
@@ -89,12 +98,18 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
             (0..test_len).collect(),
         ),
         (None, None) => {
-            return Err(unavailable(
-                    "the training split is absent from the data folder; add the official training file, or pass \
-                     --carve-train-from-test F to split the test file into disjoint train and test pools (recorded \
-                     as a deviation)"
-                        .into(),
-                ));
+            let authors = match plan.rng {
+                RngChoice::Own => String::new(),
+                RngChoice::Authors => format!(
+                    "--rng authors: all {} training rows the authors' split draws are missing: ",
+                    plan.pretrain_n + plan.n
+                ),
+            };
+            return Err(unavailable(format!(
+                "{authors}the training split is absent from the data folder; add the official training file, \
+                 or pass --carve-train-from-test F to split the test file into disjoint train and test pools \
+                 (recorded as a deviation)"
+            )));
         }
     };
 
@@ -113,21 +128,61 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
         return Err(unavailable("the test pool holds no samples".into()));
     }
     let wanted = plan.pretrain_n + plan.n;
-    if wanted > train_pool.len() {
-        return Err(unavailable(format!(
-            "pretrain_n + n = {} + {} = {wanted} exceeds the {} samples of the training pool",
-            plan.pretrain_n,
-            plan.n,
-            train_pool.len()
-        )));
+    let exceeds = |pool: usize| {
+        unavailable(format!(
+            "pretrain_n + n = {} + {} = {wanted} exceeds the {pool} samples of the training pool",
+            plan.pretrain_n, plan.n
+        ))
+    };
+    let (pretrain, finetune) = match (plan.rng, &dataset.train, train_source) {
+        (RngChoice::Own, _, _) => {
+            if wanted > train_pool.len() {
+                return Err(exceeds(train_pool.len()));
+            }
+            // One seeded permutation of the pool: the fine-tune set is its head and the pretrain
+            // set its tail. So for one seed the fine-tune sets are nested across n
+            // (20 ⊂ 200 ⊂ 1000) and the pretrain set does not depend on n: a grid over n encodes
+            // each sample once.
+            let mut order = train_pool;
+            order.shuffle(&mut stream(plan.seed, Stream::Split));
+            let finetune = order[..plan.n].to_vec();
+            let pretrain = order[order.len() - plan.pretrain_n..].to_vec();
+            (pretrain, finetune)
+        }
+        (RngChoice::Authors, Some(train), TrainSource::Train) => {
+            let drawn = authors_rows(dataset, train, plan, &mut deviations)
+                .map_err(|problem| unavailable(format!("--rng authors: {problem}")))?;
+            (
+                drawn[..plan.pretrain_n].to_vec(),
+                drawn[plan.pretrain_n..].to_vec(),
+            )
+        }
+        (RngChoice::Authors, _, _) => {
+            if wanted > train_pool.len() {
+                return Err(exceeds(train_pool.len()));
+            }
+            let drawn = numpy::choice(plan.seed, train_pool.len(), wanted)
+                .map_err(|e| unavailable(format!("--rng authors: {e}")))?;
+            deviations.push(
+                "--rng authors with --carve-train-from-test: the training pool is carved from the \
+                 test split with this crate's own stream and the authors' numpy draw picks from that \
+                 pool, so the pretrain and fine-tune samples are not the authors' rows"
+                    .into(),
+            );
+            let rows: Vec<usize> = drawn.iter().map(|&k| train_pool[k]).collect();
+            (
+                rows[..plan.pretrain_n].to_vec(),
+                rows[plan.pretrain_n..].to_vec(),
+            )
+        }
+    };
+    if plan.rng == RngChoice::Authors && plan.test_n.is_some() {
+        deviations.push(
+            "--rng authors with --test-n: the test subsample is drawn with this crate's own stream \
+             (the authors score the whole test split)"
+                .into(),
+        );
     }
-    // One seeded permutation of the pool: the fine-tune set is its head and the pretrain set its
-    // tail. So for one seed the fine-tune sets are nested across n (20 ⊂ 200 ⊂ 1000) and the
-    // pretrain set does not depend on n: a grid over n encodes each sample once.
-    let mut order = train_pool;
-    order.shuffle(&mut stream(plan.seed, Stream::Split));
-    let finetune = &order[..plan.n];
-    let pretrain = &order[order.len() - plan.pretrain_n..];
 
     let test = match plan.test_n {
         Some(m) if m > test_pool.len() => {
@@ -153,11 +208,62 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
     };
     Ok(Partition {
         train_source,
-        pretrain: pretrain.to_vec(),
-        finetune: finetune.to_vec(),
+        pretrain,
+        finetune,
         test,
         deviations,
     })
+}
+
+/// The authors' draw of pretrain_n + n rows of the official training split, as positions in the
+/// local `train` (which must hold every drawn row), in draw order. Errors are the reason alone.
+fn authors_rows(
+    dataset: &Dataset,
+    train: &Split,
+    plan: &SplitPlan,
+    deviations: &mut Vec<String>,
+) -> std::result::Result<Vec<usize>, String> {
+    let wanted = plan.pretrain_n + plan.n;
+    if plan.seed > u64::from(u32::MAX) {
+        return Err(format!(
+            "--seed {} is not below 2^32, the only seeds numpy's draw is replicated for",
+            plan.seed
+        ));
+    }
+    let official = catalog::official_train_size(dataset).map_err(|why| {
+        format!("the {wanted} training rows the authors' split draws cannot be found: {why}")
+    })?;
+    if wanted > official {
+        return Err(format!(
+            "pretrain_n + n = {} + {} = {wanted} exceeds the {official} rows of the official training split",
+            plan.pretrain_n, plan.n
+        ));
+    }
+    let drawn = numpy::choice(plan.seed, official, wanted)?;
+    let mut position = vec![None; official];
+    for (p, &r) in train.release_index.iter().enumerate() {
+        if let Some(slot) = position.get_mut(r) {
+            *slot = Some(p);
+        }
+    }
+    let rows: Vec<Option<usize>> = drawn.iter().map(|&r| position[r]).collect();
+    let missing = rows.iter().filter(|p| p.is_none()).count();
+    if missing > 0 {
+        return Err(format!(
+            "{missing} of the {wanted} training rows the authors' split draws are missing from the local \
+             copy, which holds {} of the {official} rows of the official training split; add the complete \
+             training split, or use --rng own",
+            train.len()
+        ));
+    }
+    if train.len() < official {
+        deviations.push(format!(
+            "--rng authors on a partial training split ({} of its {official} rows): all {wanted} rows \
+             the authors' split draws are present, so the split is theirs",
+            train.len()
+        ));
+    }
+    Ok(rows.into_iter().flatten().collect())
 }
 
 #[cfg(test)]
@@ -188,6 +294,7 @@ mod tests {
             test_n: None,
             seed: 42,
             carve_train_from_test: None,
+            rng: RngChoice::Own,
         }
     }
 
@@ -303,6 +410,127 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("the test pool holds no samples"), "{err}");
+    }
+
+    /// A training split holding the official rows `release` (ag_news: 120000 official rows).
+    fn partial(release: Vec<usize>) -> Dataset {
+        let len = release.len();
+        Dataset {
+            train: Some(Split {
+                inputs: Inputs::Texts(vec![String::new(); len]),
+                labels: vec![0; len],
+                release_index: release,
+            }),
+            ..toy(None, 100)
+        }
+    }
+
+    fn authors(pretrain_n: usize, n: usize, seed: u64) -> SplitPlan {
+        SplitPlan {
+            seed,
+            rng: RngChoice::Authors,
+            ..plan(pretrain_n, n)
+        }
+    }
+
+    #[test]
+    fn authors_split_is_numpy_choice_in_draw_order_by_release_index() {
+        let drawn = numpy::choice(3, 120_000, 30).unwrap();
+        // The local copy holds the drawn rows and others, in another order.
+        let mut release: Vec<usize> = drawn.iter().rev().copied().collect();
+        release.extend([5, 6, 7].iter().filter(|r| !drawn.contains(r)));
+        let data = partial(release.clone());
+        let p = partition(&data, &authors(10, 20, 3)).unwrap();
+        let to_release = |rows: &[usize]| rows.iter().map(|&k| release[k]).collect::<Vec<_>>();
+        assert_eq!(to_release(&p.pretrain), drawn[..10]);
+        assert_eq!(to_release(&p.finetune), drawn[10..]);
+        assert_eq!(p.train_source, TrainSource::Train);
+        assert_eq!(p.deviations.len(), 1, "{:?}", p.deviations);
+        assert!(
+            p.deviations[0].contains("all 30 rows"),
+            "{}",
+            p.deviations[0]
+        );
+        // Our own split of the same data is another draw.
+        assert_ne!(
+            partition(&data, &plan(10, 20)).unwrap().finetune,
+            p.finetune
+        );
+    }
+
+    #[test]
+    fn authors_split_refuses_partial_data_naming_the_missing_rows() {
+        let drawn = numpy::choice(3, 120_000, 30).unwrap();
+        let data = partial(drawn[3..].to_vec());
+        let err = partition(&data, &authors(10, 20, 3))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("ag_news: --rng authors: 3 of the 30 training rows")
+                && err.contains("27 of the 120000 rows"),
+            "{err}"
+        );
+        let err = partition(&toy(None, 100), &authors(10, 20, 3))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("all 30 training rows the authors' split draws are missing")
+                && err.contains("--carve-train-from-test"),
+            "{err}"
+        );
+        let err = partition(&partial(drawn.clone()), &authors(10, 20, 1 << 32))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--seed 4294967296"), "{err}");
+        let err = partition(&partial(drawn), &authors(100_000, 20_001, 3))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exceeds the 120000 rows"), "{err}");
+    }
+
+    #[test]
+    fn authors_split_refuses_files_that_are_not_the_release() {
+        // A MedMNIST archive of another size (the mirror's PneumoniaMNIST has 3882 of 4708).
+        let data = Dataset {
+            name: DatasetName::PneumoniaMnist,
+            ..toy(Some(3882), 100)
+        };
+        let err = partition(&data, &authors(3000, 200, 42))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the 3200 training rows the authors' split draws cannot be found")
+                && err.contains("3882 training images, not the official 4708"),
+            "{err}"
+        );
+        let data = Dataset {
+            name: DatasetName::OtherMedMnist("dermamnist".into()),
+            ..toy(Some(100), 10)
+        };
+        let err = partition(&data, &authors(10, 10, 42))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("official training split is not known"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn authors_split_with_a_carve_or_a_test_subsample_says_what_stays_ours() {
+        let carved = partition(
+            &toy(None, 1000),
+            &SplitPlan {
+                carve_train_from_test: Some(0.5),
+                test_n: Some(100),
+                ..authors(100, 20, 7)
+            },
+        )
+        .unwrap();
+        assert_eq!((carved.pretrain.len(), carved.finetune.len()), (100, 20));
+        assert_eq!(carved.deviations.len(), 3, "{:?}", carved.deviations);
+        assert!(carved.deviations[1].contains("--carve-train-from-test"));
+        assert!(carved.deviations[2].contains("--test-n"));
     }
 
     #[test]

@@ -367,7 +367,10 @@ fn write_encoded(
     let tensors = shard_tensors(encoded, key.contents)?;
     ensure_finite(&tensors, backbone, key)?;
     let sidecar = write_shard(dir, key, &tensors, backbone.max_tokens())?;
-    Ok((dir.join(format!("{}.safetensors", key.file_stem()?)), sidecar))
+    Ok((
+        dir.join(format!("{}.safetensors", key.file_stem()?)),
+        sidecar,
+    ))
 }
 
 /// The trusted shards a request reads, and where each requested sample is.
@@ -488,7 +491,10 @@ impl ShardStore {
         }
         let restore = Tensor::new(restore, &Device::Cpu)?;
         let gather = |name: &str| -> Result<Option<Tensor>> {
-            if !by_shard.keys().all(|&s| self.shards[s].small.contains_key(name)) {
+            if !by_shard
+                .keys()
+                .all(|&s| self.shards[s].small.contains_key(name))
+            {
                 return Ok(None);
             }
             let pieces: Vec<Tensor> = by_shard
@@ -509,11 +515,24 @@ impl ShardStore {
                 .iter()
                 .map(|&(s, row)| {
                     let shard = &self.shards[s];
-                    let (offset, digest) = shard.rows.get(row).cloned().context("a shard lacks layer inputs")?;
-                    Ok((std::sync::Arc::clone(&shard.file), offset, shard.lengths[row], digest))
+                    let (offset, digest) = shard
+                        .rows
+                        .get(row)
+                        .cloned()
+                        .context("a shard lacks layer inputs")?;
+                    Ok((
+                        std::sync::Arc::clone(&shard.file),
+                        offset,
+                        shard.lengths[row],
+                        digest,
+                    ))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let tokens = places.iter().map(|&(s, _)| self.shards[s].tokens).max().unwrap_or(0);
+            let tokens = places
+                .iter()
+                .map(|&(s, _)| self.shards[s].tokens)
+                .max()
+                .unwrap_or(0);
             Some(LayerRows::on_disk(samples, tokens, cls.dim(1)?))
         } else {
             None
@@ -571,13 +590,15 @@ struct TensorInfo {
 fn safetensors_header(file: &std::fs::File) -> Result<(HashMap<String, TensorInfo>, u64)> {
     use std::os::unix::fs::FileExt;
     let mut size = [0u8; 8];
-    file.read_exact_at(&mut size, 0).context("no safetensors header")?;
+    file.read_exact_at(&mut size, 0)
+        .context("no safetensors header")?;
     let size = u64::from_le_bytes(size);
     if size > 100 << 20 {
         bail!("a safetensors header of {size} bytes");
     }
     let mut header = vec![0u8; size as usize];
-    file.read_exact_at(&mut header, 8).context("truncated header")?;
+    file.read_exact_at(&mut header, 8)
+        .context("truncated header")?;
     let mut entries: HashMap<String, serde_json::Value> =
         serde_json::from_slice(&header).context("unreadable header")?;
     entries.remove("__metadata__");
@@ -598,7 +619,9 @@ fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
     let n = key.release_index.len();
     let mut small = HashMap::new();
     for (name, expected_sha) in &sidecar.tensor_sha256 {
-        let info = infos.get(name).with_context(|| format!("no {name} tensor"))?;
+        let info = infos
+            .get(name)
+            .with_context(|| format!("no {name} tensor"))?;
         let (begin, end) = info.data_offsets;
         let mut bytes = vec![0u8; end.saturating_sub(begin) as usize];
         file.read_exact_at(&mut bytes, data_start + begin)
@@ -624,7 +647,9 @@ fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
         .and_then(|i| i.shape.get(1).copied())
         .context("no cls tensor")?;
     for name in ["cls", "mean"] {
-        let t = small.get(name).with_context(|| format!("no checked {name} tensor"))?;
+        let t = small
+            .get(name)
+            .with_context(|| format!("no checked {name} tensor"))?;
         if t.dims() != [n, hidden] {
             bail!("{name} has shape {:?}, expected [{n}, {hidden}]", t.dims());
         }
@@ -634,7 +659,9 @@ fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
     }
     let (mut rows, mut lengths) = (Vec::new(), Vec::new());
     if key.contents == Contents::Full {
-        let info = infos.get("layer_inputs").context("no layer_inputs tensor")?;
+        let info = infos
+            .get("layer_inputs")
+            .context("no layer_inputs tensor")?;
         lengths = small
             .get("lengths")
             .context("no checked lengths tensor")?
@@ -649,7 +676,10 @@ fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
             || sidecar.row_digest.len() != n
             || info.data_offsets.1 - info.data_offsets.0 != (total * hidden * 4) as u64
         {
-            bail!("layer_inputs has shape {:?} for {n} samples of {total} rows", info.shape);
+            bail!(
+                "layer_inputs has shape {:?} for {n} samples of {total} rows",
+                info.shape
+            );
         }
         let mut offset = data_start + info.data_offsets.0;
         for (len, digest) in lengths.iter().zip(&sidecar.row_digest) {
@@ -685,16 +715,29 @@ fn first_non_finite(tensors: &HashMap<String, Tensor>) -> Result<Option<String>>
 
 /// Extraction stops at the first non-finite feature, naming the backbone and the samples: a
 /// broken checkpoint or preprocessing must not reach the cache.
-fn ensure_finite(tensors: &HashMap<String, Tensor>, backbone: &Backbone, key: &ShardKey) -> Result<()> {
+fn ensure_finite(
+    tensors: &HashMap<String, Tensor>,
+    backbone: &Backbone,
+    key: &ShardKey,
+) -> Result<()> {
     if let Some(name) = first_non_finite(tensors)? {
-        let shown: Vec<String> = key.release_index.iter().take(5).map(usize::to_string).collect();
+        let shown: Vec<String> = key
+            .release_index
+            .iter()
+            .take(5)
+            .map(usize::to_string)
+            .collect();
         bail!(
             "{}: non-finite {name} features for {} {} samples (release indices {}{}); check its config.json and preprocessor config",
             backbone.files.id,
             key.dataset,
             key.split,
             shown.join(", "),
-            if key.release_index.len() > 5 { ", …" } else { "" }
+            if key.release_index.len() > 5 {
+                ", …"
+            } else {
+                ""
+            }
         );
     }
     Ok(())
@@ -745,7 +788,10 @@ fn shard_tensors(parts: &[Encoded], contents: Contents) -> Result<HashMap<String
             Tensor::cat(&rows, 0)?.to_dtype(DType::F32)?.contiguous()?,
         );
         let n = lengths.len();
-        tensors.insert("lengths".into(), Tensor::from_vec(lengths, n, &Device::Cpu)?);
+        tensors.insert(
+            "lengths".into(),
+            Tensor::from_vec(lengths, n, &Device::Cpu)?,
+        );
     }
     Ok(tensors)
 }

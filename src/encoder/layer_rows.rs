@@ -29,7 +29,10 @@ enum Storage {
     /// Per sample, its place in a shard file.
     Disk(Vec<OnDisk>),
     /// Every sample's rows back to back; `starts[i]` is sample i's first row.
-    Memory { values: Arc<Vec<f32>>, starts: Vec<usize> },
+    Memory {
+        values: Arc<Vec<f32>>,
+        starts: Vec<usize>,
+    },
 }
 
 /// The last layer's inputs of a list of samples (in request order).
@@ -60,7 +63,11 @@ impl LayerBatch {
             .iter()
             .flat_map(|&len| (0..width).map(move |t| u32::from(t < len)))
             .collect();
-        Ok(Tensor::from_vec(mask, (self.lengths.len(), width), &Device::Cpu)?)
+        Ok(Tensor::from_vec(
+            mask,
+            (self.lengths.len(), width),
+            &Device::Cpu,
+        )?)
     }
 }
 
@@ -106,12 +113,19 @@ impl LayerRows {
     /// and sets built in memory).
     pub fn from_padded(values: &Tensor, lengths: Vec<usize>) -> Result<Self> {
         let (n, tokens, dim) = values.dims3()?;
-        ensure!(lengths.len() == n, "{} lengths for {n} samples", lengths.len());
+        ensure!(
+            lengths.len() == n,
+            "{} lengths for {n} samples",
+            lengths.len()
+        );
         let all: Vec<f32> = values.flatten_all()?.to_vec1()?;
         let mut kept = Vec::with_capacity(lengths.iter().sum::<usize>() * dim);
         let mut starts = Vec::with_capacity(n);
         for (i, &len) in lengths.iter().enumerate() {
-            ensure!(len <= tokens, "length {len} of sample {i} exceeds {tokens} tokens");
+            ensure!(
+                len <= tokens,
+                "length {len} of sample {i} exceeds {tokens} tokens"
+            );
             starts.push(kept.len() / dim);
             kept.extend_from_slice(&all[i * tokens * dim..(i * tokens + len) * dim]);
         }
@@ -208,7 +222,9 @@ impl LayerRows {
                     .with_context(|| format!("{}: cannot open", sample.file.display()))?;
                 let mut bytes = vec![0u8; len * 4];
                 file.read_exact_at(&mut bytes, sample.offset)
-                    .with_context(|| format!("{}: cannot read sample rows", sample.file.display()))?;
+                    .with_context(|| {
+                        format!("{}: cannot read sample rows", sample.file.display())
+                    })?;
                 let first = out.len();
                 out.extend(
                     bytes

@@ -146,7 +146,11 @@ impl CustomOp1 for FusedSelfAttention {
                 });
                 let mut scores = vec![0f32; t * len];
                 for h in 0..self.heads {
-                    let (q, k, v) = (h * self.head_dim, d + h * self.head_dim, 2 * d + h * self.head_dim);
+                    let (q, k, v) = (
+                        h * self.head_dim,
+                        d + h * self.head_dim,
+                        2 * d + h * self.head_dim,
+                    );
                     // S (T×L) = Q_h (T×d_h, row stride 3D) · K_hᵀ.
                     gemm_into(
                         (t, len, self.head_dim),

@@ -50,7 +50,12 @@ pub struct Attended {
 impl KeyValues {
     /// `tokens` (N, T, D) attended by `heads` queries per sample; `lengths` the unpadded tokens
     /// per sample (all T when `None`).
-    pub fn new(tokens: &Tensor, heads: usize, lengths: Option<&[usize]>, scale: f64) -> Result<Self> {
+    pub fn new(
+        tokens: &Tensor,
+        heads: usize,
+        lengths: Option<&[usize]>,
+        scale: f64,
+    ) -> Result<Self> {
         let (samples, t, dim) = tokens.dims3()?;
         let lengths = match lengths {
             Some(l) => {
@@ -220,7 +225,12 @@ impl CustomOp2 for FusedAttend {
             .enumerate()
             .for_each(|(b, (sample_out, &i))| {
                 let mut probs = vec![0f32; h * t];
-                kv.probabilities(i, &queries[b * h * d..(b + 1) * h * d], &bias[b * h..(b + 1) * h], &mut probs);
+                kv.probabilities(
+                    i,
+                    &queries[b * h * d..(b + 1) * h * d],
+                    &bias[b * h..(b + 1) * h],
+                    &mut probs,
+                );
                 let len = kv.lengths[i];
                 for (k, head_out) in sample_out.chunks_mut(width).enumerate() {
                     head_out[d..].copy_from_slice(&probs[k * t..(k + 1) * t]);
@@ -276,7 +286,8 @@ impl CustomOp2 for FusedAttend {
                 );
                 for k in 0..h {
                     let row = at + k * width;
-                    let (g_probs, probs) = (&grad[row + d..row + width], &res[row + d..row + width]);
+                    let (g_probs, probs) =
+                        (&grad[row + d..row + width], &res[row + d..row + width]);
                     let ds = &mut dscores[k * t..(k + 1) * t];
                     let mut weighted = 0.0;
                     for tt in 0..len {

@@ -150,7 +150,13 @@ impl<'a> LastLayer<'a> {
             self.scale(),
         )?);
         let rows: Vec<usize> = (0..lengths.len()).collect();
-        self.attend(qk, &first_token(inputs)?, &first_token(&normed)?, &tokens, &rows)
+        self.attend(
+            qk,
+            &first_token(inputs)?,
+            &first_token(&normed)?,
+            &tokens,
+            &rows,
+        )
     }
 
     /// The normed tokens and CLS rows of a set held in memory (the fine-tune set), derived once
@@ -181,7 +187,12 @@ impl<'a> LastLayer<'a> {
     }
 
     /// The cheap path on samples `rows` of a resident set.
-    pub fn forward_resident(&self, qk: &QueryKey, set: &ResidentSet, rows: &[usize]) -> Result<Output> {
+    pub fn forward_resident(
+        &self,
+        qk: &QueryKey,
+        set: &ResidentSet,
+        rows: &[usize],
+    ) -> Result<Output> {
         let index = row_indices(rows, set.cls_inputs.device())?;
         self.attend(
             qk,

@@ -97,7 +97,8 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
 /// results.csv: one row per run, the columns of [`ResultRow::columns`] (the union over the runs,
 /// in first-seen order; a run without a column leaves it empty).
 pub fn write_csv(path: &Path, rows: &[ResultRow]) -> Result<()> {
-    let rows: Vec<Vec<(String, String)>> = rows.iter().map(ResultRow::columns).collect::<Result<_>>()?;
+    let rows: Vec<Vec<(String, String)>> =
+        rows.iter().map(ResultRow::columns).collect::<Result<_>>()?;
     let mut header: Vec<&str> = Vec::new();
     for row in &rows {
         for (name, _) in row {
@@ -238,7 +239,15 @@ mod tests {
     use crate::train::finetune::{Resolved, RunConfig};
     use crate::train::phases::EpochMetrics;
 
-    fn row(run: &str, eta: f64, seed: u64, baseline: f64, loss: f64, memo: f64, test: f64) -> ResultRow {
+    fn row(
+        run: &str,
+        eta: f64,
+        seed: u64,
+        baseline: f64,
+        loss: f64,
+        memo: f64,
+        test: f64,
+    ) -> ResultRow {
         let config = RunConfig {
             eta,
             seed,
@@ -274,7 +283,11 @@ mod tests {
                 qk_spectrum: None,
                 rank_collapse: None,
             },
-            deviations: if run == "b1" { vec!["x".into(), "y".into()] } else { vec![] },
+            deviations: if run == "b1" {
+                vec!["x".into(), "y".into()]
+            } else {
+                vec![]
+            },
             wall_seconds: 1.0,
         };
         ResultRow {

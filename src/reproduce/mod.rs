@@ -16,6 +16,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::data::{self, DatasetName};
 use crate::report::results::{RUNS, collect};
+use crate::rng::RngChoice;
 use crate::runtime::DeviceKind;
 use crate::train::finetune::{
     FinetuneJob, Mode, Places, Progress, RunConfig, RunFolder, finetune, prefetch,
@@ -202,6 +203,8 @@ pub struct DriverOptions {
     pub shard: Option<Shard>,
     pub places: Places,
     pub device: DeviceKind,
+    /// Whose random draws pick each run's split, label noise and batch orders.
+    pub rng: RngChoice,
 }
 
 pub struct Outcome {
@@ -241,6 +244,7 @@ impl DriverOptions {
             eval_every: if quick { quick::EVAL_EVERY } else { 50 },
             carve_train_from_test: carve.then_some(CARVE_FRACTION),
             device: self.device,
+            rng: self.rng,
             ..paper
         })
     }
@@ -457,7 +461,11 @@ mod tests {
         // 2 η × 3 n × 3 seeds per dataset, minus BreastMNIST's n = 1000.
         assert_eq!(kept.len(), 18 + 12);
         assert_eq!(left_out.len(), 6);
-        assert!(left_out[0].contains("breastmnist n = 1000"), "{}", left_out[0]);
+        assert!(
+            left_out[0].contains("breastmnist n = 1000"),
+            "{}",
+            left_out[0]
+        );
     }
 
     #[test]

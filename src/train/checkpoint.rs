@@ -233,7 +233,10 @@ mod tests {
         let err = changed
             .ensure_same(&loaded.state.identity, Path::new("c"))
             .unwrap_err();
-        assert!(err.to_string().contains("config.eta 0.2 there, 0.3 here"), "{err}");
+        assert!(
+            err.to_string().contains("config.eta 0.2 there, 0.3 here"),
+            "{err}"
+        );
         assert!(
             load(&dir.path().join("none"), &Device::Cpu)
                 .unwrap()

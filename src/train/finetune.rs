@@ -32,7 +32,7 @@ use crate::encoder::layer_rows::{LayerBatch, LayerRows, RowsBuilder};
 use crate::encoder::{Backbone, Model, TextOptions, resolve};
 use crate::model::attend::KeyValues;
 use crate::model::{Classifier, LastLayer, QueryKey, TokenSelectionHead};
-use crate::rng::{Stream, stream};
+use crate::rng::{RngChoice, Shuffle, Stream, stream};
 
 /// Test samples whose full last layer is run at scored epochs for the rank-collapse residual.
 const RANK_PROBE: usize = 16;
@@ -216,10 +216,7 @@ fn load_backbone(
         }
     }
     let Some(backbone) = loaded else {
-        bail!(
-            "no backbone could be loaded; tried {}",
-            skipped.join(" | ")
-        );
+        bail!("no backbone could be loaded; tried {}", skipped.join(" | "));
     };
     let deviations = config
         .backbones
@@ -249,12 +246,28 @@ fn load_backbone(
     }
 }
 
-/// The split of a run; pretrain_n shrinks to fit partial data (a deviation).
+/// The split of a run; pretrain_n shrinks to fit partial data (a deviation), except for the
+/// authors' split, which draws the official sizes from the official rows or refuses.
 fn split_plan(
     config: &RunConfig,
     dataset: &data::Dataset,
     completeness: &Completeness,
 ) -> Result<(SplitPlan, Vec<String>)> {
+    let mut deviations = Vec::new();
+    if config.rng == RngChoice::Authors {
+        deviations.push(AUTHORS_RNG_DEVIATION.to_string());
+    }
+    let plan = SplitPlan {
+        pretrain_n: config.pretrain_n,
+        n: config.n,
+        test_n: config.test_n,
+        seed: config.seed,
+        carve_train_from_test: config.carve_train_from_test,
+        rng: config.rng,
+    };
+    if config.rng == RngChoice::Authors && config.carve_train_from_test.is_none() {
+        return Ok((plan, deviations));
+    }
     let n = config.n;
     let pool = match (config.carve_train_from_test, &dataset.train) {
         (Some(f), _) => (f * dataset.test.len() as f64).round() as usize,
@@ -268,7 +281,6 @@ fn split_plan(
             config.dataset
         );
     }
-    let mut deviations = Vec::new();
     let mut pretrain_n = config.pretrain_n;
     if pool > 0 && pretrain_n + n > pool {
         let shrunk = pool - n;
@@ -278,15 +290,14 @@ fn split_plan(
         ));
         pretrain_n = shrunk;
     }
-    let plan = SplitPlan {
-        pretrain_n,
-        n,
-        test_n: config.test_n,
-        seed: config.seed,
-        carve_train_from_test: config.carve_train_from_test,
-    };
-    Ok((plan, deviations))
+    Ok((SplitPlan { pretrain_n, ..plan }, deviations))
 }
+
+/// What `--rng authors` leaves ours, recorded with every such run.
+pub const AUTHORS_RNG_DEVIATION: &str = "--rng authors: the split, the symmetric label noise and \
+    both phases' batch orders are the authors' numpy and torch draws, but the classifier \
+    initialisation and the query/key reset (or the head) come from this crate's ChaCha8 stream \
+    (the authors' come from torch's CPU stream and from CUDA), and float sums differ in order";
 
 /// The split, the label noise and the three sets.
 fn prepare_data(setup: &Setup, job: &FinetuneJob) -> Result<PreparedData> {
@@ -299,7 +310,10 @@ fn prepare_data(setup: &Setup, job: &FinetuneJob) -> Result<PreparedData> {
 }
 
 /// The split the training samples come from, by name (the cache keys on it).
-fn train_source(dataset: &data::Dataset, source: TrainSource) -> Result<(&'static str, &data::Split)> {
+fn train_source(
+    dataset: &data::Dataset,
+    source: TrainSource,
+) -> Result<(&'static str, &data::Split)> {
     Ok(match source {
         TrainSource::Train => (
             "train",
@@ -407,7 +421,10 @@ pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
         )
     };
     for job in jobs {
-        match groups.iter_mut().find(|g| group_key(g[0]) == group_key(job)) {
+        match groups
+            .iter_mut()
+            .find(|g| group_key(g[0]) == group_key(job))
+        {
             Some(group) => group.push(job),
             None => groups.push(vec![job]),
         }
@@ -567,7 +584,10 @@ fn tensors_sha256(tensors: &[&Tensor]) -> Result<String> {
     use sha2::Digest;
     let mut hasher = sha2::Sha256::new();
     for t in tensors {
-        let values: Vec<f32> = t.flatten_all()?.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+        let values: Vec<f32> = t
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec1()?;
         for v in values {
             hasher.update(v.to_le_bytes());
         }
@@ -649,11 +669,10 @@ fn phase_one(
     };
     // Phase 1 depends on the pretrain set, not on n or η (the split keeps it fixed across n):
     // runs of a grid share it through the cache, computed once.
-    let file = setup
-        .cache
-        .root()
-        .join("phase1")
-        .join(format!("{}.safetensors", &crate::io::json_digest(&key)?[..24]));
+    let file = setup.cache.root().join("phase1").join(format!(
+        "{}.safetensors",
+        &crate::io::json_digest(&key)?[..24]
+    ));
     let lock = phase1_lock(&file);
     let _only_one_computes = lock.lock().unwrap_or_else(|e| e.into_inner());
     if let Ok(Some((saved, tensors))) = checkpoint::load_state::<Phase1>(&file, device)
@@ -675,7 +694,10 @@ fn phase_one(
         config.pretrain_epochs,
         config.batch_size,
         &config.optimizer,
-        config.seed,
+        Shuffle {
+            rng: config.rng,
+            seed: config.seed,
+        },
         &mut |_, loss| {
             losses.push(loss);
             progress.advance(1);
@@ -827,7 +849,10 @@ fn train_trainable(
         start_epoch,
         config.epochs,
         config.batch_size,
-        config.seed,
+        Shuffle {
+            rng: config.rng,
+            seed: config.seed,
+        },
         config.eval_every,
         penalty.as_deref(),
         &mut |m: &EpochMetrics, opt: &AdamW| {
@@ -920,7 +945,12 @@ fn phase_two(
             // The fine-tune set's tokens once as the head reads them; test batches as they come.
             let as_keys = |tokens: &LayerRows, rows: &[usize]| -> Result<Arc<KeyValues>> {
                 let batch = tokens.batch(rows, device)?;
-                Ok(Arc::new(KeyValues::new(&batch.inputs, 1, Some(&batch.lengths), 1.0)?))
+                Ok(Arc::new(KeyValues::new(
+                    &batch.inputs,
+                    1,
+                    Some(&batch.lengths),
+                    1.0,
+                )?))
             };
             let all_train: Vec<usize> = (0..train_tokens.len()).collect();
             let train_keys = as_keys(&train_tokens, &all_train)?;
@@ -991,10 +1021,7 @@ fn summarize(
     log: Vec<EpochMetrics>,
     started: Instant,
 ) -> Result<FinetuneRun> {
-    let last = log
-        .last()
-        .context("phase 2 ran no epoch")?
-        .clone();
+    let last = log.last().context("phase 2 ran no epoch")?.clone();
     let mut deviations = setup.deviations;
     deviations.extend(prepared.partition.deviations.iter().cloned());
     let summary = FinetuneSummary {

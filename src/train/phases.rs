@@ -3,20 +3,20 @@
 //! epoch's logged loss the mean of its batch losses.
 
 use anyhow::Result;
-use candle_core::Tensor;
+use candle_core::{D, Tensor};
 use serde::Serialize;
 
 use super::metrics::{accuracy_where, attention_stats, evaluate};
 use super::optim::{AdamW, OptimizerConfig};
 use crate::model::Classifier;
-use crate::rng::{Stream, epoch_order};
+use crate::rng::{Shuffle, Stream};
 
 pub fn steps_per_epoch(n: usize, batch_size: usize) -> usize {
     n.div_ceil(batch_size.max(1))
 }
 
-/// Phase 1: trains `classifier` on fixed features (N, D) with clean labels. `on_epoch` gets
-/// (epoch, mean batch loss).
+/// Phase 1: trains `classifier` on fixed features (N, D) with clean labels, in the batch order of
+/// `shuffle`. `on_epoch` gets (epoch, mean batch loss).
 #[allow(clippy::too_many_arguments)]
 pub fn train_classifier(
     classifier: &Classifier,
@@ -25,7 +25,7 @@ pub fn train_classifier(
     epochs: usize,
     batch_size: usize,
     optimizer: &OptimizerConfig,
-    seed: u64,
+    shuffle: Shuffle,
     on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<()> {
     let n = labels.len();
@@ -36,7 +36,7 @@ pub fn train_classifier(
         epochs * steps_per_epoch(n, batch_size),
     )?;
     for epoch in 0..epochs {
-        let order = epoch_order(n, seed, Stream::PretrainShuffle, epoch);
+        let order = shuffle.order(n, Stream::PretrainShuffle, epoch);
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
         for batch in order.chunks(batch_size) {
             let rows = crate::model::last_layer::row_indices(batch, features.device())?;
@@ -115,12 +115,36 @@ fn forward_all(forward: &Forward, set: Set, len: usize) -> Result<(Tensor, Tenso
         logits.push(l.detach());
         attention.push(a.detach());
     }
+    // A text chunk is padded to its own longest sample, so its attention may be narrower than
+    // another's: widen each to the widest with zero probabilities, what a padded key gets.
+    let mut width = 0;
+    for a in &attention {
+        width = width.max(a.dim(D::Minus1)?);
+    }
+    let attention = attention
+        .into_iter()
+        .map(|a| {
+            let missing = width - a.dim(D::Minus1)?;
+            a.pad_with_zeros(D::Minus1, 0, missing)
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
     Ok((Tensor::cat(&logits, 0)?, Tensor::cat(&attention, 0)?))
 }
 
+/// Logits of the whole test set, a chunk at a time; its attention is not kept, so nothing but the
+/// (N, C) logits grows with the test set.
+fn test_logits(forward: &Forward, len: usize) -> Result<Tensor> {
+    let rows: Vec<usize> = (0..len).collect();
+    let logits = rows
+        .chunks(EVAL_BATCH)
+        .map(|chunk| Ok(forward(Set::Test, chunk)?.0.detach()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&logits, 0)?)
+}
+
 /// Phase 2: trains `params` through `forward` on the noisy labels for epochs
-/// `start_epoch..epochs` (0-based), scoring the test set every `eval_every` epochs and after the
-/// last one. `optimizer` must have been built for all `epochs` (its state restored on resume).
+/// `start_epoch..epochs` (0-based) in the batch order of `shuffle`, scoring the test set every
+/// `eval_every` epochs and after the last one. `optimizer` must have been built for all `epochs` (its state restored on resume).
 /// `penalty` joins the descended objective; the logged train loss stays the data loss.
 #[allow(clippy::too_many_arguments)]
 pub fn train_phase2(
@@ -130,7 +154,7 @@ pub fn train_phase2(
     start_epoch: usize,
     epochs: usize,
     batch_size: usize,
-    seed: u64,
+    shuffle: Shuffle,
     eval_every: usize,
     penalty: Option<&Penalty>,
     on_epoch: &mut dyn FnMut(&EpochMetrics, &AdamW) -> Result<()>,
@@ -138,7 +162,7 @@ pub fn train_phase2(
     let n = data.labels.len();
     let targets = Tensor::from_slice(data.labels, n, &candle_core::Device::Cpu)?;
     for epoch in start_epoch..epochs {
-        let order = epoch_order(n, seed, Stream::FinetuneShuffle, epoch);
+        let order = shuffle.order(n, Stream::FinetuneShuffle, epoch);
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
         for batch in order.chunks(batch_size) {
             let (logits, _) = forward(Set::Finetune, batch)?;
@@ -157,7 +181,7 @@ pub fn train_phase2(
         let (max_cls_attention, attention_entropy) = attention_stats(&attention)?;
         let last = epoch + 1 == epochs;
         let test = if last || (epoch + 1) % eval_every.max(1) == 0 {
-            let (logits, _) = forward_all(forward, Set::Test, data.test_labels.len())?;
+            let logits = test_logits(forward, data.test_labels.len())?;
             Some(evaluate(&logits, data.test_labels)?)
         } else {
             None
@@ -186,9 +210,180 @@ pub fn train_phase2(
 mod tests {
     use super::*;
     use crate::train::metrics::evaluate;
-    use candle_core::Device;
+    use candle_core::{DType, Device, Var};
     use rand::SeedableRng;
     use rand_distr::{Distribution, Normal};
+
+    /// Text chunks are padded to their own longest sample: a set of several chunks joins
+    /// attention of different widths, the narrower ones widened with zeros.
+    #[test]
+    fn a_set_of_chunks_of_different_widths_joins() {
+        let forward = |_: Set, rows: &[usize]| -> Result<(Tensor, Tensor)> {
+            let width = 2 + rows[0] % 3;
+            let logits = Tensor::zeros((rows.len(), 2), DType::F32, &Device::Cpu)?;
+            let attention = Tensor::full(1.0 / width as f32, (rows.len(), 1, width), &Device::Cpu)?;
+            Ok((logits, attention))
+        };
+        let (logits, attention) = forward_all(&forward, Set::Finetune, 150).unwrap();
+        assert_eq!(logits.dims(), [150, 2]);
+        // Chunks start at rows 0, 64 and 128: widths 2, 3 and 4.
+        assert_eq!(attention.dims(), [150, 1, 4]);
+        let row = |r: usize| {
+            attention
+                .get(r)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        assert_eq!(row(0), [0.5, 0.5, 0.0, 0.0]);
+        assert_eq!(row(149), [0.25; 4]);
+        let (max, _) = attention_stats(&attention).unwrap();
+        let expected = (64.0 * 0.5 + 64.0 / 3.0 + 22.0 * 0.25) / 150.0;
+        assert!((max - expected).abs() < 1e-6, "{max} vs {expected}");
+    }
+
+    fn authors(seed: u64) -> Shuffle {
+        Shuffle {
+            rng: crate::rng::RngChoice::Authors,
+            seed,
+        }
+    }
+
+    /// Phase 2 under `--rng authors` takes its batches from `randperm(n, seed + e)` in epoch e:
+    /// the training forwards of each epoch, in order, read exactly that permutation.
+    #[test]
+    fn phase_two_batches_follow_randperm_of_seed_plus_epoch() {
+        let (n, batch, epochs, seed) = (40, 16, 3, 314);
+        let bias = Var::zeros(2, DType::F32, &Device::Cpu).unwrap();
+        let calls = std::cell::RefCell::new(Vec::new());
+        let forward = |set: Set, rows: &[usize]| -> Result<(Tensor, Tensor)> {
+            calls.borrow_mut().push((set, rows.to_vec()));
+            let logits = bias.as_tensor().unsqueeze(0)?.repeat((rows.len(), 1))?;
+            let attention = Tensor::full(0.5f32, (rows.len(), 1, 2), &Device::Cpu)?;
+            Ok((logits, attention))
+        };
+        let labels: Vec<u32> = (0..n as u32).map(|k| k % 2).collect();
+        let mask = vec![false; n];
+        let data = Phase2Data {
+            labels: &labels,
+            clean_labels: &labels,
+            noisy_mask: &mask,
+            test_labels: &labels[..4],
+        };
+        let steps = epochs * steps_per_epoch(n, batch);
+        let mut opt = AdamW::new(
+            vec![("bias".into(), bias.clone())],
+            OptimizerConfig::default(),
+            steps,
+        )
+        .unwrap();
+        let mut epoch_calls = Vec::new();
+        train_phase2(
+            &forward,
+            &mut opt,
+            &data,
+            0,
+            epochs,
+            batch,
+            authors(seed),
+            usize::MAX,
+            None,
+            &mut |_, _| {
+                epoch_calls.push(calls.borrow_mut().split_off(0));
+                Ok(())
+            },
+        )
+        .unwrap();
+        for (e, calls) in epoch_calls.iter().enumerate() {
+            // The epoch's training batches come first; the evaluation forwards follow.
+            let trained: Vec<usize> = calls[..steps_per_epoch(n, batch)]
+                .iter()
+                .flat_map(|(set, rows)| {
+                    assert_eq!(*set, Set::Finetune);
+                    rows.clone()
+                })
+                .collect();
+            assert_eq!(
+                trained,
+                crate::rng::torch::randperm(n, seed + e as u64),
+                "epoch {e}"
+            );
+            assert_eq!(calls[1].1.len(), batch);
+        }
+    }
+
+    /// Phase 1 under `--rng authors` equals the same loop written out over
+    /// `randperm(n, seed + e)`, and differs from our own order.
+    #[test]
+    fn phase_one_batches_follow_randperm_of_seed_plus_epoch() {
+        let (n, d, batch, epochs, seed) = (37, 4, 8, 3, 2718);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let noise = Normal::new(0.0f32, 1.0).unwrap();
+        let values: Vec<f32> = (0..n * d).map(|_| noise.sample(&mut rng)).collect();
+        let features = Tensor::from_vec(values, (n, d), &Device::Cpu).unwrap();
+        let labels: Vec<u32> = (0..n as u32).map(|k| k % 3).collect();
+        let config = OptimizerConfig {
+            learning_rate: 1e-2,
+            ..Default::default()
+        };
+        let trained = |shuffle: Shuffle| {
+            let mut init = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+            let classifier = Classifier::new(d, 3, None, &mut init, &Device::Cpu).unwrap();
+            train_classifier(
+                &classifier,
+                &features,
+                &labels,
+                epochs,
+                batch,
+                &config,
+                shuffle,
+                &mut |_, _| {},
+            )
+            .unwrap();
+            classifier
+        };
+        let weights = |c: &Classifier| -> Vec<f32> {
+            c.named()
+                .iter()
+                .flat_map(|(_, v)| {
+                    v.as_tensor()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                })
+                .collect()
+        };
+        // The reference: the authors' order spelled out.
+        let mut init = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let reference = Classifier::new(d, 3, None, &mut init, &Device::Cpu).unwrap();
+        let targets = Tensor::from_slice(&labels, n, &Device::Cpu).unwrap();
+        let mut opt = AdamW::new(
+            reference.named(),
+            config.clone(),
+            epochs * steps_per_epoch(n, batch),
+        )
+        .unwrap();
+        for e in 0..epochs {
+            for rows in crate::rng::torch::randperm(n, seed + e as u64).chunks(batch) {
+                let rows = crate::model::last_layer::row_indices(rows, &Device::Cpu).unwrap();
+                let logits = reference
+                    .forward(&features.index_select(&rows, 0).unwrap())
+                    .unwrap();
+                let loss = candle_nn::loss::cross_entropy(
+                    &logits,
+                    &targets.index_select(&rows, 0).unwrap(),
+                )
+                .unwrap();
+                opt.step(&loss.backward().unwrap()).unwrap();
+            }
+        }
+        let authors_weights = weights(&trained(authors(seed)));
+        assert_eq!(authors_weights, weights(&reference));
+        assert_ne!(authors_weights, weights(&trained(Shuffle::own(seed))));
+    }
 
     /// Two Gaussian blobs in 8 dimensions: the classifier separates them and the loss falls.
     #[test]
@@ -221,7 +416,7 @@ mod tests {
             20,
             16,
             &config,
-            1,
+            Shuffle::own(1),
             &mut |_, l| losses.push(l),
         )
         .unwrap();

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use super::config::dataset_config;
 use super::optim::OptimizerConfig;
 use crate::data::DatasetName;
-use crate::data::noise::NoiseModel;
+use crate::data::noise::{NoiseModel, authors_only_symmetric};
+use crate::rng::RngChoice;
 use crate::runtime::DeviceKind;
 
 /// What phase 2 trains.
@@ -56,6 +57,11 @@ pub struct RunConfig {
     pub test_n: Option<usize>,
     /// Seed of the split, the label noise, the initialisations and the batch orders.
     pub seed: u64,
+    /// Whose streams draw the split, the label noise and the batch orders of both phases
+    /// (`authors`: PAPER.md §3.1); the initialisations are always ours. Phase 1 depends on it.
+    /// Absent from the config.json of runs made before it existed: those drew their own.
+    #[serde(default)]
+    pub rng: RngChoice,
     pub epochs: usize,
     pub pretrain_epochs: usize,
     pub batch_size: usize,
@@ -89,6 +95,7 @@ impl RunConfig {
             pretrain_n: defaults.pretrain_n,
             test_n: None,
             seed: 42,
+            rng: RngChoice::Own,
             epochs: defaults.epochs,
             pretrain_epochs: defaults.pretrain_epochs,
             batch_size: defaults.batch_size,
@@ -124,7 +131,10 @@ impl RunConfig {
             }
         }
         if !(self.locater.is_finite() && self.locater >= 0.0) {
-            bail!("--locater must be a finite number ≥ 0, got {}", self.locater);
+            bail!(
+                "--locater must be a finite number ≥ 0, got {}",
+                self.locater
+            );
         }
         if let Some(f) = self.carve_train_from_test
             && !(f > 0.0 && f < 1.0)
@@ -133,6 +143,17 @@ impl RunConfig {
         }
         if self.backbones.is_empty() {
             bail!("--backbone: no backbone to try");
+        }
+        if self.rng == RngChoice::Authors {
+            if self.noise != NoiseModel::Symmetric {
+                bail!("{}", authors_only_symmetric(self.noise));
+            }
+            if self.seed > u64::from(u32::MAX) {
+                bail!(
+                    "--seed {} with --rng authors: numpy's draw is replicated for seeds below 2^32 only",
+                    self.seed
+                );
+            }
         }
         Ok(())
     }
@@ -249,12 +270,12 @@ mod tests {
 
     #[test]
     fn run_names_are_readable_and_tell_every_configuration_apart() {
-        let base = RunConfig {
-            eta: 0.1,
-            ..trec()
-        };
+        let base = RunConfig { eta: 0.1, ..trec() };
         let name = base.run_name().unwrap();
-        assert!(name.starts_with("trec_last-layer_n200_eta0.1_seed42_"), "{name}");
+        assert!(
+            name.starts_with("trec_last-layer_n200_eta0.1_seed42_"),
+            "{name}"
+        );
         let close = RunConfig {
             eta: 0.101,
             ..base.clone()
@@ -292,9 +313,58 @@ mod tests {
                 mode: Mode::Head,
                 ..base.clone()
             },
+            // The split and phase 1's batch order.
+            RunConfig {
+                rng: RngChoice::Authors,
+                ..base.clone()
+            },
         ] {
             assert_ne!(base.phase1_view(), changed.phase1_view());
         }
+    }
+
+    #[test]
+    fn authors_rng_is_recorded_and_refuses_what_is_not_theirs() {
+        let authors = RunConfig {
+            rng: RngChoice::Authors,
+            eta: 0.2,
+            ..trec()
+        };
+        authors.validate().unwrap();
+        let json = serde_json::to_string(&authors).unwrap();
+        assert!(json.contains("\"rng\":\"authors\""), "{json}");
+        assert_ne!(
+            authors.run_name().unwrap(),
+            RunConfig {
+                rng: RngChoice::Own,
+                ..authors.clone()
+            }
+            .run_name()
+            .unwrap()
+        );
+        // config.json of runs made before the field: their own streams.
+        let old = json.replace(",\"rng\":\"authors\"", "");
+        assert_eq!(
+            serde_json::from_str::<RunConfig>(&old).unwrap().rng,
+            RngChoice::Own
+        );
+        let pair = RunConfig {
+            noise: NoiseModel::Pair,
+            ..authors.clone()
+        };
+        let err = pair.validate().unwrap_err().to_string();
+        assert!(err.starts_with("--noise pair"), "{err}");
+        let big_seed = RunConfig {
+            seed: 1 << 32,
+            ..authors
+        };
+        assert!(
+            big_seed
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("--seed")
+        );
     }
 
     #[test]
