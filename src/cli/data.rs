@@ -78,9 +78,6 @@ pub struct SplitArgs {
     pub out: Option<PathBuf>,
 }
 
-/// Hyper-parameters shared by a single run and the grid, named after the authors' config keys.
-/// Unset flags take the value from --config, else the authors' final config.
-
 /// Manifest names from the command line, or all of them.
 fn manifest_names(requested: &[String]) -> Result<Vec<String>> {
     if requested.is_empty() {

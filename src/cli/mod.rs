@@ -48,6 +48,7 @@ pub enum Command {
     Reproduce(reproduce::ReproduceCommand),
 }
 
+/// Where a real-data run finds its data and checkpoints, caches features and computes.
 #[derive(Args, Debug, Clone)]
 pub struct Places {
     #[command(flatten)]

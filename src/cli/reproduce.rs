@@ -63,8 +63,6 @@ pub struct GridArgs {
     pub places: Places,
 }
 
-/// Where a real-data run finds its data and checkpoints, caches features and computes.
-
 impl GridArgs {
     /// The flags that define the grid, as a shard task would repeat them.
     fn grid_flags(&self) -> Vec<String> {

@@ -9,6 +9,8 @@ use clap::Args;
 use crate::report;
 use crate::synthetic::{self, EngineKind, Grid, SyntheticConfig, Trace};
 
+/// Hyper-parameters shared by a single run and the grid, named after the authors' config keys.
+/// Unset flags take the value from --config, else the authors' final config.
 #[derive(Args, Debug)]
 pub struct SharedHyperParams {
     /// TOML file with any of the config keys (seq_len, embed_dim, …); flags given on the command

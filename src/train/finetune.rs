@@ -139,7 +139,6 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             &setup,
             &prepared,
             features,
-            &phase1,
             &checkpoints,
             resumed.as_ref(),
             &mut init_rng,
@@ -878,13 +877,12 @@ fn phase_two(
     setup: &Setup,
     prepared: &PreparedData,
     features: RunFeatures,
-    phase1: &PhaseOne,
     checkpoints: &Checkpoints,
     resumed: Option<&Checkpoint>,
     init_rng: &mut rand_chacha::ChaCha8Rng,
     progress: &dyn Progress,
 ) -> Result<Vec<EpochMetrics>> {
-    let job = checkpoints.job;
+    let (job, phase1) = (checkpoints.job, checkpoints.phase1);
     let data = Phase2Data {
         labels: &prepared.labels.labels,
         clean_labels: &prepared.labels.clean_labels,
