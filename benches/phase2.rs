@@ -113,6 +113,7 @@ fn main() {
                             Shuffle::own(0),
                             usize::MAX,
                             None,
+                            false,
                             &mut |_, _| Ok(()),
                         )
                     })

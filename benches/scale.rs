@@ -299,6 +299,7 @@ fn phase2_child(size: Size, dir: &Path) {
             Shuffle::own(0),
             usize::MAX,
             None,
+            false,
             &mut |_, _| {
                 times.push(last.elapsed().as_secs_f64());
                 last = Instant::now();

@@ -102,8 +102,13 @@ fn both_modes_run_and_write_summary_and_metrics() {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        assert_eq!(epochs.len(), 4);
-        assert!(epochs[0]["test_acc"].is_null() && epochs[1]["test_acc"].is_number());
+        // Epoch 0, right after the reset, scored; then the 4 epochs, the test set every second.
+        assert_eq!(epochs.len(), 5);
+        assert_eq!(epochs[0]["epoch"], 0);
+        assert!(epochs[0]["test_acc"].is_number() && epochs[0]["train_loss"].is_null());
+        assert!(epochs[1]["test_acc"].is_null() && epochs[2]["test_acc"].is_number());
+        assert!(epochs[4]["train_eval_loss"].is_number());
+        assert_eq!(summary["reset_test_acc"], epochs[0]["test_acc"]);
         assert_eq!(
             std::fs::read_to_string(out_dir.join("pretrain.jsonl"))
                 .unwrap()
@@ -384,4 +389,63 @@ fn phase_one_is_reused_only_with_the_same_labels() {
         run("0.2", relabelled.to_str().unwrap()),
         "other labels retrain phase 1"
     );
+}
+
+/// A data file that is not the official release (the offline PneumoniaMNIST is a derivative) is
+/// a recorded deviation of the run, exactly when `data verify` says it differs.
+#[test]
+fn an_unofficial_data_file_is_a_recorded_deviation() {
+    let test = "finetune_real::an_unofficial_data_file_is_a_recorded_deviation";
+    let Some((root, _)) = common::data_and_models_roots(test, &["medmnist"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let verify = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args([
+            "data",
+            "verify",
+            "pneumoniamnist",
+            "--data-dir",
+            root.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let differs = String::from_utf8_lossy(&verify.stdout).contains("MISMATCH");
+    let out_dir = dir.path().join("run");
+    let out = benign(
+        &[
+            "finetune",
+            "--dataset",
+            "pneumoniamnist",
+            "--eta",
+            "0.2",
+            "--pretrain-n",
+            "60",
+            "--n",
+            "20",
+            "--epochs",
+            "1",
+            "--pretrain-epochs",
+            "1",
+            "--test-n",
+            "30",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+        &dir.path().join("cache"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    let recorded = summary["deviations"].as_array().unwrap().iter().any(|d| {
+        d.as_str()
+            .unwrap()
+            .contains("pneumoniamnist.npz is not the official release")
+    });
+    assert_eq!(recorded, differs, "{summary}");
 }

@@ -103,6 +103,7 @@ fn train_tiny_last_layer(locater: f64) -> Trained {
         Shuffle::own(1),
         10,
         (locater > 0.0).then_some(&penalty as &Penalty),
+        false,
         &mut |m, _| {
             log.push(m.clone());
             Ok(())

@@ -28,7 +28,7 @@ pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBu
     let cells = aggregate(&rows);
     let mut figures = Vec::new();
     if noise_sweep(&out.join(FIG8), &cells)? {
-        figures.push((FIG8, "Fig. 8-style: train and test loss against the label-noise rate η (n = 200, mean over seeds)"));
+        figures.push((FIG8, "Fig. 8-style: train and test loss against the label-noise rate η (n = 200, mean over seeds). Its train loss is the authors' `eval_train/eval_loss`: cross-entropy on the noisy fine-tune set evaluated after the last epoch; the table's train loss is the Trainer's logged mean batch loss of the last epoch (`log_history[-4][\"loss\"]`)"));
     }
     if attention_curves(&out.join(FIG9), runs)? {
         figures.push((FIG9, "Fig. 9-style: mean max CLS attention per epoch (dashed: the paper's value at epoch 2000)"));
@@ -168,18 +168,18 @@ fn markdown(
     )?;
     writeln!(
         md,
-        "| dataset | mode | η | n | seeds | train loss | memorization | test acc | baseline | max CLS attn | QK eigen mean / var | paper train loss | paper test acc | paper baseline |"
+        "| dataset | mode | η | n | seeds | train loss | memorization | test acc | after reset | baseline | max CLS attn | QK eigen mean / var | paper train loss | paper test acc | paper baseline |"
     )?;
     writeln!(
         md,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
     for c in cells {
         let paper_cell = table2.cell(&c.dataset, c.eta, c.n);
         let paper_baseline = table2.dataset(&c.dataset).map(|d| d.baseline);
         writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.dataset,
             c.mode,
             c.eta,
@@ -188,6 +188,7 @@ fn markdown(
             two(c.train_loss),
             pct(c.memorization),
             pct(c.test_acc),
+            pct(c.reset_test_acc),
             pct(c.baseline_test_acc),
             two(c.max_cls_attention),
             if c.qk_eigen_mean.mean.is_nan() {
@@ -204,6 +205,8 @@ fn markdown(
         md,
         "\nMemorization: share of the flipped samples predicted as their noisy label (– when η = 0). \
          Train loss: mean batch loss of the last epoch, as the authors' `log_history[-4]`. \
+         After reset: test accuracy right after the query/key reset, before any phase-2 step \
+         (baseline → after reset is the reset's cost, after reset → test acc the training's). \
          Max CLS attn: mean over samples and heads of the largest attention probability of the \
          selecting query (Fig. 9). QK eigen mean / var: of the real parts of the final query-key \
          matrix's eigenvalues, mean over heads (PAPER.md §5; definitions in `src/diagnostics/`).\n"
@@ -263,7 +266,9 @@ fn noise_sweep(path: &Path, cells: &[Cell]) -> Result<bool> {
         path,
         "Noise sweep at n = 200 (Fig. 8 style)",
         &[
-            panel("train loss (noisy labels)", |c| c.train_loss.mean),
+            panel("train loss (noisy labels, evaluated after training)", |c| {
+                c.train_eval_loss.mean
+            }),
             panel("test loss", |c| c.test_loss.mean),
         ],
     )?;

@@ -183,6 +183,7 @@ mod tests {
             log: vec![EpochMetrics {
                 epoch: 4,
                 train_loss: 0.1 + 0.2,
+                train_eval_loss: f64::NAN,
                 train_acc: 1.0,
                 memorization: f64::NAN,
                 clean_train_acc: 2.0 / 3.0,

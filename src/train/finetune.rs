@@ -59,6 +59,10 @@ pub struct FinetuneSummary {
     pub resolved: Resolved,
     /// Phase-1 test accuracy (the paper's "baseline").
     pub baseline_test_acc: f64,
+    /// Test accuracy right after the query/key reset (or the head's initialisation), before any
+    /// phase-2 step: baseline → reset is the reset's cost, reset → final the noise's.
+    #[serde(default)]
+    pub reset_test_acc: Option<f64>,
     /// The last phase-2 epoch, test set scored.
     #[serde(rename = "final")]
     pub last: EpochMetrics,
@@ -178,6 +182,7 @@ fn setup(job: &FinetuneJob) -> Result<Setup> {
     let (backbone, mut deviations) = load_backbone(config, &job.places, &device)?;
     let (plan, notes) = split_plan(config, &dataset, &completeness)?;
     deviations.extend(notes);
+    deviations.extend(unofficial_files(&config.dataset, &root)?);
     Ok(Setup {
         root,
         dataset,
@@ -188,6 +193,24 @@ fn setup(job: &FinetuneJob) -> Result<Setup> {
         plan,
         deviations,
     })
+}
+
+/// One deviation per data file that is present but is not the official release (PneumoniaMNIST's
+/// offline file is a third-party derivative); partial files are recorded by the completeness.
+fn unofficial_files(dataset: &DatasetName, root: &Path) -> Result<Vec<String>> {
+    let Some(manifest) = dataset.manifest() else {
+        return Ok(Vec::new());
+    };
+    Ok(data::catalog::verify(&manifest, root)?
+        .into_iter()
+        .filter_map(|(path, status)| match status {
+            data::catalog::FileStatus::Mismatch(why) => Some(format!(
+                "{} is not the official release file ({why}): its samples may differ from the paper's",
+                path.strip_prefix(root).unwrap_or(&path).display()
+            )),
+            _ => None,
+        })
+        .collect())
 }
 
 /// The first backbone of the run's preference list that loads, checked against the modality;
@@ -854,13 +877,17 @@ fn train_trainable(
         },
         config.eval_every,
         penalty.as_deref(),
+        // A fresh run logs epoch 0 (right after the reset) first; a resumed one has it.
+        log.is_empty(),
         &mut |m: &EpochMetrics, opt: &AdamW| {
             let mut m = m.clone();
             if m.test_acc.is_some() {
                 m.qk_spectrum = Some(qk_spectrum(opt, shape)?);
                 m.rank_collapse = rank_probe.map(|probe| probe()).transpose()?;
             }
-            progress.epoch(&m);
+            if m.epoch > 0 {
+                progress.epoch(&m);
+            }
             let epoch = m.epoch;
             log.push(m);
             if checkpoints.due(epoch) {
@@ -1034,6 +1061,7 @@ fn summarize(
             dataset_completeness: setup.completeness,
         },
         baseline_test_acc: phase1.baseline_test_acc,
+        reset_test_acc: log.iter().find(|m| m.epoch == 0).and_then(|m| m.test_acc),
         last,
         deviations,
         wall_seconds: started.elapsed().as_secs_f64(),

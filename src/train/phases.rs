@@ -76,10 +76,16 @@ pub struct Phase2Data<'a> {
 /// One epoch of phase 2, as a JSON line.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct EpochMetrics {
-    /// 1-based, as the Trainer counts.
+    /// 1-based, as the Trainer counts; 0 is the state right after the query/key reset.
     pub epoch: usize,
-    /// Mean of the epoch's batch losses on the noisy labels (the Trainer's logged loss).
+    /// Mean of the epoch's batch losses on the noisy labels (the Trainer's logged loss, the
+    /// paper's Table 2 "train loss"); NaN (null) at epoch 0.
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub train_loss: f64,
+    /// Cross-entropy on the noisy fine-tune set evaluated after the epoch (the authors'
+    /// `eval_train/eval_loss`, the paper's Fig. 8 "train loss").
+    #[serde(default = "nan", deserialize_with = "crate::io::nan_if_null")]
+    pub train_eval_loss: f64,
     /// Accuracy on the noisy labels, evaluated after the epoch.
     pub train_acc: f64,
     /// Share of noisy samples predicted as their noisy label (NaN, written null, when none).
@@ -105,6 +111,10 @@ pub struct EpochMetrics {
 }
 
 const EVAL_BATCH: usize = 64;
+
+fn nan() -> f64 {
+    f64::NAN
+}
 
 /// Logits and attention of a whole set, in chunks.
 fn forward_all(forward: &Forward, set: Set, len: usize) -> Result<(Tensor, Tensor)> {
@@ -142,6 +152,42 @@ fn test_logits(forward: &Forward, len: usize) -> Result<Tensor> {
     Ok(Tensor::cat(&logits, 0)?)
 }
 
+/// The metrics after `epoch` epochs (0: before any step): the fine-tune set evaluated, the test
+/// set when `score_test`, and the mean of the epoch's `batch_losses` (none at epoch 0).
+fn measure(
+    forward: &Forward,
+    data: &Phase2Data,
+    epoch: usize,
+    batch_losses: Option<&[f64]>,
+    score_test: bool,
+) -> Result<EpochMetrics> {
+    let (logits, attention) = forward_all(forward, Set::Finetune, data.labels.len())?;
+    let train = evaluate(&logits, data.labels)?;
+    let (max_cls_attention, attention_entropy) = attention_stats(&attention)?;
+    let test = if score_test {
+        let logits = test_logits(forward, data.test_labels.len())?;
+        Some(evaluate(&logits, data.test_labels)?)
+    } else {
+        None
+    };
+    Ok(EpochMetrics {
+        epoch,
+        train_loss: batch_losses.map_or(f64::NAN, |l| l.iter().sum::<f64>() / l.len() as f64),
+        train_eval_loss: train.loss,
+        train_acc: train.accuracy,
+        memorization: accuracy_where(&train.predictions, data.labels, |i| data.noisy_mask[i]),
+        clean_train_acc: accuracy_where(&train.predictions, data.clean_labels, |i| {
+            !data.noisy_mask[i]
+        }),
+        max_cls_attention,
+        attention_entropy,
+        test_loss: test.as_ref().map(|t| t.loss),
+        test_acc: test.as_ref().map(|t| t.accuracy),
+        qk_spectrum: None,
+        rank_collapse: None,
+    })
+}
+
 /// Phase 2: trains `params` through `forward` on the noisy labels for epochs
 /// `start_epoch..epochs` (0-based) in the batch order of `shuffle`, scoring the test set every
 /// `eval_every` epochs and after the last one. `optimizer` must have been built for all `epochs` (its state restored on resume).
@@ -157,10 +203,16 @@ pub fn train_phase2(
     shuffle: Shuffle,
     eval_every: usize,
     penalty: Option<&Penalty>,
+    measure_reset: bool,
     on_epoch: &mut dyn FnMut(&EpochMetrics, &AdamW) -> Result<()>,
 ) -> Result<()> {
     let n = data.labels.len();
     let targets = Tensor::from_slice(data.labels, n, &candle_core::Device::Cpu)?;
+    if measure_reset {
+        // Epoch 0: right after the reset, before any step, with the test set scored, so that
+        // the reset's cost and the noise's are two numbers.
+        on_epoch(&measure(forward, data, 0, None, true)?, optimizer)?;
+    }
     for epoch in start_epoch..epochs {
         let order = shuffle.order(n, Stream::FinetuneShuffle, epoch);
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
@@ -176,31 +228,9 @@ pub fn train_phase2(
             optimizer.step(&objective.backward()?)?;
             losses.push(f64::from(loss.to_scalar::<f32>()?));
         }
-        let (logits, attention) = forward_all(forward, Set::Finetune, n)?;
-        let train = evaluate(&logits, data.labels)?;
-        let (max_cls_attention, attention_entropy) = attention_stats(&attention)?;
         let last = epoch + 1 == epochs;
-        let test = if last || (epoch + 1) % eval_every.max(1) == 0 {
-            let logits = test_logits(forward, data.test_labels.len())?;
-            Some(evaluate(&logits, data.test_labels)?)
-        } else {
-            None
-        };
-        let metrics = EpochMetrics {
-            epoch: epoch + 1,
-            train_loss: losses.iter().sum::<f64>() / losses.len() as f64,
-            train_acc: train.accuracy,
-            memorization: accuracy_where(&train.predictions, data.labels, |i| data.noisy_mask[i]),
-            clean_train_acc: accuracy_where(&train.predictions, data.clean_labels, |i| {
-                !data.noisy_mask[i]
-            }),
-            max_cls_attention,
-            attention_entropy,
-            test_loss: test.as_ref().map(|t| t.loss),
-            test_acc: test.as_ref().map(|t| t.accuracy),
-            qk_spectrum: None,
-            rank_collapse: None,
-        };
+        let score_test = last || (epoch + 1) % eval_every.max(1) == 0;
+        let metrics = measure(forward, data, epoch + 1, Some(&losses), score_test)?;
         on_epoch(&metrics, optimizer)?;
     }
     Ok(())
@@ -290,6 +320,7 @@ mod tests {
             authors(seed),
             usize::MAX,
             None,
+            false,
             &mut |_, _| {
                 epoch_calls.push(calls.borrow_mut().split_off(0));
                 Ok(())
