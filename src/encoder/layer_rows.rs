@@ -52,7 +52,7 @@ pub struct LayerBatch {
 }
 
 impl LayerBatch {
-    /// The 0/1 padding mask (B, L) that HF's attention takes, u32.
+    /// The 0/1 padding mask (B, L) that HF's attention takes, u32, on the inputs' device.
     pub fn mask(&self) -> Result<Tensor> {
         let width = self.inputs.dim(1)?;
         let mask: Vec<u32> = self
@@ -60,7 +60,11 @@ impl LayerBatch {
             .iter()
             .flat_map(|&len| (0..width).map(move |t| u32::from(t < len)))
             .collect();
-        Ok(Tensor::from_vec(mask, (self.lengths.len(), width), &Device::Cpu)?)
+        Ok(Tensor::from_vec(
+            mask,
+            (self.lengths.len(), width),
+            self.inputs.device(),
+        )?)
     }
 }
 
