@@ -291,6 +291,33 @@ fn backbone_configs_the_forward_cannot_run_are_refused_naming_file_and_field() {
     }
 }
 
+/// `extract --device cuda` from a CPU-only build: one line saying how to build with CUDA.
+#[test]
+fn extract_on_cuda_from_a_cpu_build_is_one_error_line() {
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tiny_breastmnist(&data);
+    let model = model_copy(&dir.path().join("ok"), "tiny_vit", |_| {}, |_| {});
+    let cache = dir.path().join("cache");
+    let out = benign(&[
+        "extract",
+        "--backbone",
+        path_str(&model),
+        "--dataset",
+        "breastmnist",
+        "--data-dir",
+        path_str(&data),
+        "--cache-dir",
+        path_str(&cache),
+        "--device",
+        "cuda",
+    ]);
+    assert_one_error_line("extract --device cuda", &out, &["--device cuda", "--features cuda"]);
+}
+
 #[test]
 fn memory_implausible_synthetic_runs_are_refused_up_front() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,8 @@
 //! Parity with Hugging Face transformers 4.51.3 (the authors' version), on the fixtures written by
 //! scripts/parity_fixtures.py: every hidden state of a tiny ViT and a tiny BERT, the
-//! ViTImageProcessor's resize and normalisation, and bert-base-uncased tokenization.
+//! ViTImageProcessor's resize and normalisation, and bert-base-uncased tokenization. The two
+//! encoders run on `BENIGN_TEST_DEVICE` (the CPU by default; `cuda` on a GPU build), against the
+//! same references.
 
 use std::collections::HashMap;
 
@@ -12,15 +14,16 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
 mod common;
-use common::{bert_batch, config, fixtures, load, max_abs_diff, model_vb};
+use common::{bert_batch, config, fixtures, load, max_abs_diff, model_vb, test_device};
 
 #[test]
 fn tiny_vit_matches_every_hidden_state() {
+    let device = test_device();
     let io = load("tiny_vit_io.safetensors");
     let config: VitConfig = config("tiny_vit");
     assert_eq!(config.layer_norm_eps, 1e-6);
-    let vit = Vit::load(model_vb("tiny_vit"), &config).unwrap();
-    let pixels = &io["pixel_values"];
+    let vit = Vit::load(model_vb("tiny_vit", &device), &config).unwrap();
+    let pixels = &io["pixel_values"].to_device(&device).unwrap();
     let states = vit.hidden_states(pixels).unwrap();
     assert_eq!(states.len(), 4);
     for (i, state) in states.iter().enumerate() {
@@ -36,11 +39,12 @@ fn tiny_vit_matches_every_hidden_state() {
 
 #[test]
 fn tiny_bert_matches_every_hidden_state_and_the_pooler() {
+    let device = test_device();
     let io = load("tiny_bert_io.safetensors");
     let config: BertConfig = config("tiny_bert");
     assert_eq!(config.layer_norm_eps, 1e-7);
-    let bert = Bert::load(model_vb("tiny_bert"), &config).unwrap();
-    let batch = bert_batch(&io);
+    let bert = Bert::load(model_vb("tiny_bert", &device), &config).unwrap();
+    let batch = bert_batch(&io, &device);
     let states = bert.hidden_states(&batch).unwrap();
     for (i, state) in states.iter().enumerate() {
         let diff = max_abs_diff(state, &io[&format!("hidden_states.{i}")]);
@@ -199,7 +203,7 @@ fn bert_checkpoints_with_gamma_beta_names_and_a_prefix_load_the_same() {
     let config: BertConfig = config("tiny_bert");
     let bert = Bert::load(vb, &config).unwrap();
     let io = load("tiny_bert_io.safetensors");
-    let batch = bert_batch(&io);
+    let batch = bert_batch(&io, &Device::Cpu);
     let last = bert.hidden_states(&batch).unwrap().pop().unwrap();
     assert!(max_abs_diff(&last, &io["hidden_states.3"]) < 1e-4);
 }

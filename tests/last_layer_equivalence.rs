@@ -1,6 +1,8 @@
 //! Phase 2 from cached layer inputs (CLS query row only) is the same function as a full forward
 //! through the whole model with the re-initialised query/key in its last layer: same loss, same
-//! gradients of W_Q, b_Q, W_K, b_K (tiny fixture ViT and BERT).
+//! gradients of W_Q, b_Q, W_K, b_K (tiny fixture ViT and BERT). Both run on `BENIGN_TEST_DEVICE`
+//! (the CPU by default); off the CPU, the cached path's loss and gradients are also compared with
+//! the CPU's.
 
 use std::collections::HashMap;
 
@@ -14,14 +16,14 @@ use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 
 mod common;
-use common::{bert_batch, config, fixtures, max_abs, max_abs_diff, model_vb};
+use common::{bert_batch, config, load, max_abs, max_abs_diff, model_vb, on_cpu, test_device};
 
 /// The cache's round trip: layer inputs saved as safetensors and read back.
 fn through_cache(inputs: &Tensor) -> Tensor {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cached.safetensors");
     candle_core::safetensors::save(
-        &HashMap::from([("layer_inputs".to_string(), inputs.clone())]),
+        &HashMap::from([("layer_inputs".to_string(), on_cpu(inputs))]),
         &path,
     )
     .unwrap();
@@ -35,17 +37,25 @@ fn max_rel_diff(a: &Tensor, b: &Tensor) -> f32 {
     max_abs_diff(a, b) / max_abs(b).max(1e-12)
 }
 
-/// Loss and query/key gradients both ways; asserts they agree to 1e-4.
+/// The cached path's loss and query/key gradients (by name), on the CPU.
+struct Phase2Step {
+    loss: f32,
+    grads: Vec<(String, Tensor)>,
+}
+
+/// Loss and query/key gradients both ways, on the device of `layer_inputs`; asserts they agree to
+/// 1e-4 and returns the cached path's.
 fn check(
     model: &Model,
     classifier: &Classifier,
     layer_inputs: &Tensor,
     mask: Option<&Tensor>,
     labels: &Tensor,
-) {
+) -> Phase2Step {
+    let device = layer_inputs.device();
     let hidden = layer_inputs.dim(2).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-    let qk = QueryKey::reset(hidden, &mut rng, &Device::Cpu).unwrap();
+    let qk = QueryKey::reset(hidden, &mut rng, device).unwrap();
     let layer = LastLayer::new(model, classifier);
 
     let full_logits = layer.full_forward_logits(&qk, layer_inputs, mask).unwrap();
@@ -60,12 +70,10 @@ fn check(
         None => vec![layer_inputs.dim(1).unwrap(); n],
     };
     let rows = LayerRows::from_padded(&through_cache(layer_inputs), lengths).unwrap();
-    let batch = rows
-        .batch(&(0..n).collect::<Vec<_>>(), &Device::Cpu)
-        .unwrap();
+    let batch = rows.batch(&(0..n).collect::<Vec<_>>(), device).unwrap();
     let out = layer.forward(&qk, &batch.inputs, &batch.lengths).unwrap();
     // The resident path (the fine-tune set, normed once) is the same function too.
-    let resident = layer.resident(&rows, &Device::Cpu).unwrap();
+    let resident = layer.resident(&rows, device).unwrap();
     let again = layer
         .forward_resident(&qk, &resident, &(0..n).collect::<Vec<_>>())
         .unwrap();
@@ -102,31 +110,53 @@ fn check(
             magnitude(g)
         );
     }
+    Phase2Step {
+        loss: a,
+        grads: qk
+            .named()
+            .into_iter()
+            .map(|(name, var)| (name, on_cpu(grads.get(&var).unwrap())))
+            .collect(),
+    }
 }
 
-#[test]
-fn vit_phase2_from_cache_equals_the_full_forward() {
+/// The same step on another device: loss and gradients to 1e-4 of the CPU's (the key bias's,
+/// whose true value is 0, to 1e-4 of W_Q's).
+fn assert_same_step(ours: &Phase2Step, cpu: &Phase2Step) {
+    assert!(
+        (ours.loss - cpu.loss).abs() <= 1e-4 * cpu.loss.abs().max(1.0),
+        "loss {} vs the CPU's {}",
+        ours.loss,
+        cpu.loss
+    );
+    let scale = max_abs(&cpu.grads[0].1);
+    for ((name, g), (_, reference)) in ours.grads.iter().zip(&cpu.grads) {
+        let diff = max_abs_diff(g, reference);
+        let bound = if name == "key.bias" { scale } else { max_abs(reference) };
+        assert!(diff <= 1e-4 * bound, "{name}: max |Δ| {diff:e} from the CPU's");
+    }
+}
+
+/// The ViT case on `device`.
+fn vit_step(device: &Device) -> Phase2Step {
     let config: VitConfig = config("tiny_vit");
-    let vit = Vit::load(model_vb("tiny_vit"), &config).unwrap();
-    let io =
-        candle_core::safetensors::load(fixtures().join("tiny_vit_io.safetensors"), &Device::Cpu)
-            .unwrap();
-    let layer_inputs = vit.last_layer_input(&io["pixel_values"]).unwrap();
+    let vit = Vit::load(model_vb("tiny_vit", device), &config).unwrap();
+    let io = load("tiny_vit_io.safetensors");
+    let pixels = io["pixel_values"].to_device(device).unwrap();
+    let layer_inputs = vit.last_layer_input(&pixels).unwrap();
     let model = Model::Vit(vit);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-    let classifier = Classifier::new(config.hidden_size, 5, None, &mut rng, &Device::Cpu).unwrap();
-    let labels = Tensor::new(&[3u32, 1], &Device::Cpu).unwrap();
-    check(&model, &classifier, &layer_inputs, None, &labels);
+    let classifier = Classifier::new(config.hidden_size, 5, None, &mut rng, device).unwrap();
+    let labels = Tensor::new(&[3u32, 1], device).unwrap();
+    check(&model, &classifier, &layer_inputs, None, &labels)
 }
 
-#[test]
-fn bert_phase2_from_cache_equals_the_full_forward() {
+/// The BERT case (padded text, a pooler) on `device`.
+fn bert_step(device: &Device) -> Phase2Step {
     let config: BertConfig = config("tiny_bert");
-    let bert = Bert::load(model_vb("tiny_bert"), &config).unwrap();
-    let io =
-        candle_core::safetensors::load(fixtures().join("tiny_bert_io.safetensors"), &Device::Cpu)
-            .unwrap();
-    let batch = bert_batch(&io);
+    let bert = Bert::load(model_vb("tiny_bert", device), &config).unwrap();
+    let io = load("tiny_bert_io.safetensors");
+    let batch = bert_batch(&io, device);
     let layer_inputs = bert.last_layer_input(&batch).unwrap();
     let pooler = bert.pooler.as_ref().expect("the fixture has a pooler");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
@@ -135,16 +165,34 @@ fn bert_phase2_from_cache_equals_the_full_forward() {
         4,
         Some((pooler.weight(), pooler.bias().unwrap())),
         &mut rng,
-        &Device::Cpu,
+        device,
     )
     .unwrap();
     let model = Model::Bert(bert);
-    let labels = Tensor::new(&[0u32, 2], &Device::Cpu).unwrap();
+    let labels = Tensor::new(&[0u32, 2], device).unwrap();
     check(
         &model,
         &classifier,
         &layer_inputs,
         Some(&batch.attention_mask),
         &labels,
-    );
+    )
+}
+
+#[test]
+fn vit_phase2_from_cache_equals_the_full_forward() {
+    let device = test_device();
+    let ours = vit_step(&device);
+    if !device.is_cpu() {
+        assert_same_step(&ours, &vit_step(&Device::Cpu));
+    }
+}
+
+#[test]
+fn bert_phase2_from_cache_equals_the_full_forward() {
+    let device = test_device();
+    let ours = bert_step(&device);
+    if !device.is_cpu() {
+        assert_same_step(&ours, &bert_step(&Device::Cpu));
+    }
 }

@@ -27,7 +27,7 @@ struct Trained {
 /// 30 epochs of phase 2 on 16 noisy samples, with LocAteR's λ = `locater`.
 fn train_tiny_last_layer(locater: f64) -> Trained {
     let config: VitConfig = common::config("tiny_vit");
-    let vit = Vit::load(common::model_vb("tiny_vit"), &config).unwrap();
+    let vit = Vit::load(common::model_vb("tiny_vit", &Device::Cpu), &config).unwrap();
     let pixels = Tensor::randn(0f32, 1.0, (24, 3, 32, 32), &Device::Cpu).unwrap();
     let inputs = vit.last_layer_input(&pixels).unwrap();
     let model = Model::Vit(vit);

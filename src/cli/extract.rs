@@ -12,6 +12,7 @@ use crate::encoder::{
     cache::{Contents, FeatureCache, cache_root},
 };
 use crate::report;
+use crate::runtime::DeviceKind;
 
 #[derive(Args, Debug)]
 pub struct BackboneArgs {
@@ -30,6 +31,10 @@ pub struct BackboneArgs {
     /// Inputs per backbone batch
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub batch_size: usize,
+    /// Where the backbone computes (cuda needs a build with `--features cuda`); image resizing
+    /// and tokenization stay on the CPU. GPU features are cached apart from CPU ones
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
 }
 
 impl BackboneArgs {
@@ -37,12 +42,13 @@ impl BackboneArgs {
         if self.batch_size == 0 {
             anyhow::bail!("--batch-size must be at least 1, got 0");
         }
+        let device = self.device.device()?;
         let files = encoder::resolve(&self.backbone, self.models_dir.as_deref())?;
         let text = encoder::TextOptions {
             special_tokens: self.special_tokens,
             ..Default::default()
         };
-        encoder::Backbone::load(files, &candle_core::Device::Cpu, text)
+        encoder::Backbone::load(files, &device, text)
     }
 }
 
@@ -86,6 +92,9 @@ pub fn run(args: ExtractArgs) -> Result<()> {
         eprintln!("warning: {warning}");
     }
     let backbone = args.backbone.load()?;
+    if !backbone.device.is_cpu() {
+        eprintln!("note: --device cuda: image resizing and tokenization run on the host");
+    }
     let mut splits = Vec::new();
     if args.split != SplitChoice::Test {
         match &dataset.train {

@@ -231,7 +231,10 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
         rng: args.rng,
     };
     // A missing GPU or CUDA build is one line now, not a failure of every run.
-    options.device.device()?;
+    if !options.device.device()?.is_cpu() {
+        // Said once here: the runs of the grid report no progress of their own.
+        eprintln!("note: --device cuda: {}", crate::train::finetune::HOST_STEPS);
+    }
     let started = std::time::Instant::now();
     let outcome = {
         let bars = report::finetune::Bars::default();

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, DeviceLocation, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::backbone::{Backbone, Encoded};
@@ -85,6 +85,11 @@ struct ShardKey {
     release_index: Vec<usize>,
     /// `Inputs::sample_digest` of each sample, aligned with `release_index`.
     sample_digest: Vec<String>,
+    /// The device the backbone ran on when it is not the CPU ("cuda"): results differ between
+    /// devices in the last float bits, so a CPU run never reads a GPU's features or the reverse.
+    /// Absent for the CPU, whose shards keep the names they had before devices were told apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    device: Option<String>,
 }
 
 /// A shard's sidecar: its key and the checksums of its tensors: sha256 of each small tensor's
@@ -342,6 +347,11 @@ impl FeatureCache {
                 .iter()
                 .map(|&p| data.inputs.sample_digest(p))
                 .collect(),
+            device: match backbone.device.location() {
+                DeviceLocation::Cpu => None,
+                DeviceLocation::Cuda { .. } => Some("cuda".into()),
+                DeviceLocation::Metal { .. } => Some("metal".into()),
+            },
         }
     }
 }
@@ -856,4 +866,36 @@ fn write_shard(
     };
     crate::io::write_json(&dir.join(format!("{stem}.json")), &sidecar)?;
     Ok(sidecar)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CPU shard's key reads as before the device joined it (its file keeps its name); a GPU
+    /// shard's is another.
+    #[test]
+    fn the_device_enters_a_shard_key_only_off_the_cpu() {
+        let key = ShardKey {
+            version: FORMAT_VERSION,
+            backbone: "org/model".into(),
+            weights_sha256: "w".into(),
+            config_sha256: "c".into(),
+            preprocessing: "p".into(),
+            dataset: "trec".into(),
+            split: "test".into(),
+            contents: Contents::Cls,
+            release_index: vec![3],
+            sample_digest: vec!["d".into()],
+            device: None,
+        };
+        let json = serde_json::to_string(&key).unwrap();
+        assert!(!json.contains("device"), "{json}");
+        assert_eq!(serde_json::from_str::<ShardKey>(&json).unwrap(), key);
+        let on_gpu = ShardKey {
+            device: Some("cuda".into()),
+            ..key.clone()
+        };
+        assert_ne!(key.file_stem().unwrap(), on_gpu.file_stem().unwrap());
+    }
 }

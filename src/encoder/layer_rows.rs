@@ -55,7 +55,7 @@ pub struct LayerBatch {
 }
 
 impl LayerBatch {
-    /// The 0/1 padding mask (B, L) that HF's attention takes, u32.
+    /// The 0/1 padding mask (B, L) that HF's attention takes, u32, on the inputs' device.
     pub fn mask(&self) -> Result<Tensor> {
         let width = self.inputs.dim(1)?;
         let mask: Vec<u32> = self
@@ -66,7 +66,7 @@ impl LayerBatch {
         Ok(Tensor::from_vec(
             mask,
             (self.lengths.len(), width),
-            &Device::Cpu,
+            self.inputs.device(),
         )?)
     }
 }

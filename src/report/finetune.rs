@@ -38,6 +38,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Progress for Bars {
+    /// On stderr (notes come at set-up, before any bar is drawn).
+    fn note(&self, line: &str) {
+        eprintln!("note: {line}");
+    }
+
     fn stage(&self, what: &str, total: usize) {
         let mut bar = lock(&self.bar);
         if let Some(old) = bar.take() {

@@ -93,7 +93,12 @@ pub trait Progress: Sync {
     fn stage(&self, _what: &str, _total: usize) {}
     fn advance(&self, _by: usize) {}
     fn epoch(&self, _metrics: &EpochMetrics) {}
+    /// A remark about the run, made once (e.g. which steps stay on the host).
+    fn note(&self, _line: &str) {}
 }
+
+/// What a run off the CPU still computes on the host: small, or without a GPU kernel in candle.
+pub const HOST_STEPS: &str = "image resizing, tokenization, the query-key eigenspectrum (nalgebra), the rank-collapse residual and the attention statistics run on the host";
 
 impl Progress for () {}
 
@@ -101,6 +106,9 @@ impl Progress for () {}
 pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRun> {
     let started = Instant::now();
     let setup = setup(job)?;
+    if !setup.device.is_cpu() {
+        progress.note(&format!("--device {}: {HOST_STEPS}", device_name(&setup.device)));
+    }
     if let Some(out) = &job.out {
         write_config(out, &job.config)?;
     }
@@ -150,6 +158,14 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
         )?;
         summarize(job, setup, &prepared, phase1, log, started)
     })
+}
+
+fn device_name(device: &Device) -> &'static str {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu",
+        candle_core::DeviceLocation::Cuda { .. } => "cuda",
+        candle_core::DeviceLocation::Metal { .. } => "metal",
+    }
 }
 
 /// Writes the resolved configuration into the run folder (the first file a run leaves).
@@ -943,7 +959,7 @@ fn phase_two(
             // Rank collapse is read on the first test samples' full layer (every token's query).
             let probe_rows: Vec<usize> = (0..RANK_PROBE.min(test_rows.len())).collect();
             let probe = test_rows.batch(&probe_rows, device)?;
-            let probe_mask = text_mask(&setup.backbone.model, &probe, device)?;
+            let probe_mask = text_mask(&setup.backbone.model, &probe)?;
             let qk = QueryKey::reset(hidden, init_rng, device)?;
             let rank_probe = || layer.rank_collapse(&qk, &probe.inputs, probe_mask.as_ref());
             let resident = layer.resident(&train_rows, device)?;
@@ -1004,11 +1020,11 @@ fn layer_inputs(features: &Features) -> Result<&LayerRows> {
         .context("full features (the last layer's inputs) expected")
 }
 
-/// The padding mask of a text batch, on `device` (ViT attends to every token: none).
-fn text_mask(model: &Model, batch: &LayerBatch, device: &Device) -> Result<Option<Tensor>> {
+/// The padding mask of a text batch, on its device (ViT attends to every token: none).
+fn text_mask(model: &Model, batch: &LayerBatch) -> Result<Option<Tensor>> {
     Ok(match model {
         Model::Vit(_) => None,
-        Model::Bert(_) => Some(batch.mask()?.to_device(device)?),
+        Model::Bert(_) => Some(batch.mask()?),
     })
 }
 
@@ -1030,7 +1046,7 @@ fn final_tokens(
         let batch = inputs.batch(chunk, device)?;
         let finished = match model {
             Model::Vit(vit) => vit.finish(&batch.inputs)?,
-            Model::Bert(bert) => bert.finish(&batch.inputs, &batch.mask()?.to_device(device)?)?,
+            Model::Bert(bert) => bert.finish(&batch.inputs, &batch.mask()?)?,
         };
         out.push(&finished, &batch.lengths)?;
     }

@@ -1,11 +1,12 @@
-//! Helpers shared by the integration tests: the committed fixtures (tests/fixtures/), and the roots
-//! of real data and real checkpoints, which a test without them skips (`data_root`, `models_root`).
+//! Helpers shared by the integration tests: the committed fixtures (tests/fixtures/), the roots
+//! of real data and real checkpoints, which a test without them skips (`data_root`,
+//! `models_root`), and the device the device-parameterised tests run on (`test_device`).
 
 #![allow(dead_code)] // each test crate uses its own subset
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use benign_attention::encoder::bert::TextBatch;
 use candle_core::{DType, Device, Tensor};
@@ -105,20 +106,43 @@ pub fn data_and_models_roots(test: &str, folders: &[&str]) -> Option<(PathBuf, P
     Some((data?, models?))
 }
 
-pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+/// `cpu` (the default) or `cuda`: where the device-parameterised tests (encoder_parity,
+/// last_layer_equivalence, fused_attention) compute; they compare with the CPU or the HF reference.
+pub const TEST_DEVICE_ENV: &str = "BENIGN_TEST_DEVICE";
+
+/// The device of [`TEST_DEVICE_ENV`]: the CPU when unset, CUDA GPU 0 with `cuda` (which needs a
+/// build with `--features cuda` and a GPU).
+pub fn test_device() -> Device {
+    match std::env::var(TEST_DEVICE_ENV).unwrap_or_default().as_str() {
+        "" | "cpu" => Device::Cpu,
+        "cuda" if !cfg!(feature = "cuda") => panic!(
+            "{TEST_DEVICE_ENV}=cuda, but these tests were built without CUDA: run them with `cargo test --release --features cuda` (or scripts/build-cuda.sh and scripts/gpu-tests.sh)"
+        ),
+        "cuda" => Device::new_cuda(0)
+            .unwrap_or_else(|e| panic!("{TEST_DEVICE_ENV}=cuda: no usable GPU 0 ({e})")),
+        other => panic!("{TEST_DEVICE_ENV}={other}: expected cpu or cuda"),
+    }
 }
 
-/// Every tensor of a fixture safetensors file.
+/// tests/fixtures of the source tree: `CARGO_MANIFEST_DIR` as cargo sets it when it runs the
+/// tests, else where the tests were built (a test binary carried elsewhere, as
+/// scripts/gpu-tests.sh does, is run with the variable set to its checkout).
+pub fn fixtures() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("tests/fixtures")
+}
+
+/// Every tensor of a fixture safetensors file, on the CPU.
 pub fn load(name: &str) -> HashMap<String, Tensor> {
     candle_core::safetensors::load(fixtures().join(name), &Device::Cpu).unwrap()
 }
 
-/// The weights of a fixture model folder (`tiny_vit`, `tiny_bert`).
-pub fn model_vb(dir: &str) -> VarBuilder<'static> {
+/// The weights of a fixture model folder (`tiny_vit`, `tiny_bert`), on `device`.
+pub fn model_vb(dir: &str, device: &Device) -> VarBuilder<'static> {
     let path = fixtures().join(dir).join("model.safetensors");
     // SAFETY: committed fixtures are not modified while the tests run.
-    unsafe { VarBuilder::from_mmaped_safetensors(&[path], DType::F32, &Device::Cpu).unwrap() }
+    unsafe { VarBuilder::from_mmaped_safetensors(&[path], DType::F32, device).unwrap() }
 }
 
 /// The config.json of a fixture model folder.
@@ -129,9 +153,9 @@ pub fn config<T: serde::de::DeserializeOwned>(dir: &str) -> T {
     .unwrap()
 }
 
-/// The tiny BERT's input batch from its io fixture.
-pub fn bert_batch(io: &HashMap<String, Tensor>) -> TextBatch {
-    let u32s = |name: &str| io[name].to_dtype(DType::U32).unwrap();
+/// The tiny BERT's input batch from its io fixture, on `device`.
+pub fn bert_batch(io: &HashMap<String, Tensor>, device: &Device) -> TextBatch {
+    let u32s = |name: &str| io[name].to_dtype(DType::U32).unwrap().to_device(device).unwrap();
     TextBatch {
         input_ids: u32s("input_ids"),
         token_type_ids: u32s("token_type_ids"),
@@ -139,9 +163,15 @@ pub fn bert_batch(io: &HashMap<String, Tensor>) -> TextBatch {
     }
 }
 
+/// A copy on the CPU (what the reference tensors are on).
+pub fn on_cpu(t: &Tensor) -> Tensor {
+    t.to_device(&Device::Cpu).unwrap()
+}
+
 /// The largest absolute entry.
 pub fn max_abs(t: &Tensor) -> f32 {
-    t.abs()
+    on_cpu(t)
+        .abs()
         .unwrap()
         .flatten_all()
         .unwrap()
@@ -151,7 +181,8 @@ pub fn max_abs(t: &Tensor) -> f32 {
         .unwrap()
 }
 
+/// The largest absolute difference, on the CPU (`a` and `b` may be on different devices).
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
-    max_abs(&(a - b).unwrap())
+    max_abs(&(on_cpu(a) - on_cpu(b)).unwrap())
 }
