@@ -710,7 +710,8 @@ fn data_list_reports_completeness() {
 }
 
 /// `data verify` reports a file ok exactly when its checksums and size are the official ones
-/// (computed here), partial when it is shorter than the release, and exits 1 iff any file differs.
+/// (computed here), partial when it is shorter than the release, and exits 1 iff any file is
+/// missing or differs.
 #[test]
 fn data_verify_says_ok_iff_the_checksums_are_official() {
     let test = "data_real::data_verify_says_ok_iff_the_checksums_are_official";
@@ -733,6 +734,7 @@ fn data_verify_says_ok_iff_the_checksums_are_official() {
             let Ok(bytes) = std::fs::read(&path) else {
                 assert_eq!(line, "missing", "{shown}");
                 assert_eq!(status, FileStatus::Missing, "{shown}");
+                differ += 1;
                 continue;
             };
             let (md5, sha256, size) = (md5_hex(&bytes), sha256_hex(&bytes), bytes.len() as u64);
@@ -764,7 +766,8 @@ fn data_verify_says_ok_iff_the_checksums_are_official() {
     let expected_code = if differ > 0 { 1 } else { 0 };
     assert_eq!(out.status.code(), Some(expected_code), "{text}");
     if differ > 0 {
-        let summary = format!("{differ} file(s) differ from the official releases");
+        let summary =
+            format!("{differ} file(s) missing or differing from the official releases");
         assert!(text.lines().any(|l| l == summary), "{text}");
     }
 }
