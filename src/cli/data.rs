@@ -78,12 +78,14 @@ pub struct SplitArgs {
     pub out: Option<PathBuf>,
 }
 
-/// Manifest names from the command line, or all of them.
-fn manifest_names(requested: &[String]) -> Result<Vec<String>> {
-    if requested.is_empty() {
-        return Ok(data::catalog::manifest_names().map(String::from).collect());
-    }
-    requested
+/// The manifests named on the command line, or all of them, by name.
+fn manifests(requested: &[String]) -> Result<Vec<(String, data::catalog::Manifest)>> {
+    let names: Vec<String> = if requested.is_empty() {
+        data::catalog::manifest_names().map(String::from).collect()
+    } else {
+        requested.to_vec()
+    };
+    names
         .iter()
         .map(|name| {
             let id = if name == "cifar10n" {
@@ -95,7 +97,7 @@ fn manifest_names(requested: &[String]) -> Result<Vec<String>> {
                     .to_string()
             };
             match data::catalog::manifest(&id) {
-                Some(_) => Ok(id),
+                Some(manifest) => Ok((id, manifest)),
                 None => anyhow::bail!(
                     "{name}: no manifest in datasets/ (known: {})",
                     data::catalog::manifest_names()
@@ -132,8 +134,7 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
         DataCommand::Verify(args) => {
             let root = data::data_root(args.root.data_dir.as_deref());
             let mut failures = 0;
-            for name in manifest_names(&args.datasets)? {
-                let manifest = data::catalog::manifest(&name).expect("listed names have manifests");
+            for (name, manifest) in manifests(&args.datasets)? {
                 for (path, status) in data::catalog::verify(&manifest, &root)? {
                     let shown = path.strip_prefix(&root).unwrap_or(&path);
                     println!("{name}: {}: {status}", shown.display());
@@ -149,8 +150,7 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
         }
         DataCommand::Fetch(args) => {
             let root = data::data_root(args.root.data_dir.as_deref());
-            for name in manifest_names(&args.datasets)? {
-                let manifest = data::catalog::manifest(&name).expect("listed names have manifests");
+            for (name, manifest) in manifests(&args.datasets)? {
                 let report = data::fetch::fetch(&manifest, &root)?;
                 println!(
                     "{name}: {} downloaded, {} already present",

@@ -141,30 +141,6 @@ impl LayerRows {
         })
     }
 
-    /// The samples at `positions`, in that order.
-    pub fn select(&self, positions: &[usize]) -> Result<Self> {
-        if let Some(&bad) = positions.iter().find(|&&p| p >= self.len()) {
-            bail!("layer inputs: sample {bad} of {}", self.len());
-        }
-        let lengths = positions.iter().map(|&p| self.lengths[p]).collect();
-        let storage = match &self.storage {
-            Storage::Disk(samples) => {
-                Storage::Disk(positions.iter().map(|&p| samples[p].clone()).collect())
-            }
-            Storage::Memory { values, starts } => Storage::Memory {
-                values: Arc::clone(values),
-                starts: positions.iter().map(|&p| starts[p]).collect(),
-            },
-        };
-        Ok(Self {
-            lengths,
-            tokens: self.tokens,
-            dim: self.dim,
-            storage,
-            _spill: self._spill.clone(),
-        })
-    }
-
     pub fn len(&self) -> usize {
         self.lengths.len()
     }
