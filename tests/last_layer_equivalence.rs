@@ -56,7 +56,7 @@ fn check(
     let hidden = layer_inputs.dim(2).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let qk = QueryKey::reset(hidden, &mut rng, device).unwrap();
-    let layer = LastLayer::new(model, classifier);
+    let layer = LastLayer::new(model, classifier).unwrap();
 
     let full_logits = layer.full_forward_logits(&qk, layer_inputs, mask).unwrap();
     let full_loss = candle_nn::loss::cross_entropy(&full_logits, labels).unwrap();

@@ -33,7 +33,7 @@ fn train_tiny_last_layer(locater: f64) -> Trained {
     let model = Model::Vit(vit);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     let classifier = Classifier::new(config.hidden_size, 3, None, &mut rng, &Device::Cpu).unwrap();
-    let layer = LastLayer::new(&model, &classifier);
+    let layer = LastLayer::new(&model, &classifier).unwrap();
     let rows_of = |start: usize, len: usize| {
         let part = inputs.narrow(0, start, len).unwrap();
         LayerRows::from_padded(&part, vec![part.dim(1).unwrap(); len]).unwrap()

@@ -6,6 +6,7 @@ use candle_core::{DType, Result, Tensor};
 use candle_nn::{Activation, Embedding, LayerNorm, Linear, Module, VarBuilder};
 use serde::Deserialize;
 
+use super::dense::Dense;
 use super::layers::{Norm, SelfAttention, activate, additive_mask, first_token};
 
 /// The fields of HF's `BertConfig` the forward needs; missing keys take HF's defaults.
@@ -125,11 +126,11 @@ impl BertEmbeddings {
 pub struct BertLayer {
     pub attention: SelfAttention,
     /// `attention.output.dense`.
-    pub attention_output: Linear,
+    pub attention_output: Dense,
     /// `attention.output.LayerNorm`.
     pub attention_norm: Norm,
-    pub intermediate: Linear,
-    pub output: Linear,
+    pub intermediate: Dense,
+    pub output: Dense,
     /// `output.LayerNorm`.
     pub output_norm: Norm,
     pub activation: Activation,
@@ -145,20 +146,34 @@ impl BertLayer {
                 c.num_attention_heads,
                 true,
             )?,
-            attention_output: candle_nn::linear(
+            attention_output: Dense::Linear(candle_nn::linear(
                 c.hidden_size,
                 c.hidden_size,
                 vb.pp("attention.output.dense"),
-            )?,
+            )?),
             attention_norm: ln("attention.output.LayerNorm")?,
-            intermediate: candle_nn::linear(
+            intermediate: Dense::Linear(candle_nn::linear(
                 c.hidden_size,
                 c.intermediate_size,
                 vb.pp("intermediate.dense"),
-            )?,
-            output: candle_nn::linear(c.intermediate_size, c.hidden_size, vb.pp("output.dense"))?,
+            )?),
+            output: Dense::Linear(candle_nn::linear(
+                c.intermediate_size,
+                c.hidden_size,
+                vb.pp("output.dense"),
+            )?),
             output_norm: ln("output.LayerNorm")?,
             activation: c.hidden_act,
+        })
+    }
+
+    /// This block with its dense layers in phase 2's form ([`Dense::frozen`]).
+    pub fn frozen(&self) -> anyhow::Result<Self> {
+        Ok(Self {
+            attention_output: self.attention_output.frozen()?,
+            intermediate: self.intermediate.frozen()?,
+            output: self.output.frozen()?,
+            ..self.clone()
         })
     }
 

@@ -6,6 +6,7 @@
 pub mod backbone;
 pub mod bert;
 pub mod cache;
+pub mod dense;
 pub mod hub;
 pub mod layer_rows;
 pub mod layers;

@@ -4,10 +4,11 @@
 //! reachable.
 
 use candle_core::{Result, Tensor};
-use candle_nn::{Activation, Linear, Module, VarBuilder};
+use candle_nn::{Activation, Module, VarBuilder};
 use candle_transformers::models::vit as ct_vit;
 use serde::Deserialize;
 
+use super::dense::Dense;
 use super::layers::{Norm, SelfAttention, activate, first_token};
 
 /// The fields of HF's `ViTConfig` the forward needs; missing keys take HF's defaults.
@@ -113,10 +114,10 @@ pub struct VitLayer {
     pub layernorm_before: Norm,
     pub attention: SelfAttention,
     /// `attention.output.dense`.
-    pub attention_output: Linear,
+    pub attention_output: Dense,
     pub layernorm_after: Norm,
-    pub intermediate: Linear,
-    pub output: Linear,
+    pub intermediate: Dense,
+    pub output: Dense,
     pub activation: Activation,
 }
 
@@ -131,19 +132,33 @@ impl VitLayer {
                 c.num_attention_heads,
                 c.qkv_bias,
             )?,
-            attention_output: candle_nn::linear(
+            attention_output: Dense::Linear(candle_nn::linear(
                 c.hidden_size,
                 c.hidden_size,
                 vb.pp("attention.output.dense"),
-            )?,
+            )?),
             layernorm_after: ln("layernorm_after")?,
-            intermediate: candle_nn::linear(
+            intermediate: Dense::Linear(candle_nn::linear(
                 c.hidden_size,
                 c.intermediate_size,
                 vb.pp("intermediate.dense"),
-            )?,
-            output: candle_nn::linear(c.intermediate_size, c.hidden_size, vb.pp("output.dense"))?,
+            )?),
+            output: Dense::Linear(candle_nn::linear(
+                c.intermediate_size,
+                c.hidden_size,
+                vb.pp("output.dense"),
+            )?),
             activation: c.hidden_act,
+        })
+    }
+
+    /// This block with its dense layers in phase 2's form ([`Dense::frozen`]).
+    pub fn frozen(&self) -> anyhow::Result<Self> {
+        Ok(Self {
+            attention_output: self.attention_output.frozen()?,
+            intermediate: self.intermediate.frozen()?,
+            output: self.output.frozen()?,
+            ..self.clone()
         })
     }
 

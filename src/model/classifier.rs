@@ -3,8 +3,12 @@
 //! or the classifier alone when the checkpoint has no pooler. Initialised as HF does: weights
 //! N(0, 0.02²), biases 0.
 
+use std::sync::Arc;
+
 use anyhow::Result;
 use candle_core::{Device, Tensor, Var};
+
+use crate::encoder::dense::FrozenLinear;
 use rand::RngExt;
 use rand_distr::Normal;
 
@@ -57,6 +61,19 @@ impl Classifier {
             .broadcast_add(&self.bias)?)
     }
 
+    /// The classifier as phase 2 reads it: its parameters at this moment, frozen, differentiated
+    /// with respect to the features only.
+    pub fn frozen(&self) -> Result<FrozenClassifier> {
+        let dense = |w: &Var, b: &Var| -> Result<Arc<FrozenLinear>> {
+            let linear = candle_nn::Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone()));
+            Ok(Arc::new(FrozenLinear::new(&linear, 1)?))
+        };
+        Ok(FrozenClassifier {
+            pooler: self.pooler.as_ref().map(|(w, b)| dense(w, b)).transpose()?,
+            classifier: dense(&self.weight, &self.bias)?,
+        })
+    }
+
     pub fn named(&self) -> Vec<(String, Var)> {
         let mut params = Vec::new();
         if let Some((w, b)) = &self.pooler {
@@ -66,5 +83,22 @@ impl Classifier {
         params.push(("classifier.weight".into(), self.weight.clone()));
         params.push(("classifier.bias".into(), self.bias.clone()));
         params
+    }
+}
+
+/// A [`Classifier`] frozen for phase 2 (the same function).
+pub struct FrozenClassifier {
+    pooler: Option<Arc<FrozenLinear>>,
+    classifier: Arc<FrozenLinear>,
+}
+
+impl FrozenClassifier {
+    /// Logits (B, C) from features (B, D).
+    pub fn forward(&self, features: &Tensor) -> Result<Tensor> {
+        let features = match &self.pooler {
+            Some(pooler) => pooler.forward(features)?.tanh()?,
+            None => features.clone(),
+        };
+        Ok(self.classifier.forward(&features)?)
     }
 }

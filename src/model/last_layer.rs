@@ -21,10 +21,13 @@ use candle_nn::Module;
 use rand::RngExt;
 
 use super::attend::KeyValues;
-use super::classifier::Classifier;
+use super::classifier::{Classifier, FrozenClassifier};
 use crate::encoder::Model;
 use crate::encoder::layer_rows::LayerRows;
-use crate::encoder::layers::{SelfAttention, first_token};
+use crate::encoder::bert::BertLayer;
+use crate::encoder::dense::FrozenLinear;
+use crate::encoder::layers::{Norm, SelfAttention, first_token};
+use crate::encoder::vit::VitLayer;
 
 /// The trainable query and key of the last layer.
 pub struct QueryKey {
@@ -104,11 +107,38 @@ pub struct Output {
 pub struct LastLayer<'a> {
     model: &'a Model,
     classifier: &'a Classifier,
+    /// The frozen parts a step differentiates through, in phase 2's form
+    /// (`encoder::dense`): the value projection per head, the rest of the layer and the
+    /// classifier.
+    value: Arc<FrozenLinear>,
+    rest: Rest,
+    readout: FrozenClassifier,
+}
+
+/// The last layer after its attention, and for ViT the final LayerNorm.
+enum Rest {
+    Vit(VitLayer, Norm),
+    Bert(BertLayer),
 }
 
 impl<'a> LastLayer<'a> {
-    pub fn new(model: &'a Model, classifier: &'a Classifier) -> Self {
-        Self { model, classifier }
+    /// Phase 2 on `model`'s last layer read out through `classifier`, both frozen as they are now.
+    pub fn new(model: &'a Model, classifier: &'a Classifier) -> Result<Self> {
+        let rest = match model {
+            Model::Vit(v) => Rest::Vit(v.last_layer().frozen()?, v.layernorm.clone()),
+            Model::Bert(b) => Rest::Bert(b.last_layer().frozen()?),
+        };
+        let attention = match model {
+            Model::Vit(v) => &v.last_layer().attention,
+            Model::Bert(b) => &b.last_layer().attention,
+        };
+        Ok(Self {
+            model,
+            classifier,
+            value: Arc::new(FrozenLinear::new(&attention.value, attention.num_heads)?),
+            rest,
+            readout: classifier.frozen()?,
+        })
     }
 
     fn attention(&self) -> &SelfAttention {
@@ -122,13 +152,13 @@ impl<'a> LastLayer<'a> {
     /// of the CLS query, (B, D).
     fn head(&self, x0: &Tensor, context: &Tensor) -> Result<Tensor> {
         let (x0, context) = (x0.unsqueeze(1)?, context.unsqueeze(1)?);
-        let out0 = match self.model {
-            Model::Vit(v) => v
-                .layernorm
-                .forward(&v.last_layer().after_attention(&x0, &context)?)?,
-            Model::Bert(b) => b.last_layer().after_attention(&x0, &context)?,
+        let out0 = match &self.rest {
+            Rest::Vit(layer, layernorm) => {
+                layernorm.forward(&layer.after_attention(&x0, &context)?)?
+            }
+            Rest::Bert(layer) => layer.after_attention(&x0, &context)?,
         };
-        self.classifier.forward(&out0.squeeze(1)?)
+        self.readout.forward(&out0.squeeze(1)?)
     }
 
     /// What the attention reads: LN(X) for ViT (pre-LN), X for BERT.
@@ -236,23 +266,8 @@ impl<'a> LastLayer<'a> {
             .broadcast_mul(&qk.bk.reshape((1, h, dh))?)?
             .sum(D::Minus1)?; // (B, H)
         let attended = tokens.attend(&r, &key_bias, rows)?;
-        // context_h = pooled_h W_Vₕᵀ + b_Vₕ: (H, B, D) × (H, D, d_h) → (B, H, d_h).
-        let wv = attention
-            .value
-            .weight()
-            .reshape((h, dh, d))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let mut context = attended
-            .pooled
-            .transpose(0, 1)?
-            .contiguous()?
-            .matmul(&wv)?
-            .transpose(0, 1)?
-            .reshape((b, h * dh))?;
-        if let Some(bias) = attention.value.bias() {
-            context = context.broadcast_add(bias)?;
-        }
+        // context_h = pooled_h W_Vₕᵀ + b_Vₕ: (B, H, D) → (B, H·d_h), head h by its rows of W_V.
+        let context = self.value.forward(&attended.pooled)?;
         Ok(Output {
             logits: self.head(x0, &context)?,
             cls_attention: attended.probs,

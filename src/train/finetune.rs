@@ -955,7 +955,7 @@ fn phase_two(
     drop(features);
     match job.config.mode {
         Mode::LastLayer => {
-            let layer = LastLayer::new(&setup.backbone.model, &phase1.classifier);
+            let layer = LastLayer::new(&setup.backbone.model, &phase1.classifier)?;
             // Rank collapse is read on the first test samples' full layer (every token's query).
             let probe_rows: Vec<usize> = (0..RANK_PROBE.min(test_rows.len())).collect();
             let probe = test_rows.batch(&probe_rows, device)?;

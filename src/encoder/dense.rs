@@ -1,0 +1,297 @@
+//! Dense layers of the frozen backbone, in two forms: candle's `Linear` (extraction: large
+//! B·T-row products, threaded, no backward) and [`FrozenLinear`] (phase 2: a few CLS rows per
+//! step, differentiated with respect to the input only).
+//!
+//! Phase 2 backpropagates through the last layer's value, output and MLP projections and the
+//! classifier, all frozen. candle's matmul backward also computes the gradient of the weight
+//! operand, with a zeroed buffer and an add for it, and gemm re-packs a row-major weight on every
+//! small product; measured on a TREC run these were over half of a phase-2 step. The frozen form
+//! keeps the weight in both layouts, (out, in) for the backward and (in, out) for the forward,
+//! each of which gemm reads in place, and its custom op returns the input's gradient alone.
+
+use std::sync::Arc;
+
+use anyhow::{Result, ensure};
+use candle_core::{CpuStorage, CustomOp1, Layout, Module, Shape, Tensor};
+use candle_nn::Linear;
+
+use super::layers::gemm_into as matmul;
+
+/// One of the backbone's dense layers.
+#[derive(Clone, Debug)]
+pub enum Dense {
+    Linear(Linear),
+    Frozen(Arc<FrozenLinear>),
+}
+
+impl Module for Dense {
+    fn forward(&self, xs: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Linear(l) => l.forward(xs),
+            Self::Frozen(f) => f.forward(xs),
+        }
+    }
+}
+
+impl Dense {
+    pub fn weight(&self) -> &Tensor {
+        match self {
+            Self::Linear(l) => l.weight(),
+            Self::Frozen(f) => f.linear.weight(),
+        }
+    }
+
+    pub fn bias(&self) -> Option<&Tensor> {
+        match self {
+            Self::Linear(l) => l.bias(),
+            Self::Frozen(f) => f.linear.bias(),
+        }
+    }
+
+    /// The phase-2 form of this layer.
+    pub fn frozen(&self) -> Result<Self> {
+        Ok(match self {
+            Self::Linear(l) => Self::Frozen(Arc::new(FrozenLinear::new(l, 1)?)),
+            Self::Frozen(f) => Self::Frozen(Arc::clone(f)),
+        })
+    }
+}
+
+/// y = x Wᵀ + b with W constant, over rows of x; with `groups` G > 1 the input is (…, G, in)
+/// and group g meets output rows g·out/G..(g+1)·out/G of W alone (the per-head value projection
+/// of pooled tokens).
+#[derive(Debug)]
+pub struct FrozenLinear {
+    /// (out, in) row-major, read by the backward: ∂L/∂x = ∂L/∂y W.
+    weight: Vec<f32>,
+    /// (in, out) row-major, read by the forward.
+    weight_t: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    in_dim: usize,
+    out_dim: usize,
+    groups: usize,
+    /// The layer as candle holds it: the route on devices other than the CPU.
+    linear: Linear,
+}
+
+impl FrozenLinear {
+    pub fn new(linear: &Linear, groups: usize) -> Result<Self> {
+        let (out_dim, in_dim) = linear.weight().dims2()?;
+        ensure!(
+            groups >= 1 && out_dim % groups == 0,
+            "a dense layer of {out_dim} outputs does not split into {groups} groups"
+        );
+        let weight: Vec<f32> = linear.weight().flatten_all()?.to_vec1()?;
+        let weight_t: Vec<f32> = linear.weight().t()?.flatten_all()?.to_vec1()?;
+        let bias = linear.bias().map(|b| b.to_vec1::<f32>()).transpose()?;
+        Ok(Self {
+            weight,
+            weight_t,
+            bias,
+            in_dim,
+            out_dim,
+            groups,
+            linear: linear.clone(),
+        })
+    }
+
+    /// (…, in) → (…, out); with groups, (…, G, in) → (…, out).
+    pub fn forward(self: &Arc<Self>, xs: &Tensor) -> candle_core::Result<Tensor> {
+        let dims = xs.dims();
+        let grouped_dims = if self.groups > 1 { 2 } else { 1 };
+        if dims.len() < grouped_dims
+            || dims[dims.len() - 1] != self.in_dim
+            || (self.groups > 1 && dims[dims.len() - 2] != self.groups)
+        {
+            candle_core::bail!(
+                "frozen dense layer ({} groups of {} → {}): input {dims:?}",
+                self.groups,
+                self.in_dim,
+                self.out_dim
+            )
+        }
+        let mut out_dims = dims[..dims.len() - grouped_dims].to_vec();
+        out_dims.push(self.out_dim);
+        if !xs.device().is_cpu() {
+            return self.generic(xs, &out_dims);
+        }
+        let rows: usize = dims[..dims.len() - grouped_dims].iter().product();
+        xs.contiguous()?
+            .reshape((rows, self.groups * self.in_dim))?
+            .apply_op1(FrozenProduct(Arc::clone(self)))?
+            .reshape(out_dims)
+    }
+
+    /// The same function from candle's ops (any device).
+    fn generic(&self, xs: &Tensor, out_dims: &[usize]) -> candle_core::Result<Tensor> {
+        if self.groups == 1 {
+            return self.linear.forward(xs);
+        }
+        let (g, o, i) = (self.groups, self.out_dim / self.groups, self.in_dim);
+        let rows: usize = out_dims[..out_dims.len() - 1].iter().product();
+        // (G, rows, in) × (G, in, out/G) → (rows, G, out/G).
+        let w = self.linear.weight().reshape((g, o, i))?.transpose(1, 2)?;
+        let mut ys = xs
+            .reshape((rows, g, i))?
+            .transpose(0, 1)?
+            .contiguous()?
+            .matmul(&w.contiguous()?)?
+            .transpose(0, 1)?
+            .reshape((rows, g * o))?;
+        if let Some(b) = self.linear.bias() {
+            ys = ys.broadcast_add(b)?;
+        }
+        ys.reshape(out_dims)
+    }
+}
+
+fn contiguous_f32<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(data) = storage else {
+        candle_core::bail!("frozen dense layer: f32 only")
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("frozen dense layer: contiguous input only")
+    };
+    Ok(&data[start..end])
+}
+
+/// The product of a [`FrozenLinear`] as candle's custom op.
+struct FrozenProduct(Arc<FrozenLinear>);
+
+impl CustomOp1 for FrozenProduct {
+    fn name(&self) -> &'static str {
+        "frozen-linear"
+    }
+
+    /// x (rows, G·in) → y (rows, out).
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(storage, layout)?;
+        let layer = &self.0;
+        let (g, i, out) = (layer.groups, layer.in_dim, layer.out_dim);
+        let o = out / g;
+        let rows = x.len() / (g * i);
+        let mut y = vec![0f32; rows * out];
+        if rows > 0 {
+            for group in 0..g {
+                // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · Wᵀ[:, group].
+                matmul(
+                    (rows, o, i),
+                    (&mut y[group * o..], out),
+                    (&x[group * i..], (g * i) as isize, 1),
+                    (&layer.weight_t[group * o..], out as isize, 1),
+                );
+            }
+        }
+        if let Some(bias) = &layer.bias {
+            for row in y.chunks_exact_mut(out) {
+                row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+            }
+        }
+        Ok((CpuStorage::F32(y), Shape::from((rows, out))))
+    }
+
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let grad = grad_res.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let layer = &self.0;
+        let (g, i, out) = (layer.groups, layer.in_dim, layer.out_dim);
+        let o = out / g;
+        let rows = grad.len() / out;
+        let mut grad_x = vec![0f32; rows * g * i];
+        if rows > 0 {
+            for group in 0..g {
+                // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
+                matmul(
+                    (rows, i, o),
+                    (&mut grad_x[group * i..], g * i),
+                    (&grad[group * o..], out as isize, 1),
+                    (&layer.weight[group * o * i..], i as isize, 1),
+                );
+            }
+        }
+        Ok(Some(Tensor::from_vec(grad_x, arg.shape(), arg.device())?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn random(shape: &[usize], seed: u64) -> Tensor {
+        use rand::SeedableRng;
+        use rand_distr::{Distribution, Normal};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let len = shape.iter().product();
+        let values: Vec<f32> = (0..len)
+            .map(|_| Normal::new(0.0f32, 1.0).unwrap().sample(&mut rng))
+            .collect();
+        Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+    }
+
+    fn linear(out: usize, inp: usize) -> Linear {
+        Linear::new(random(&[out, inp], 1), Some(random(&[out], 2)))
+    }
+
+    fn close(a: &Tensor, b: &Tensor) {
+        let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+        let diff = diff.to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-4, "max difference {diff}");
+    }
+
+    /// The frozen form computes candle's `Linear` and its input gradient, on (B, 1, D) rows as
+    /// the last layer feeds it.
+    #[test]
+    fn matches_linear_and_its_input_gradient() {
+        let dense = Dense::Linear(linear(48, 32));
+        let frozen = dense.frozen().unwrap();
+        let x = Var::from_tensor(&random(&[5, 1, 32], 3)).unwrap();
+        let weights = random(&[5, 1, 48], 4);
+        let grad = |layer: &Dense| {
+            let y = layer.forward(x.as_tensor()).unwrap();
+            let loss = (&y * &weights).unwrap().sum_all().unwrap();
+            let grads = loss.backward().unwrap();
+            (y, grads.get(x.as_tensor()).unwrap().clone())
+        };
+        let (y_ref, g_ref) = grad(&dense);
+        let (y, g) = grad(&frozen);
+        assert_eq!(y.dims(), [5, 1, 48]);
+        close(&y, &y_ref);
+        close(&g, &g_ref);
+    }
+
+    /// With groups, group g meets its own block of output rows: the per-head value projection.
+    #[test]
+    fn groups_project_each_head_by_its_block() {
+        let (heads, dh, d) = (3, 4, 6);
+        let layer = Arc::new(FrozenLinear::new(&linear(heads * dh, d), heads).unwrap());
+        let x = Var::from_tensor(&random(&[2, heads, d], 5)).unwrap();
+        let weights = random(&[2, heads * dh], 6);
+        let run = |forward: &dyn Fn(&Tensor) -> Tensor| {
+            let y = forward(x.as_tensor());
+            let grads = (&y * &weights).unwrap().sum_all().unwrap().backward().unwrap();
+            (y, grads.get(x.as_tensor()).unwrap().clone())
+        };
+        let (y, g) = run(&|x| layer.forward(x).unwrap());
+        let (y_ref, g_ref) = run(&|x| layer.generic(x, &[2, heads * dh]).unwrap());
+        close(&y, &y_ref);
+        close(&g, &g_ref);
+        // Head 1's output block depends on head 1's input alone.
+        let block = y.narrow(1, dh, dh).unwrap();
+        let by_hand = x
+            .as_tensor()
+            .narrow(1, 1, 1)
+            .unwrap()
+            .squeeze(1)
+            .unwrap()
+            .matmul(&layer.linear.weight().narrow(0, dh, dh).unwrap().t().unwrap())
+            .unwrap()
+            .broadcast_add(&layer.linear.bias().unwrap().narrow(0, dh, dh).unwrap())
+            .unwrap();
+        close(&block, &by_hand);
+    }
+}
