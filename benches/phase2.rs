@@ -61,7 +61,7 @@ fn main() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let hidden = backbone.hidden_size();
     let classifier = Classifier::new(hidden, 10, None, &mut rng, &device).unwrap();
-    let layer = LastLayer::new(&backbone.model, &classifier)?;
+    let layer = LastLayer::new(&backbone.model, &classifier).unwrap();
     let labels: Vec<u32> = (0..N).map(|i| (i % 10) as u32).collect();
     let noisy_mask: Vec<bool> = (0..N).map(|i| i % 5 == 0).collect();
     let steps = N.div_ceil(BATCH);

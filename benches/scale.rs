@@ -258,7 +258,7 @@ fn phase2_child(size: Size, dir: &Path) {
         Model::Vit(_) => None,
     };
     let classifier = Classifier::new(768, classes, pooler, &mut rng, &device).unwrap();
-    let layer = LastLayer::new(&backbone.model, &classifier)?;
+    let layer = LastLayer::new(&backbone.model, &classifier).unwrap();
     let qk = QueryKey::reset(768, &mut rng, &device).unwrap();
     let forward = |set: Set, rows: &[usize]| {
         let source = if set == Set::Finetune {
@@ -325,7 +325,7 @@ fn baseline_step(dir: &Path) -> f64 {
     let backbone = load(&dir.join("model"));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let classifier = Classifier::new(768, 4, None, &mut rng, &device).unwrap();
-    let layer = LastLayer::new(&backbone.model, &classifier)?;
+    let layer = LastLayer::new(&backbone.model, &classifier).unwrap();
     let qk = QueryKey::reset(768, &mut rng, &device).unwrap();
     let mut opt = AdamW::new(qk.named(), OptimizerConfig::default(), 100).unwrap();
     let targets = Tensor::from_vec(
