@@ -10,7 +10,7 @@ use crate::data::DatasetName;
 use crate::data::noise::NoiseModel;
 use crate::report;
 use crate::rng::RngChoice;
-use crate::train::finetune::{FinetuneJob, Mode, RunConfig};
+use crate::train::finetune::{FinetuneJob, HeadClassifier, Mode, RunConfig};
 
 #[derive(Args, Debug)]
 pub struct FinetuneArgs {
@@ -46,6 +46,11 @@ pub struct FinetuneArgs {
     /// `last-layer`: the paper (query/key of the last layer); `head`: the card's token-selection head
     #[arg(long, value_enum, default_value_t = Mode::LastLayer)]
     pub mode: Mode,
+    /// Head mode: what the phase-1 classifier is trained on: `mean` (mean-pooled final tokens),
+    /// `cls` (the CLS / position-0 token) or `tokens` (every token, labelled with its sample's
+    /// label) [default: see README's head-mode table]
+    #[arg(long, value_enum)]
+    pub head_classifier: Option<HeadClassifier>,
     /// symmetric, pair, or cifar10n:aggre|random1|random2|random3|worse
     #[arg(long, default_value = "symmetric")]
     pub noise: NoiseModel,
@@ -95,6 +100,7 @@ impl FinetuneArgs {
         let paper = RunConfig::paper(&self.dataset)?;
         let config = RunConfig {
             mode: self.mode,
+            head_classifier: HeadClassifier::for_mode(self.mode, self.head_classifier),
             noise: self.noise,
             eta: self.eta,
             n: self.n.unwrap_or(paper.n),

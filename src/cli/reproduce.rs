@@ -11,7 +11,7 @@ use crate::data::DatasetName;
 use crate::report;
 use crate::reproduce as library;
 use crate::rng::RngChoice;
-use crate::train::finetune::Mode;
+use crate::train::finetune::{HeadClassifier, Mode};
 
 #[derive(Subcommand, Debug)]
 pub enum ReproduceCommand {
@@ -47,6 +47,9 @@ pub struct GridArgs {
     /// What phase 2 trains (see finetune --mode)
     #[arg(long, value_enum, default_value_t = Mode::LastLayer)]
     pub mode: Mode,
+    /// Head mode: what the phase-1 classifier is trained on (see finetune --head-classifier)
+    #[arg(long, value_enum)]
+    pub head_classifier: Option<HeadClassifier>,
     /// Whose random draws pick each run's split, label noise and batch orders (see finetune --rng)
     #[arg(long, value_enum, default_value_t = RngChoice::Own)]
     pub rng: RngChoice,
@@ -85,6 +88,9 @@ impl GridArgs {
         }
         flags.extend(["--budget".into(), value(&self.budget)]);
         flags.extend(["--mode".into(), value(&self.mode)]);
+        if let Some(h) = &self.head_classifier {
+            flags.extend(["--head-classifier".into(), value(h)]);
+        }
         flags.extend(["--rng".into(), value(&self.rng)]);
         if let Some(j) = self.jobs {
             flags.extend(["--jobs".into(), j.to_string()]);
@@ -137,15 +143,18 @@ fn experiment_name(e: library::Experiment) -> &'static str {
 }
 
 fn grid_of(experiment: library::Experiment, args: &GridArgs) -> Result<library::Grid> {
-    library::Grid::new(
-        experiment,
-        args.datasets.clone(),
-        args.seeds.clone(),
-        args.ns.clone(),
-        args.etas.clone(),
-        args.budget,
-        args.mode,
-    )
+    Ok(library::Grid {
+        head_classifier: HeadClassifier::for_mode(args.mode, args.head_classifier),
+        ..library::Grid::new(
+            experiment,
+            args.datasets.clone(),
+            args.seeds.clone(),
+            args.ns.clone(),
+            args.etas.clone(),
+            args.budget,
+            args.mode,
+        )?
+    })
 }
 
 pub fn run(command: ReproduceCommand) -> Result<ExitCode> {

@@ -32,7 +32,7 @@ impl ResultRow {
     }
 
     pub fn mode(&self) -> String {
-        self.config.mode.name().to_string()
+        self.config.mode_label()
     }
 
     /// The quantities the table aggregates, by name.

@@ -19,7 +19,7 @@ use crate::report::results::{RUNS, collect};
 use crate::rng::RngChoice;
 use crate::runtime::DeviceKind;
 use crate::train::finetune::{
-    FinetuneJob, Mode, Places, Progress, RunConfig, RunFolder, finetune, prefetch,
+    FinetuneJob, HeadClassifier, Mode, Places, Progress, RunConfig, RunFolder, finetune, prefetch,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -72,6 +72,8 @@ pub struct Grid {
     pub etas: Vec<f64>,
     pub budget: Budget,
     pub mode: Mode,
+    /// Head mode's phase-1 classifier (`HeadClassifier::for_mode`); `None` in last-layer mode.
+    pub head_classifier: Option<HeadClassifier>,
 }
 
 impl Grid {
@@ -111,6 +113,7 @@ impl Grid {
             etas: distinct(etas.unwrap_or(default_etas)),
             budget,
             mode,
+            head_classifier: HeadClassifier::for_mode(mode, None),
         };
         if grid.datasets.is_empty()
             || grid.seeds.is_empty()
@@ -222,6 +225,7 @@ impl DriverOptions {
         let quick = grid.budget == Budget::Quick;
         Ok(RunConfig {
             mode: grid.mode,
+            head_classifier: grid.head_classifier,
             eta: job.eta,
             seed: job.seed,
             n: job.n,

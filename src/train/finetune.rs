@@ -18,9 +18,10 @@ use super::metrics::evaluate;
 use super::optim::AdamW;
 use super::phases::{
     EpochMetrics, Forward, Penalty, Phase2Data, Set, steps_per_epoch, train_classifier,
+    train_classifier_on_tokens,
     train_phase2,
 };
-pub use super::run::{FinetuneJob, Mode, Places, RunConfig, RunFolder};
+pub use super::run::{FinetuneJob, HeadClassifier, Mode, Places, RunConfig, RunFolder};
 use crate::data::catalog::{Completeness, Modality};
 use crate::data::prepare::{NoiseSpec, PreparedData, prepare};
 use crate::data::split::{SplitPlan, TrainSource};
@@ -426,7 +427,7 @@ fn run_features(
             "pretrain features",
             source,
             &prepared.partition.pretrain,
-            Contents::Cls,
+            pretrain_contents(&job.config),
         )?,
         finetune: get(
             "fine-tune features",
@@ -441,6 +442,15 @@ fn run_features(
             Contents::Full,
         )?,
     })
+}
+
+/// What phase 1 reads of the pretrain set: the CLS and mean features, or for head mode's
+/// `tokens` classifier every token, from the last layer's inputs.
+fn pretrain_contents(config: &RunConfig) -> Contents {
+    match config.head_classifier {
+        Some(HeadClassifier::Tokens) => Contents::Full,
+        _ => Contents::Cls,
+    }
 }
 
 /// Fills the feature cache for every run of `jobs` (any datasets) at once, so that each sample
@@ -482,7 +492,7 @@ pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
                 .or_default()
                 .extend(&partition.test);
             wanted
-                .entry((source, Contents::Cls))
+                .entry((source, pretrain_contents(&job.config)))
                 .or_default()
                 .extend(&partition.pretrain);
         }
@@ -648,6 +658,74 @@ fn phase1_lock(file: &Path) -> Arc<Mutex<()>> {
     Arc::clone(locks.entry(file.to_path_buf()).or_default())
 }
 
+/// What the phase-1 classifier trains on, and the test features its baseline is scored on.
+enum Phase1Input<'a> {
+    /// One feature per sample (N, D).
+    Features { pretrain: &'a Tensor, test: &'a Tensor },
+    /// Every final token of the pretrain samples, from their last-layer inputs (head mode's
+    /// `tokens`); the baseline scores the mean-pooled test tokens, which for a linear classifier
+    /// is the mean of its per-token logits, and what the head selects right after its reset.
+    Tokens {
+        layer_inputs: &'a LayerRows,
+        test: &'a Tensor,
+    },
+}
+
+impl<'a> Phase1Input<'a> {
+    fn of(config: &RunConfig, features: &'a RunFeatures) -> Result<Self> {
+        let (pretrain, test) = (&features.pretrain, &features.test);
+        Ok(match (config.mode, config.head_classifier) {
+            (Mode::LastLayer, _) | (Mode::Head, Some(HeadClassifier::Cls)) => Self::Features {
+                pretrain: &pretrain.cls,
+                test: &test.cls,
+            },
+            (Mode::Head, Some(HeadClassifier::Tokens)) => Self::Tokens {
+                layer_inputs: layer_inputs(pretrain)?,
+                test: &test.mean,
+            },
+            (Mode::Head, Some(HeadClassifier::Mean) | None) => Self::Features {
+                pretrain: &pretrain.mean,
+                test: &test.mean,
+            },
+        })
+    }
+
+    fn test(&self) -> &'a Tensor {
+        match self {
+            Self::Features { test, .. } | Self::Tokens { test, .. } => test,
+        }
+    }
+
+    /// What phase 1's result depends on beyond the configuration, labels and backbone.
+    fn sha256(&self) -> Result<String> {
+        match self {
+            Self::Features { pretrain, test } => tensors_sha256(&[pretrain, test]),
+            Self::Tokens { layer_inputs, test } => Ok(crate::io::json_digest(&(
+                layer_rows_sha256(layer_inputs)?,
+                tensors_sha256(&[test])?,
+            ))?),
+        }
+    }
+}
+
+/// sha256 over every sample's rows and length, read 64 samples at a time.
+fn layer_rows_sha256(rows: &LayerRows) -> Result<String> {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    let all: Vec<usize> = (0..rows.len()).collect();
+    for chunk in all.chunks(64) {
+        let batch = rows.batch(chunk, &Device::Cpu)?;
+        let values: Vec<Vec<Vec<f32>>> = batch.inputs.to_vec3()?;
+        for (sample, &len) in values.iter().zip(&batch.lengths) {
+            hasher.update((len as u64).to_le_bytes());
+            for v in sample.iter().take(len).flatten() {
+                hasher.update(v.to_le_bytes());
+            }
+        }
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Phase 1: the classifier on clean features, from the checkpoint, the shared phase-1 cache, or
 /// trained here.
 fn phase_one(
@@ -675,10 +753,7 @@ fn phase_one(
         _ => None,
     };
     let classifier = Classifier::new(hidden, classes, pooler, init_rng, device)?;
-    let (pretrain_x, test_x) = match config.mode {
-        Mode::Head => (&features.pretrain.mean, &features.test.mean),
-        Mode::LastLayer => (&features.pretrain.cls, &features.test.cls),
-    };
+    let input = Phase1Input::of(config, features)?;
     if let Some(saved) = resumed {
         checkpoint::restore_params("classifier", &classifier.named(), &saved.tensors)?;
         return Ok(PhaseOne {
@@ -703,7 +778,7 @@ fn phase_one(
         pretrain: release_indices(source, &prepared.partition.pretrain),
         test: release_indices(&setup.dataset.test, &prepared.partition.test),
         labels_sha256: crate::io::json_digest(&labels)?,
-        features_sha256: tensors_sha256(&[pretrain_x, test_x])?,
+        features_sha256: input.sha256()?,
     };
     // Phase 1 depends on the pretrain set, not on n or η (the split keeps it fixed across n):
     // runs of a grid share it through the cache, computed once.
@@ -725,24 +800,49 @@ fn phase_one(
     }
     let mut losses = Vec::new();
     progress.stage("phase 1 epochs", config.pretrain_epochs);
-    train_classifier(
-        &classifier,
-        &pretrain_x.to_device(device)?,
-        &prepared.pretrain.labels,
-        config.pretrain_epochs,
-        config.batch_size,
-        &config.optimizer,
-        Shuffle {
-            rng: config.rng,
-            seed: config.seed,
-        },
-        &mut |_, loss| {
-            losses.push(loss);
-            progress.advance(1);
-        },
-    )?;
+    let shuffle = Shuffle {
+        rng: config.rng,
+        seed: config.seed,
+    };
+    let mut on_epoch = |_, loss| {
+        losses.push(loss);
+        progress.advance(1);
+    };
+    let labels = &prepared.pretrain.labels;
+    let (epochs, batch) = (config.pretrain_epochs, config.batch_size);
+    match &input {
+        Phase1Input::Features { pretrain, .. } => train_classifier(
+            &classifier,
+            &pretrain.to_device(device)?,
+            labels,
+            epochs,
+            batch,
+            &config.optimizer,
+            shuffle,
+            &mut on_epoch,
+        )?,
+        Phase1Input::Tokens { layer_inputs, .. } => {
+            // The final tokens once, spilled beside the cache; every epoch reads them back.
+            let tokens = final_tokens(
+                &setup.backbone.model,
+                layer_inputs,
+                device,
+                Some(setup.cache.root()),
+            )?;
+            train_classifier_on_tokens(
+                &classifier,
+                &tokens,
+                labels,
+                epochs,
+                batch,
+                &config.optimizer,
+                shuffle,
+                &mut on_epoch,
+            )?
+        }
+    }
     let baseline = evaluate(
-        &classifier.forward(&test_x.to_device(device)?)?.detach(),
+        &classifier.forward(&input.test().to_device(device)?)?.detach(),
         &prepared.test.labels,
     )?
     .accuracy;

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::metrics::{accuracy_where, attention_stats, evaluate};
 use super::optim::{AdamW, OptimizerConfig};
+use crate::encoder::layer_rows::LayerRows;
 use crate::model::Classifier;
 use crate::rng::{Shuffle, Stream};
 
@@ -28,8 +29,58 @@ pub fn train_classifier(
     shuffle: Shuffle,
     on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<()> {
-    let n = labels.len();
-    let targets = Tensor::from_slice(labels, n, features.device())?;
+    let targets = Tensor::from_slice(labels, labels.len(), features.device())?;
+    let batch = |rows: &[usize]| -> Result<(Tensor, Tensor)> {
+        let rows = crate::model::last_layer::row_indices(rows, features.device())?;
+        Ok((features.index_select(&rows, 0)?, targets.index_select(&rows, 0)?))
+    };
+    train_classifier_on(
+        classifier, labels.len(), &batch, epochs, batch_size, optimizer, shuffle, on_epoch,
+    )
+}
+
+/// Phase 1 on every token of each sample, each labelled with its sample's label (head mode's
+/// `tokens` classifier): a batch of samples is all their unpadded tokens, the loss their mean.
+#[allow(clippy::too_many_arguments)]
+pub fn train_classifier_on_tokens(
+    classifier: &Classifier,
+    tokens: &LayerRows,
+    labels: &[u32],
+    epochs: usize,
+    batch_size: usize,
+    optimizer: &OptimizerConfig,
+    shuffle: Shuffle,
+    on_epoch: &mut dyn FnMut(usize, f64),
+) -> Result<()> {
+    let device = classifier.weight.device();
+    let batch = |rows: &[usize]| -> Result<(Tensor, Tensor)> {
+        let samples = tokens.batch(rows, device)?;
+        let mut kept = Vec::with_capacity(rows.len());
+        let mut targets = Vec::new();
+        for (i, (&row, &len)) in rows.iter().zip(&samples.lengths).enumerate() {
+            kept.push(samples.inputs.get(i)?.narrow(0, 0, len)?);
+            targets.extend(std::iter::repeat_n(labels[row], len));
+        }
+        let count = targets.len();
+        Ok((Tensor::cat(&kept, 0)?, Tensor::from_vec(targets, count, device)?))
+    };
+    train_classifier_on(
+        classifier, labels.len(), &batch, epochs, batch_size, optimizer, shuffle, on_epoch,
+    )
+}
+
+/// The phase-1 loop over `n` samples: `batch` gives the features and targets of sample rows.
+#[allow(clippy::too_many_arguments)]
+fn train_classifier_on(
+    classifier: &Classifier,
+    n: usize,
+    batch: &dyn Fn(&[usize]) -> Result<(Tensor, Tensor)>,
+    epochs: usize,
+    batch_size: usize,
+    optimizer: &OptimizerConfig,
+    shuffle: Shuffle,
+    on_epoch: &mut dyn FnMut(usize, f64),
+) -> Result<()> {
     let mut opt = AdamW::new(
         classifier.named(),
         optimizer.clone(),
@@ -38,10 +89,10 @@ pub fn train_classifier(
     for epoch in 0..epochs {
         let order = shuffle.order(n, Stream::PretrainShuffle, epoch);
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
-        for batch in order.chunks(batch_size) {
-            let rows = crate::model::last_layer::row_indices(batch, features.device())?;
-            let logits = classifier.forward(&features.index_select(&rows, 0)?)?;
-            let loss = candle_nn::loss::cross_entropy(&logits, &targets.index_select(&rows, 0)?)?;
+        for rows in order.chunks(batch_size) {
+            let (features, targets) = batch(rows)?;
+            let logits = classifier.forward(&features)?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &targets)?;
             opt.step(&loss.backward()?)?;
             losses.push(f64::from(loss.to_scalar::<f32>()?));
         }

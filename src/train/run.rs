@@ -38,6 +38,44 @@ impl Mode {
     }
 }
 
+/// What the head mode's phase-1 classifier C is trained on. The head then feeds C one
+/// attention-weighted mixture of final tokens per sample, so C must be meaningful on the tokens
+/// it may select.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum HeadClassifier {
+    /// The mean of each sample's final tokens: what the head selects before training (p = 0
+    /// makes its softmax uniform).
+    Mean,
+    /// The CLS / position-0 final token, as the backbone's own classifier reads it.
+    Cls,
+    /// Every final token, labelled with its sample's label: a classifier of single tokens, as
+    /// the paper's fixed head ν scores single tokens.
+    Tokens,
+}
+
+impl HeadClassifier {
+    /// The default of head mode (README's head-mode table says why).
+    pub const DEFAULT: Self = Self::Mean;
+
+    /// The value a run of `mode` takes from an optional flag: the default in head mode, and in
+    /// last-layer mode the flag as given (which `RunConfig::validate` refuses).
+    pub fn for_mode(mode: Mode, flag: Option<Self>) -> Option<Self> {
+        match mode {
+            Mode::Head => Some(flag.unwrap_or(Self::DEFAULT)),
+            Mode::LastLayer => flag,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mean => "mean",
+            Self::Cls => "cls",
+            Self::Tokens => "tokens",
+        }
+    }
+}
+
 /// Everything that decides a run's numbers (written as config.json).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +83,9 @@ pub struct RunConfig {
     #[serde(with = "crate::io::as_string")]
     pub dataset: DatasetName,
     pub mode: Mode,
+    /// Head mode: what the phase-1 classifier is trained on; absent in last-layer mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_classifier: Option<HeadClassifier>,
     #[serde(with = "crate::io::as_string")]
     pub noise: NoiseModel,
     /// Label-noise rate on the fine-tune set, in [0, 1).
@@ -89,6 +130,7 @@ impl RunConfig {
         Ok(Self {
             dataset: dataset.clone(),
             mode: Mode::LastLayer,
+            head_classifier: None,
             noise: NoiseModel::Symmetric,
             eta: 0.0,
             n: defaults.n,
@@ -144,6 +186,13 @@ impl RunConfig {
         if self.backbones.is_empty() {
             bail!("--backbone: no backbone to try");
         }
+        match (self.mode, self.head_classifier) {
+            (Mode::Head, None) => bail!("--mode head needs --head-classifier (mean, cls or tokens)"),
+            (Mode::LastLayer, Some(_)) => {
+                bail!("--head-classifier applies to --mode head only")
+            }
+            _ => {}
+        }
         if self.rng == RngChoice::Authors {
             if self.noise != NoiseModel::Symmetric {
                 bail!("{}", authors_only_symmetric(self.noise));
@@ -158,13 +207,21 @@ impl RunConfig {
         Ok(())
     }
 
+    /// The mode as folder names and reports print it: `last-layer`, or `head-<classifier>`.
+    pub fn mode_label(&self) -> String {
+        match self.head_classifier {
+            Some(c) => format!("{}-{}", self.mode.name(), c.name()),
+            None => self.mode.name().to_string(),
+        }
+    }
+
     /// The run folder's name: readable (dataset, mode, n, η, seed) and unique (a hash of the
     /// whole configuration, so two configurations never share a folder).
     pub fn run_name(&self) -> Result<String> {
         Ok(format!(
             "{}_{}_n{}_eta{}_seed{}_{}",
             self.dataset.id(),
-            self.mode.name(),
+            self.mode_label(),
             self.n,
             self.eta,
             self.seed,
@@ -311,6 +368,7 @@ mod tests {
             },
             RunConfig {
                 mode: Mode::Head,
+                head_classifier: Some(HeadClassifier::Mean),
                 ..base.clone()
             },
             // The split and phase 1's batch order.
