@@ -1,5 +1,5 @@
 //! `reproduce` end to end on a small real grid (TREC, all-MiniLM-L6-v2, the quick budget): the
-//! report and figures are written, a re-run only does what is missing, and two shards merged by
+//! report (with its verdict section) and figures are written, a re-run only does what is missing, and two shards merged by
 //! `reproduce report` give the same results and report as one run.
 
 use std::path::Path;
@@ -71,6 +71,7 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
     for file in [
         "results.csv",
         "report.md",
+        "verdicts.csv",
         "fig9_cls_attention.png",
         "memorization_vs_test_accuracy.png",
     ] {
@@ -87,6 +88,22 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
     assert!(
         report.contains("81.4 ± 0.3"),
         "the paper's cell is beside ours:\n{report}"
+    );
+    // The verdict section: the rule, then TREC n = 20 from one seed per cell (marked), beside the
+    // paper's (train loss 0.24 at η = 0.2: partly memorised by the loss proxy).
+    assert!(report.contains("## Verdict"), "{report}");
+    assert!(
+        report.contains("**benign**: memorised and Δ ≥ −spread"),
+        "{report}"
+    );
+    let verdict_row = report
+        .lines()
+        .find(|l| l.starts_with("| trec |") && l.contains("| last-layer | 20 | 1 / 1 |"))
+        .unwrap_or_else(|| panic!("no verdict row:\n{report}"));
+    assert!(verdict_row.contains(" (1 seed) |"), "{verdict_row}");
+    assert!(
+        verdict_row.ends_with("| -2.2 ± 2.4 | 0.24 | partly memorised |"),
+        "{verdict_row}"
     );
 
     // A run lost (as when the driver is killed during it): only that one runs again.
@@ -138,6 +155,10 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
     assert_eq!(
         std::fs::read_to_string(merged.join("results.csv")).unwrap(),
         std::fs::read_to_string(whole.join("results.csv")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read_to_string(merged.join("verdicts.csv")).unwrap(),
+        std::fs::read_to_string(whole.join("verdicts.csv")).unwrap()
     );
     assert_eq!(report_body(&merged), report_body(&whole));
 }

@@ -8,3 +8,4 @@ pub mod progress;
 pub mod reproduce;
 pub mod results;
 pub mod synthetic;
+pub mod verdict;

@@ -13,12 +13,14 @@ use super::plot::{
     LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, line_panels, scatter_panels,
 };
 use super::results::{Cell, ResultRow, Stat, aggregate, write_csv};
+use super::verdict::{self, VerdictRow};
 use crate::io::{ensure_dir, write_atomic};
 use crate::train::phases::EpochMetrics;
 
 pub const FIG8: &str = "fig8_noise_sweep.png";
 pub const FIG9: &str = "fig9_cls_attention.png";
 pub const SCATTER: &str = "memorization_vs_test_accuracy.png";
+pub const VERDICTS: &str = "verdicts.csv";
 
 /// Writes results.csv, report.md and the figures the runs allow into `out`.
 pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBuf]) -> Result<()> {
@@ -26,6 +28,8 @@ pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBu
     let rows: Vec<ResultRow> = runs.iter().map(|(r, _)| r.clone()).collect();
     write_csv(&out.join("results.csv"), &rows)?;
     let cells = aggregate(&rows);
+    let verdict_rows = verdicts(&cells)?;
+    verdict::write_csv(&out.join(VERDICTS), &verdict_rows)?;
     let mut figures = Vec::new();
     if noise_sweep(&out.join(FIG8), &cells)? {
         figures.push((FIG8, "Fig. 8-style: train and test loss against the label-noise rate η (n = 200, mean over seeds). Its train loss is the authors' `eval_train/eval_loss`: cross-entropy on the noisy fine-tune set evaluated after the last epoch; the table's train loss is the Trainer's logged mean batch loss of the last epoch (`log_history[-4][\"loss\"]`)"));
@@ -39,7 +43,7 @@ pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBu
             "Memorization of the noisy labels against test accuracy, every run",
         ));
     }
-    let markdown = markdown(&rows, &cells, sources, &figures)?;
+    let markdown = markdown(&rows, &cells, &verdict_rows, sources, &figures)?;
     write_atomic(&out.join("report.md"), |w| {
         Ok(std::io::Write::write_all(w, markdown.as_bytes())?)
     })
@@ -80,6 +84,7 @@ fn distinct<T: ToString>(rows: &[&ResultRow], field: impl Fn(&ResultRow) -> T) -
 fn markdown(
     rows: &[ResultRow],
     cells: &[Cell],
+    verdict_rows: &[VerdictRow],
     sources: &[PathBuf],
     figures: &[(&str, &str)],
 ) -> Result<String> {
@@ -211,6 +216,7 @@ fn markdown(
          selecting query (Fig. 9). QK eigen mean / var: of the real parts of the final query-key \
          matrix's eigenvalues, mean over heads (PAPER.md §5; definitions in `src/diagnostics/`).\n"
     )?;
+    verdict::markdown(&mut md, verdict_rows)?;
     if !figures.is_empty() {
         writeln!(md, "## Figures\n")?;
         for (file, caption) in figures {
@@ -218,6 +224,12 @@ fn markdown(
         }
     }
     Ok(md)
+}
+
+/// The verdict per (dataset, backbone, mode, n) of the cells, the paper's beside (verdicts.csv and
+/// report.md's verdict section).
+fn verdicts(cells: &[Cell]) -> Result<Vec<VerdictRow>> {
+    Ok(verdict::verdicts(cells, &paper::table2()?))
 }
 
 /// Fig. 8: losses against η at n = 200 per dataset; false when fewer than two η were run.
