@@ -1,5 +1,6 @@
-//! `finetune` on real data with a real backbone (TREC, all-MiniLM-L6-v2), small sizes: both modes
-//! run end to end and write their outputs; bad input is one line and exit 2.
+//! `finetune` on real data with a real backbone (TREC, all-MiniLM-L6-v2; BreastMNIST, ViT-Ti),
+//! small sizes: both modes run end to end and write their outputs, attention maps included, also
+//! when resumed; bad input is one line and exit 2.
 
 use std::process::{Command, Output};
 
@@ -309,6 +310,12 @@ fn killed_and_resumed_run_matches_an_uninterrupted_one() {
         ours.1, theirs.1,
         "metrics.jsonl after resuming from epoch {done_at_kill}"
     );
+    // The epoch-0 panels come from the attention the checkpoint recorded: the same picture.
+    assert!(
+        std::fs::read(killed.join("attention_maps.png")).unwrap()
+            == std::fs::read(whole.join("attention_maps.png")).unwrap(),
+        "attention_maps.png after resuming from epoch {done_at_kill}"
+    );
 
     // A checkpoint of another run is refused, in one line.
     let mut other = resume.clone();
@@ -448,4 +455,112 @@ fn an_unofficial_data_file_is_a_recorded_deviation() {
             .contains("pneumoniamnist.npz is not the official release")
     });
     assert_eq!(recorded, differs, "{summary}");
+}
+
+/// attention_maps.png of a tiny image run (BreastMNIST, ViT-Ti) and a tiny text run (TREC,
+/// MiniLM) is a valid PNG. A run killed before or right after epoch 0 and resumed draws the very
+/// same picture: from the epoch-0 attention its checkpoint recorded, or, for a checkpoint without
+/// that record (phase 1 only, or written before the maps existed), measured again on the reset
+/// parameters, before the checkpoint's trained ones replace them.
+#[test]
+fn attention_maps_are_drawn_and_a_resumed_run_draws_the_same() {
+    use benign_attention::train::checkpoint;
+    let test = "finetune_real::attention_maps_are_drawn_and_a_resumed_run_draws_the_same";
+    let Some(_) = common::data_and_models_roots(test, &["trec", "medmnist"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let image_sizes = [
+        "--pretrain-n",
+        "60",
+        "--n",
+        "20",
+        "--epochs",
+        "3",
+        "--pretrain-epochs",
+        "2",
+        "--test-n",
+        "30",
+    ];
+    for (dataset, sizes) in [("breastmnist", &image_sizes[..]), ("trec", &SMALL[..])] {
+        let args = |out: &std::path::Path, resume: bool| -> Vec<String> {
+            let mut args: Vec<String> = ["finetune", "--dataset", dataset, "--eta", "0.2"]
+                .iter()
+                .chain(sizes)
+                .chain(&["--checkpoint-every", "1", "--out"])
+                .map(|s| s.to_string())
+                .collect();
+            args.push(out.to_str().unwrap().into());
+            if resume {
+                args.push("--resume".into());
+            }
+            args
+        };
+        let run = |out: &std::path::Path, resume: bool| {
+            let out = benign(
+                &args(out, resume)
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+                &cache,
+            );
+            assert!(
+                out.status.success(),
+                "{dataset}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let whole = dir.path().join(dataset).join("whole");
+        run(&whole, false);
+        let maps = whole.join("attention_maps.png");
+        let (width, height) = common::png_size(&maps);
+        assert!(width >= 700 && height >= 500, "{dataset}: {width}×{height}");
+        let picture = std::fs::read(&maps).unwrap();
+
+        // What a run killed at those points leaves: the phase-1 classifier, and after epoch 0
+        // its metrics (no step taken, so no optimizer state is read).
+        let saved = checkpoint::load(&whole, &candle_core::Device::Cpu)
+            .unwrap()
+            .unwrap();
+        assert!(saved.state.attention_reset.is_some(), "{dataset}");
+        let classifier: std::collections::HashMap<_, _> = saved
+            .tensors
+            .iter()
+            .filter(|(name, _)| name.starts_with("classifier."))
+            .map(|(name, t)| (name.clone(), t.clone()))
+            .collect();
+        for (case, log, recorded) in [
+            ("phase 1 only", Some(0), false),
+            ("after epoch 0", Some(1), true),
+            ("after epoch 0, no record", Some(1), false),
+            // The finished run's own checkpoint, as one written before the maps existed.
+            ("after the last epoch, no record", None, false),
+        ] {
+            let resumed = dir.path().join(dataset).join(case.replace([' ', ','], "-"));
+            let mut state = saved.state.clone();
+            if let Some(log) = log {
+                state.epochs_done = 0;
+                state.optimizer_step = 0;
+                state.log.truncate(log);
+            }
+            if !recorded {
+                state.attention_reset = None;
+            }
+            let tensors = if log.is_some() {
+                &classifier
+            } else {
+                &saved.tensors
+            };
+            std::fs::create_dir_all(&resumed).unwrap();
+            checkpoint::save(&resumed, &state, tensors).unwrap();
+            run(&resumed, true);
+            let (ours, theirs) = (outcome(&resumed), outcome(&whole));
+            assert_eq!(ours, theirs, "{dataset}, resumed {case}");
+            assert!(
+                std::fs::read(resumed.join("attention_maps.png")).unwrap() == picture,
+                "{dataset}, resumed {case}: another attention_maps.png"
+            );
+        }
+    }
 }

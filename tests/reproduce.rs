@@ -74,6 +74,7 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
         "verdicts.csv",
         "fig9_cls_attention.png",
         "memorization_vs_test_accuracy.png",
+        "attention_trec.png",
     ] {
         let len = std::fs::metadata(whole.join(file))
             .map(|m| m.len())
@@ -104,6 +105,11 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
     assert!(
         verdict_row.ends_with("| -2.2 ± 2.4 | 0.24 | partly memorised |"),
         "{verdict_row}"
+    );
+    // The attention map of the η = 0.2 run, named in its caption.
+    assert!(
+        report.contains("](attention_trec.png)") && report.contains("trec_last-layer_n20_eta0.2_"),
+        "{report}"
     );
 
     // A run lost (as when the driver is killed during it): only that one runs again.

@@ -63,7 +63,7 @@ pub struct FinetuneArgs {
     /// Split the test file into disjoint train and test pools (for AG-news offline); a deviation
     #[arg(long, value_name = "F")]
     pub carve_train_from_test: Option<f64>,
-    /// Write metrics.jsonl, pretrain.jsonl and summary.json here
+    /// Write metrics.jsonl, pretrain.jsonl, attention_maps.png and summary.json here
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]

@@ -1,5 +1,6 @@
 //! Outputs of `finetune`: metrics.jsonl (phase 2, one line per epoch), pretrain.jsonl (phase-1
-//! loss per epoch) and summary.json, each written atomically; and the live progress bar.
+//! loss per epoch), attention_maps.png and summary.json, each written atomically; and the live
+//! progress bar.
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -8,7 +9,7 @@ use anyhow::Result;
 
 use super::progress::Bar;
 use crate::io::{ensure_dir, write_json, write_json_lines};
-use crate::train::finetune::{FinetuneRun, Progress};
+use crate::train::finetune::{FinetuneRun, Progress, RunFolder};
 use crate::train::phases::EpochMetrics;
 
 pub fn write_run(dir: &Path, run: &FinetuneRun) -> Result<()> {
@@ -21,6 +22,10 @@ pub fn write_run(dir: &Path, run: &FinetuneRun) -> Result<()> {
         .collect();
     write_json_lines(&dir.join("pretrain.jsonl"), &pretrain)?;
     write_json_lines(&dir.join("metrics.jsonl"), &run.epochs)?;
+    super::attention_maps::write(
+        &RunFolder(dir.to_path_buf()).attention_maps(),
+        &run.attention_maps,
+    )?;
     write_json(&dir.join("summary.json"), &run.summary)
 }
 

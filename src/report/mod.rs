@@ -1,5 +1,6 @@
 //! Everything a run leaves for a reader: JSON/CSV tables and PNG figures.
 
+pub mod attention_maps;
 pub mod data;
 pub mod finetune;
 pub mod paper;

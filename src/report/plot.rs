@@ -11,9 +11,9 @@ use plotters::style::FontStyle;
 
 use crate::io::produce_atomic;
 
-const FONT: &str = "sans-serif";
+pub(super) const FONT: &str = "sans-serif";
 
-fn register_fonts() {
+pub(super) fn register_fonts() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // The bytes are a valid TTF shipped by the dejavu crate; failure would be a build defect.
@@ -23,7 +23,7 @@ fn register_fonts() {
 }
 
 /// plotters' errors borrow the backend; keep their message only.
-fn plot_err(err: impl std::fmt::Display) -> anyhow::Error {
+pub(super) fn plot_err(err: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("plotting failed: {err}")
 }
 

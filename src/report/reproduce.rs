@@ -1,6 +1,7 @@
 //! The report of `reproduce`: results.csv, report.md (our cells beside the paper's, with every
 //! deviation in a header) and the figures: the Fig. 8-style noise sweep, the Fig. 9-style
-//! attention curves and memorization against test accuracy over all runs.
+//! attention curves, memorization against test accuracy over all runs, and one run's attention
+//! maps per dataset.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,7 +15,8 @@ use super::plot::{
 };
 use super::results::{Cell, ResultRow, Stat, aggregate, write_csv};
 use super::verdict::{self, VerdictRow};
-use crate::io::{ensure_dir, write_atomic};
+use crate::io::{ensure_dir, produce_atomic, write_atomic};
+use crate::train::finetune::{Mode, RunFolder};
 use crate::train::phases::EpochMetrics;
 
 pub const FIG8: &str = "fig8_noise_sweep.png";
@@ -43,7 +45,8 @@ pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBu
             "Memorization of the noisy labels against test accuracy, every run",
         ));
     }
-    let markdown = markdown(&rows, &cells, &verdict_rows, sources, &figures)?;
+    let mut markdown = markdown(&rows, &cells, &verdict_rows, sources, &figures)?;
+    markdown.push_str(&attention_maps(out, runs)?);
     write_atomic(&out.join("report.md"), |w| {
         Ok(std::io::Write::write_all(w, markdown.as_bytes())?)
     })
@@ -400,4 +403,155 @@ fn memorization_scatter(path: &Path, rows: &[ResultRow]) -> Result<bool> {
         }],
     )?;
     Ok(true)
+}
+
+/// The file one dataset's attention maps are copied to in the report folder.
+pub fn attention_file(dataset: &str) -> String {
+    format!("attention_{dataset}.png")
+}
+
+/// The run whose attention maps stand for its dataset: among those that wrote the file, the
+/// closest to the paper's headline setting (last-layer mode, η = 0.2, n = 200, seed 42), in that
+/// order of importance; ties go to the lowest seed, then the run's name.
+fn attention_run<'a>(
+    runs: &'a [(ResultRow, PathBuf)],
+    dataset: &str,
+) -> Option<&'a (ResultRow, PathBuf)> {
+    let key = |(row, _): &&(ResultRow, PathBuf)| {
+        let c = &row.config;
+        (
+            c.mode != Mode::LastLayer,
+            ((c.eta - 0.2).abs() * 1e9).round() as u64,
+            c.n.abs_diff(200),
+            c.seed != 42,
+            c.seed,
+            row.run.clone(),
+        )
+    };
+    runs.iter()
+        .filter(|(row, dir)| {
+            row.dataset() == dataset && RunFolder(dir.clone()).attention_maps().is_file()
+        })
+        .min_by_key(key)
+}
+
+/// report.md's attention-map section: per dataset (in name order), one run's attention_maps.png
+/// copied into `out` and embedded with a caption naming the run, or a line saying that none of
+/// the dataset's runs wrote one (runs made before the maps existed).
+fn attention_maps(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<String> {
+    let datasets: std::collections::BTreeSet<String> =
+        runs.iter().map(|(row, _)| row.dataset()).collect();
+    if datasets.is_empty() {
+        return Ok(String::new());
+    }
+    let mut md = String::new();
+    writeln!(md, "## Attention maps\n")?;
+    writeln!(
+        md,
+        "Token selection on real inputs, one run per dataset (the closest to last-layer mode, \
+         η = 0.2, n = 200, seed 42): the first clean and the first noisy fine-tune samples, right \
+         after the query/key reset and after the last epoch.\n"
+    )?;
+    for dataset in &datasets {
+        let Some((row, dir)) = attention_run(runs, dataset) else {
+            writeln!(
+                md,
+                "- {dataset}: no attention map; none of its runs wrote attention_maps.png (runs made before it existed).\n"
+            )?;
+            continue;
+        };
+        let file = attention_file(dataset);
+        let source = RunFolder(dir.clone()).attention_maps();
+        produce_atomic(&out.join(&file), |tmp| {
+            std::fs::copy(&source, tmp).with_context(|| format!("copying {}", source.display()))?;
+            Ok(())
+        })?;
+        let c = &row.config;
+        let caption = format!(
+            "{dataset}: run `{}` ({} mode, n = {}, η = {}, seed {}, {} epochs)",
+            row.run,
+            c.mode.name(),
+            c.n,
+            c.eta,
+            c.seed,
+            c.epochs
+        );
+        writeln!(md, "{caption}\n\n![{caption}]({file})\n")?;
+    }
+    Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::DatasetName;
+    use crate::report::results::tests::row;
+
+    /// A run folder `name` under `root` (with attention_maps.png holding `name` when `maps`).
+    fn run(
+        root: &Path,
+        name: &str,
+        change: impl FnOnce(&mut ResultRow),
+        maps: bool,
+    ) -> (ResultRow, PathBuf) {
+        let mut r = row(name, 0.2, 42, 0.8, 0.1, 0.5, 0.7);
+        change(&mut r);
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        if maps {
+            std::fs::write(RunFolder(dir.clone()).attention_maps(), name).unwrap();
+        }
+        (r, dir)
+    }
+
+    /// Per dataset, the run closest to last-layer mode, η 0.2, n 200, seed 42 among those with
+    /// a map is copied and named; a dataset without any map gets a line saying so.
+    #[test]
+    fn one_attention_map_per_dataset_from_the_closest_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, out) = (dir.path().join("runs"), dir.path().join("report"));
+        std::fs::create_dir_all(&out).unwrap();
+        let runs = vec![
+            // The exact setting, but it wrote no map (an older run).
+            run(&root, "t-exact", |r| r.summary.config.n = 200, false),
+            run(
+                &root,
+                "t-eta0",
+                |r| {
+                    r.summary.config.n = 200;
+                    r.summary.config.eta = 0.0;
+                },
+                true,
+            ),
+            run(
+                &root,
+                "t-head",
+                |r| {
+                    r.summary.config.n = 200;
+                    r.summary.config.mode = Mode::Head;
+                },
+                true,
+            ),
+            run(&root, "t-seed314", |r| r.summary.config.seed = 314, true),
+            run(&root, "t-n20", |_| {}, true),
+            run(
+                &root,
+                "m-old",
+                |r| r.summary.config.dataset = DatasetName::Mnist,
+                false,
+            ),
+        ];
+        let md = attention_maps(&out, &runs).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(out.join("attention_trec.png")).unwrap(),
+            "t-n20"
+        );
+        assert!(
+            md.contains("![trec: run `t-n20` (last-layer mode, n = 20, η = 0.2, seed 42"),
+            "{md}"
+        );
+        assert!(md.contains("- mnist: no attention map"), "{md}");
+        assert!(!out.join("attention_mnist.png").exists());
+        assert!(attention_maps(&out, &[]).unwrap().is_empty());
+    }
 }

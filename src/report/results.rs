@@ -239,13 +239,14 @@ pub fn aggregate(rows: &[ResultRow]) -> Vec<Cell> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     use crate::train::finetune::{Resolved, RunConfig};
     use crate::train::phases::EpochMetrics;
 
-    fn row(
+    /// A finished TREC run at n = 20 (other reports' tests change what they need).
+    pub(crate) fn row(
         run: &str,
         eta: f64,
         seed: u64,

@@ -14,6 +14,7 @@ use candle_core::{Device, Tensor, Var};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::attention_maps::Snapshot;
 use super::phases::EpochMetrics;
 use super::run::RunConfig;
 use crate::io::produce_atomic;
@@ -40,6 +41,10 @@ pub struct RunState {
     pub epochs_done: usize,
     pub optimizer_step: usize,
     pub log: Vec<EpochMetrics>,
+    /// The attention maps' samples right after the reset, as measured then (absent before phase
+    /// 2 starts, and in checkpoints written before the maps existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_reset: Option<Snapshot>,
 }
 
 pub struct Checkpoint {
@@ -194,6 +199,12 @@ mod tests {
                 qk_spectrum: None,
                 rank_collapse: Some(0.25),
             }],
+            attention_reset: Some(Snapshot {
+                epoch: 0,
+                rows: vec![2, 0],
+                predictions: vec![1, 0],
+                attention: vec![vec![0.1 + 0.2, 0.7], vec![1.0 / 3.0]],
+            }),
         };
         save(
             dir.path(),
@@ -215,6 +226,7 @@ mod tests {
             theirs.clean_train_acc.to_bits()
         );
         assert_eq!(ours.attention_entropy, 1e-300);
+        assert_eq!(loaded.state.attention_reset, state.attention_reset);
         let other = Var::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap();
         restore_params("w", &[("x".into(), other.clone())], &loaded.tensors).unwrap();
         assert_eq!(

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use super::attention_maps::{self, AttentionMaps, PER_KIND, Picks, Snapshot};
 use super::checkpoint::{self, Checkpoint, RunIdentity, RunState};
 use super::metrics::evaluate;
 use super::optim::AdamW;
@@ -87,6 +88,8 @@ pub struct FinetuneRun {
     /// Phase-1 mean batch loss per epoch.
     pub pretrain_losses: Vec<f64>,
     pub epochs: Vec<EpochMetrics>,
+    /// Token selection on a few fine-tune samples, right after the reset and at the end.
+    pub attention_maps: AttentionMaps,
 }
 
 /// Progress callbacks (the CLI draws bars; tests pass no-ops).
@@ -146,7 +149,7 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             phase1: &phase1,
         };
         if resumed.is_none() {
-            checkpoints.save(0, None, &[])?;
+            checkpoints.save(0, None, &[], None)?;
         }
         let log = phase_two(
             &setup,
@@ -157,7 +160,8 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             &mut init_rng,
             progress,
         )?;
-        summarize(job, setup, &prepared, phase1, log, started)
+        let maps = attention_maps(job, &setup, &prepared, &log)?;
+        summarize(job, setup, &prepared, phase1, log, maps, started)
     })
 }
 
@@ -573,6 +577,7 @@ impl Checkpoints<'_> {
         epochs_done: usize,
         optimizer: Option<&AdamW>,
         log: &[EpochMetrics],
+        attention_reset: Option<&Snapshot>,
     ) -> Result<()> {
         let Some(dir) = &self.job.out else {
             return Ok(());
@@ -587,6 +592,7 @@ impl Checkpoints<'_> {
             epochs_done,
             optimizer_step: optimizer.map_or(0, |o| o.step),
             log: log.to_vec(),
+            attention_reset: attention_reset.cloned(),
         };
         let mut tensors = checkpoint::named_tensors("classifier", &self.phase1.classifier.named());
         if let Some(opt) = optimizer {
@@ -952,9 +958,36 @@ fn locater_penalty(
     }))
 }
 
+/// Phase 2's record: every epoch's metrics, and the attention maps' samples right after the
+/// reset and at the end.
+struct Phase2Log {
+    epochs: Vec<EpochMetrics>,
+    picks: Picks,
+    reset: Snapshot,
+    last: Snapshot,
+}
+
+/// The attention maps' samples right after the reset: as the checkpoint recorded them when it
+/// did, else measured now. `forward` must still read the reset parameters, as it does before a
+/// resumed optimizer state is restored; the reset is drawn from the run's seed, so a run resumed
+/// from a checkpoint without the record measures exactly what the interrupted run did.
+fn reset_snapshot(
+    forward: &Forward,
+    picks: &Picks,
+    resumed: Option<&Checkpoint>,
+) -> Result<Snapshot> {
+    if let Some(saved) = resumed.and_then(|c| c.state.attention_reset.as_ref())
+        && saved.rows == picks.rows
+    {
+        return Ok(saved.clone());
+    }
+    attention_maps::snapshot(forward, picks, 0)
+}
+
 /// Trains `params` through `forward` with the run's optimizer and loop, resuming the optimizer
 /// from the checkpoint; at scored epochs the diagnostics join the metrics (the query-key
-/// spectrum, and rank collapse through `rank_probe`). Returns the log of every epoch.
+/// spectrum, and rank collapse through `rank_probe`). Returns the log of every epoch, with the
+/// attention of `picks` before the first step and after the last.
 #[allow(clippy::too_many_arguments)]
 fn train_trainable(
     job: &FinetuneJob,
@@ -963,10 +996,11 @@ fn train_trainable(
     params: Vec<(String, Var)>,
     shape: QkShape,
     rank_probe: Option<&dyn Fn() -> Result<f64>>,
+    picks: &Picks,
     checkpoints: &Checkpoints,
     resumed: Option<&Checkpoint>,
     progress: &dyn Progress,
-) -> Result<Vec<EpochMetrics>> {
+) -> Result<Phase2Log> {
     let config = &job.config;
     let total_steps = config.epochs * steps_per_epoch(config.n, config.batch_size);
     let mut opt = AdamW::new(params, config.optimizer.clone(), total_steps)?;
@@ -975,6 +1009,7 @@ fn train_trainable(
         Some(saved) => (saved.state.epochs_done, saved.state.log.clone()),
         None => (0, Vec::new()),
     };
+    let reset = reset_snapshot(forward, picks, resumed)?;
     if let Some(saved) = resumed.filter(|s| s.state.epochs_done > 0) {
         opt.restore(&saved.tensors, saved.state.optimizer_step)?;
     }
@@ -1007,12 +1042,17 @@ fn train_trainable(
             let epoch = m.epoch;
             log.push(m);
             if checkpoints.due(epoch) {
-                checkpoints.save(epoch, Some(opt), &log)?;
+                checkpoints.save(epoch, Some(opt), &log, Some(&reset))?;
             }
             Ok(())
         },
     )?;
-    Ok(log)
+    Ok(Phase2Log {
+        epochs: log,
+        last: attention_maps::snapshot(forward, picks, config.epochs)?,
+        picks: picks.clone(),
+        reset,
+    })
 }
 
 /// Phase 2 on the noisy samples, in the run's mode.
@@ -1024,7 +1064,7 @@ fn phase_two(
     resumed: Option<&Checkpoint>,
     init_rng: &mut rand_chacha::ChaCha8Rng,
     progress: &dyn Progress,
-) -> Result<Vec<EpochMetrics>> {
+) -> Result<Phase2Log> {
     let (job, phase1) = (checkpoints.job, checkpoints.phase1);
     let data = Phase2Data {
         labels: &prepared.labels.labels,
@@ -1034,6 +1074,11 @@ fn phase_two(
     };
     let hidden = setup.backbone.hidden_size();
     let shape = QkShape::of(&setup.backbone.model, job.config.mode, hidden);
+    let picks = Picks::choose(
+        &prepared.labels.noisy_mask,
+        layer_inputs(&features.finetune)?.lengths(),
+        PER_KIND,
+    );
     let train = |forward: &Forward, params, probe: Option<&dyn Fn() -> Result<f64>>| {
         train_trainable(
             job,
@@ -1042,6 +1087,7 @@ fn phase_two(
             params,
             shape,
             probe,
+            &picks,
             checkpoints,
             resumed,
             progress,
@@ -1153,15 +1199,47 @@ fn final_tokens(
     Ok(out.finish())
 }
 
+/// The attention maps' samples as the picture shows them, with their attention.
+fn attention_maps(
+    job: &FinetuneJob,
+    setup: &Setup,
+    prepared: &PreparedData,
+    log: &Phase2Log,
+) -> Result<AttentionMaps> {
+    let config = &job.config;
+    let samples = attention_maps::shown_samples(
+        &setup.backbone,
+        &prepared.finetune.inputs,
+        &log.picks,
+        (&prepared.labels.clean_labels, &prepared.labels.labels),
+    )?;
+    let heads = QkShape::of(&setup.backbone.model, config.mode, 0).heads;
+    let image = matches!(setup.backbone.model, Model::Vit(_));
+    Ok(AttentionMaps {
+        dataset: config.dataset.to_string(),
+        mode: config.mode,
+        n: config.n,
+        eta: config.eta,
+        seed: config.seed,
+        class_names: setup.dataset.class_names.clone(),
+        selector: attention_maps::selector(config.mode, heads, image, config.special_tokens),
+        samples,
+        reset: log.reset.clone(),
+        last: log.last.clone(),
+    })
+}
+
 /// summary.json from the configuration, what it resolved to and the last epoch.
 fn summarize(
     job: &FinetuneJob,
     setup: Setup,
     prepared: &PreparedData,
     phase1: PhaseOne,
-    log: Vec<EpochMetrics>,
+    log: Phase2Log,
+    attention_maps: AttentionMaps,
     started: Instant,
 ) -> Result<FinetuneRun> {
+    let log = log.epochs;
     let last = log.last().context("phase 2 ran no epoch")?.clone();
     let mut deviations = setup.deviations;
     deviations.extend(prepared.partition.deviations.iter().cloned());
@@ -1186,6 +1264,7 @@ fn summarize(
         summary,
         pretrain_losses: phase1.pretrain_losses,
         epochs: log,
+        attention_maps,
     })
 }
 

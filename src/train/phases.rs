@@ -69,12 +69,15 @@ pub fn train_classifier_on_tokens(
     )
 }
 
+/// The features and targets of a batch of sample rows.
+type Batch<'a> = dyn Fn(&[usize]) -> Result<(Tensor, Tensor)> + 'a;
+
 /// The phase-1 loop over `n` samples: `batch` gives the features and targets of sample rows.
 #[allow(clippy::too_many_arguments)]
 fn train_classifier_on(
     classifier: &Classifier,
     n: usize,
-    batch: &dyn Fn(&[usize]) -> Result<(Tensor, Tensor)>,
+    batch: &Batch,
     epochs: usize,
     batch_size: usize,
     optimizer: &OptimizerConfig,

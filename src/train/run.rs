@@ -315,6 +315,11 @@ impl RunFolder {
     pub fn checkpoint(&self) -> PathBuf {
         self.0.join("checkpoint.safetensors")
     }
+
+    /// Token selection on a few fine-tune samples, right after the reset and at the end.
+    pub fn attention_maps(&self) -> PathBuf {
+        self.0.join("attention_maps.png")
+    }
 }
 
 #[cfg(test)]

@@ -186,3 +186,56 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
     max_abs(&(on_cpu(a) - on_cpu(b)).unwrap())
 }
+
+/// Checks that `path` is a whole, valid 8-bit PNG: the signature, every chunk's CRC, IHDR first
+/// and IEND last, and image data that inflates to exactly the rows IHDR announces. Returns its
+/// (width, height).
+pub fn png_size(path: &std::path::Path) -> (u32, u32) {
+    use std::io::Read;
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "{}: no PNG signature",
+        path.display()
+    );
+    let be = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+    let (mut at, mut chunks, mut data) = (8, Vec::new(), Vec::new());
+    while at + 12 <= bytes.len() {
+        let len = be(at) as usize;
+        let kind = &bytes[at + 4..at + 8];
+        let body = &bytes[at + 8..at + 8 + len];
+        let mut crc = flate2::Crc::new();
+        crc.update(kind);
+        crc.update(body);
+        assert_eq!(crc.sum(), be(at + 8 + len), "{}: bad CRC", path.display());
+        if kind == b"IDAT" {
+            data.extend_from_slice(body);
+        }
+        chunks.push(String::from_utf8_lossy(kind).into_owned());
+        at += 12 + len;
+    }
+    assert_eq!(at, bytes.len(), "{}: trailing bytes", path.display());
+    assert_eq!(chunks.first().map(String::as_str), Some("IHDR"));
+    assert_eq!(chunks.last().map(String::as_str), Some("IEND"));
+    let (width, height) = (be(16), be(20));
+    let (depth, colour) = (bytes[24], bytes[25]);
+    let channels = match colour {
+        0 => 1,
+        2 => 3,
+        4 => 2,
+        6 => 4,
+        other => panic!("{}: colour type {other}", path.display()),
+    };
+    assert_eq!(depth, 8, "{}: bit depth {depth}", path.display());
+    let mut pixels = Vec::new();
+    flate2::read::ZlibDecoder::new(&data[..])
+        .read_to_end(&mut pixels)
+        .unwrap_or_else(|e| panic!("{}: image data does not inflate: {e}", path.display()));
+    assert_eq!(
+        pixels.len(),
+        height as usize * (1 + width as usize * channels),
+        "{}: image data of the wrong size",
+        path.display()
+    );
+    (width, height)
+}
