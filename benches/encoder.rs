@@ -59,6 +59,10 @@ fn row(model: &str, batch: usize, seconds: f64, unit: &str) {
 }
 
 fn main() {
+    // As the binary starts: its thread settings and allocator tuning (src/runtime.rs).
+    // SAFETY: first statement of main, no other thread exists yet.
+    unsafe { benign_attention::runtime::configure_threads() };
+    benign_attention::runtime::keep_freed_memory();
     let device = Device::Cpu;
     println!(
         "| model (candle, {} threads) | batch | s/batch | throughput |",
