@@ -15,7 +15,7 @@ use anyhow::{Result, ensure};
 use candle_core::{CpuStorage, CustomOp1, Layout, Module, Shape, Tensor};
 use candle_nn::Linear;
 
-use super::layers::gemm_into as matmul;
+use super::layers::{contiguous_f32, gemm_into as matmul};
 
 /// One of the backbone's dense layers.
 #[derive(Clone, Debug)]
@@ -145,16 +145,6 @@ impl FrozenLinear {
     }
 }
 
-fn contiguous_f32<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(data) = storage else {
-        candle_core::bail!("frozen dense layer: f32 only")
-    };
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle_core::bail!("frozen dense layer: contiguous input only")
-    };
-    Ok(&data[start..end])
-}
-
 /// The product of a [`FrozenLinear`] as candle's custom op.
 struct FrozenProduct(Arc<FrozenLinear>);
 
@@ -165,7 +155,7 @@ impl CustomOp1 for FrozenProduct {
 
     /// x (rows, G·in) → y (rows, out).
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = contiguous_f32(storage, layout)?;
+        let x = contiguous_f32(storage, layout, self.name())?;
         let layer = &self.0;
         let (g, i, out) = (layer.groups, layer.in_dim, layer.out_dim);
         let o = out / g;

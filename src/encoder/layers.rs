@@ -120,13 +120,7 @@ impl CustomOp1 for FusedSelfAttention {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("fused-self-attention: f32 only")
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("fused-self-attention: contiguous input only")
-        };
-        let qkv = &data[start..end];
+        let qkv = contiguous_f32(storage, layout, self.name())?;
         let (b, t, three_d) = layout.shape().dims3()?;
         let d = self.heads * self.head_dim;
         if three_d != 3 * d {
@@ -174,6 +168,21 @@ impl CustomOp1 for FusedSelfAttention {
             });
         Ok((CpuStorage::F32(out), Shape::from((b, t, d))))
     }
+}
+
+/// The f32 values of a custom op's contiguous CPU input; an error naming `op` otherwise.
+pub(crate) fn contiguous_f32<'a>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    op: &str,
+) -> Result<&'a [f32]> {
+    let CpuStorage::F32(data) = storage else {
+        candle_core::bail!("{op}: f32 only")
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("{op}: contiguous input only")
+    };
+    Ok(&data[start..end])
 }
 
 /// dst (m×n, row stride `dst_rs`) = lhs (m×k) · rhs (k×n), operands as (data, row stride, column
@@ -432,13 +441,7 @@ impl CustomOp1 for GeluErf {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("gelu-erf-parallel: f32 only")
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("gelu-erf-parallel: contiguous input only")
-        };
-        let src = &data[start..end];
+        let src = contiguous_f32(storage, layout, self.name())?;
         let mut dst = vec![0f32; src.len()];
         dst.par_chunks_mut(1 << 14)
             .zip(src.par_chunks(1 << 14))

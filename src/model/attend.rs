@@ -25,7 +25,7 @@ use anyhow::{Result, ensure};
 use candle_core::{CpuStorage, CustomOp2, D, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::encoder::layers::gemm_into as matmul;
+use crate::encoder::layers::{contiguous_f32, gemm_into as matmul};
 pub use crate::encoder::layers::unpadded_lengths;
 
 /// The tokens of a batch: in host memory for the fused CPU op, or a tensor on another device.
@@ -210,16 +210,6 @@ struct FusedAttend {
     rows: Vec<usize>,
 }
 
-fn contiguous_f32<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(data) = storage else {
-        candle_core::bail!("fused attention: f32 only")
-    };
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle_core::bail!("fused attention: contiguous inputs only")
-    };
-    Ok(&data[start..end])
-}
-
 impl CustomOp2 for FusedAttend {
     fn name(&self) -> &'static str {
         "fused-token-attention"
@@ -233,8 +223,8 @@ impl CustomOp2 for FusedAttend {
         bias_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (queries, bias) = (
-            contiguous_f32(queries, queries_layout)?,
-            contiguous_f32(bias, bias_layout)?,
+            contiguous_f32(queries, queries_layout, self.name())?,
+            contiguous_f32(bias, bias_layout, self.name())?,
         );
         let kv = &self.store;
         let (h, d, t) = (kv.heads, kv.dim, kv.tokens);
