@@ -59,10 +59,9 @@ fn row(model: &str, batch: usize, seconds: f64, unit: &str) {
 }
 
 fn main() {
-    // As the binary starts: its thread settings and allocator tuning (src/runtime.rs).
+    // As the binary starts: its thread and allocator settings (src/runtime.rs).
     // SAFETY: first statement of main, no other thread exists yet.
-    unsafe { benign_attention::runtime::configure_threads() };
-    benign_attention::runtime::keep_freed_memory();
+    unsafe { benign_attention::runtime::configure_process() };
     let device = Device::Cpu;
     println!(
         "| model (candle, {} threads) | batch | s/batch | throughput |",

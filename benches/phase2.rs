@@ -46,8 +46,7 @@ fn median(mut times: Vec<f64>) -> f64 {
 
 fn main() {
     // SAFETY: first statement, no other thread yet. The same thread settings as the binary.
-    unsafe { benign_attention::runtime::configure_threads() };
-    benign_attention::runtime::keep_freed_memory();
+    unsafe { benign_attention::runtime::configure_process() };
     let device = Device::Cpu;
     let backbone = Backbone::load(
         resolve("timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", None)

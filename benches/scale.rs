@@ -374,8 +374,7 @@ fn baseline_step(dir: &Path) -> f64 {
 
 fn main() {
     // SAFETY: first statement, no other thread yet. The same thread settings as the binary.
-    unsafe { benign_attention::runtime::configure_threads() };
-    benign_attention::runtime::keep_freed_memory();
+    unsafe { benign_attention::runtime::configure_process() };
     if let Ok(spec) = std::env::var(CHILD) {
         let (size, dir) = spec.split_once(':').unwrap();
         let size = if size == "vit" {

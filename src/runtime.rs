@@ -1,5 +1,5 @@
-//! Process-wide settings: threads, applied once at start-up before any thread exists, and the
-//! compute device a run asks for.
+//! Process-wide settings: threads and the allocator, applied once at start-up before any thread
+//! exists, and the compute device a run asks for.
 //!
 //! candle runs element-wise ops on its own spinning barrier pool, shared by the whole process
 //! behind one lock, and without RAYON_NUM_THREADS it re-reads the CPU count from /proc on every
@@ -8,11 +8,13 @@
 //! --jobs`) from serialising on that lock; matrix products keep all cores through rayon.
 //! Variables the user has set are left alone.
 
-/// Sets CANDLE_NUM_THREADS=1 and RAYON_NUM_THREADS=<cores> unless already set.
+/// The process's start-up settings: CANDLE_NUM_THREADS=1 and RAYON_NUM_THREADS=<cores> unless
+/// already set, and the allocator's [`keep_freed_memory`].
 ///
 /// # Safety
 /// Must run before any other thread is started (it writes the process environment).
-pub unsafe fn configure_threads() {
+pub unsafe fn configure_process() {
+    keep_freed_memory();
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         // SAFETY: the caller guarantees no other thread reads or writes the environment.
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
@@ -41,7 +43,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// freed pages mapped and reuses them: ViT-B/16 went from 2.2 to 4.1 images/s, ViT-Ti from 38.6
 /// to 44.3 (idle, README's performance table). Peak RSS is the high-water mark of what is live
 /// plus mimalloc's free lists; the scale bench and the MNIST runs measure it.
-pub fn keep_freed_memory() {
+fn keep_freed_memory() {
     // SAFETY: sets one allocator option; any thread may call it at any time.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
 }

@@ -34,20 +34,6 @@ impl Module for Dense {
 }
 
 impl Dense {
-    pub fn weight(&self) -> &Tensor {
-        match self {
-            Self::Linear(l) => l.weight(),
-            Self::Frozen(f) => f.linear.weight(),
-        }
-    }
-
-    pub fn bias(&self) -> Option<&Tensor> {
-        match self {
-            Self::Linear(l) => l.bias(),
-            Self::Frozen(f) => f.linear.bias(),
-        }
-    }
-
     /// The phase-2 form of this layer.
     pub fn frozen(&self) -> Result<Self> {
         Ok(match self {

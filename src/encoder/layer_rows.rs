@@ -161,6 +161,31 @@ impl LayerRows {
         &self.lengths
     }
 
+    /// A digest of every sample's rows and length, without reading shard rows: a shard's
+    /// samples carry the digest their sidecar recorded, which every read checks, so it stands for
+    /// their bytes; rows in memory are digested here.
+    pub fn content_digest(&self) -> String {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update((self.dim as u64).to_le_bytes());
+        for (i, &len) in self.lengths.iter().enumerate() {
+            hasher.update((len as u64).to_le_bytes());
+            let digest = match &self.storage {
+                Storage::Disk(samples) => samples[i].digest.clone(),
+                Storage::Memory { values, starts } => {
+                    let start = starts[i] * self.dim;
+                    rows_digest(&values[start..start + len * self.dim])
+                }
+            };
+            hasher.update(digest.as_bytes());
+        }
+        hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// Every sample read into memory once (the fine-tune set), checked as it is read.
     pub fn resident(&self) -> Result<Self> {
         if let Storage::Memory { .. } = self.storage {
@@ -370,5 +395,23 @@ mod tests {
         let short = rows.batch(&[1], &Device::Cpu).unwrap();
         assert_eq!(short.inputs.dims(), [1, 1, 2]);
         assert!(rows.batch(&[2], &Device::Cpu).is_err());
+    }
+
+    /// The content digest is the same for the same rows on disk (from the recorded digests) and
+    /// in memory (computed), and moves with any value or length.
+    #[test]
+    fn content_digest_follows_the_rows_wherever_they_are() {
+        let values: Vec<f32> = (0..2 * 3 * 2).map(|v| v as f32 * 0.5).collect();
+        let padded = Tensor::from_vec(values, (2, 3, 2), &Device::Cpu).unwrap();
+        let in_memory = LayerRows::from_padded(&padded, vec![3, 2]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut spilled = RowsBuilder::on_disk(dir.path(), 3, 2).unwrap();
+        spilled.push(&padded, &[3, 2]).unwrap();
+        let on_disk = spilled.finish();
+        assert_eq!(in_memory.content_digest(), on_disk.content_digest());
+        let shorter = LayerRows::from_padded(&padded, vec![3, 1]).unwrap();
+        assert_ne!(in_memory.content_digest(), shorter.content_digest());
+        let changed = LayerRows::from_padded(&(padded + 1e-3).unwrap(), vec![3, 2]).unwrap();
+        assert_ne!(in_memory.content_digest(), changed.content_digest());
     }
 }

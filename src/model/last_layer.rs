@@ -121,6 +121,14 @@ enum Rest {
     Bert(BertLayer),
 }
 
+/// The last layer's self-attention of either backbone.
+fn last_attention(model: &Model) -> &SelfAttention {
+    match model {
+        Model::Vit(v) => &v.last_layer().attention,
+        Model::Bert(b) => &b.last_layer().attention,
+    }
+}
+
 impl<'a> LastLayer<'a> {
     /// Phase 2 on `model`'s last layer read out through `classifier`, both frozen as they are now.
     pub fn new(model: &'a Model, classifier: &'a Classifier) -> Result<Self> {
@@ -128,10 +136,7 @@ impl<'a> LastLayer<'a> {
             Model::Vit(v) => Rest::Vit(v.last_layer().frozen()?, v.layernorm.clone()),
             Model::Bert(b) => Rest::Bert(b.last_layer().frozen()?),
         };
-        let attention = match model {
-            Model::Vit(v) => &v.last_layer().attention,
-            Model::Bert(b) => &b.last_layer().attention,
-        };
+        let attention = last_attention(model);
         Ok(Self {
             model,
             classifier,
@@ -142,10 +147,7 @@ impl<'a> LastLayer<'a> {
     }
 
     fn attention(&self) -> &SelfAttention {
-        match self.model {
-            Model::Vit(v) => &v.last_layer().attention,
-            Model::Bert(b) => &b.last_layer().attention,
-        }
+        last_attention(self.model)
     }
 
     /// The layer's output at the CLS position through to the logits, given the attention context

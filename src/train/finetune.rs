@@ -18,7 +18,7 @@ use super::checkpoint::{self, Checkpoint, RunIdentity, RunState};
 use super::metrics::evaluate;
 use super::optim::AdamW;
 use super::phases::{
-    EpochMetrics, Forward, Penalty, Phase2Data, Set, steps_per_epoch, train_classifier,
+    EpochMetrics, Forward, Penalty, Phase2Data, Schedule, Set, steps_per_epoch, train_classifier,
     train_classifier_on_tokens,
     train_phase2,
 };
@@ -706,30 +706,13 @@ impl<'a> Phase1Input<'a> {
     fn sha256(&self) -> Result<String> {
         match self {
             Self::Features { pretrain, test } => tensors_sha256(&[pretrain, test]),
+            // The final tokens are a function of the layer inputs and the backbone (in the key).
             Self::Tokens { layer_inputs, test } => Ok(crate::io::json_digest(&(
-                layer_rows_sha256(layer_inputs)?,
+                layer_inputs.content_digest(),
                 tensors_sha256(&[test])?,
             ))?),
         }
     }
-}
-
-/// sha256 over every sample's rows and length, read 64 samples at a time.
-fn layer_rows_sha256(rows: &LayerRows) -> Result<String> {
-    use sha2::Digest;
-    let mut hasher = sha2::Sha256::new();
-    let all: Vec<usize> = (0..rows.len()).collect();
-    for chunk in all.chunks(64) {
-        let batch = rows.batch(chunk, &Device::Cpu)?;
-        let values: Vec<Vec<Vec<f32>>> = batch.inputs.to_vec3()?;
-        for (sample, &len) in values.iter().zip(&batch.lengths) {
-            hasher.update((len as u64).to_le_bytes());
-            for v in sample.iter().take(len).flatten() {
-                hasher.update(v.to_le_bytes());
-            }
-        }
-    }
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Phase 1: the classifier on clean features, from the checkpoint, the shared phase-1 cache, or
@@ -806,45 +789,33 @@ fn phase_one(
     }
     let mut losses = Vec::new();
     progress.stage("phase 1 epochs", config.pretrain_epochs);
-    let shuffle = Shuffle {
-        rng: config.rng,
-        seed: config.seed,
+    let schedule = Schedule {
+        epochs: config.pretrain_epochs,
+        batch_size: config.batch_size,
+        optimizer: &config.optimizer,
+        shuffle: Shuffle {
+            rng: config.rng,
+            seed: config.seed,
+        },
     };
     let mut on_epoch = |_, loss| {
         losses.push(loss);
         progress.advance(1);
     };
     let labels = &prepared.pretrain.labels;
-    let (epochs, batch) = (config.pretrain_epochs, config.batch_size);
     match &input {
         Phase1Input::Features { pretrain, .. } => train_classifier(
             &classifier,
             &pretrain.to_device(device)?,
             labels,
-            epochs,
-            batch,
-            &config.optimizer,
-            shuffle,
+            &schedule,
             &mut on_epoch,
         )?,
         Phase1Input::Tokens { layer_inputs, .. } => {
             // The final tokens once, spilled beside the cache; every epoch reads them back.
-            let tokens = final_tokens(
-                &setup.backbone.model,
-                layer_inputs,
-                device,
-                Some(setup.cache.root()),
-            )?;
-            train_classifier_on_tokens(
-                &classifier,
-                &tokens,
-                labels,
-                epochs,
-                batch,
-                &config.optimizer,
-                shuffle,
-                &mut on_epoch,
-            )?
+            let model = &setup.backbone.model;
+            let tokens = final_tokens(model, layer_inputs, device, Some(setup.cache.root()))?;
+            train_classifier_on_tokens(&classifier, &tokens, labels, &schedule, &mut on_epoch)?
         }
     }
     let baseline = evaluate(

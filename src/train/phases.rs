@@ -16,17 +16,21 @@ pub fn steps_per_epoch(n: usize, batch_size: usize) -> usize {
     n.div_ceil(batch_size.max(1))
 }
 
-/// Phase 1: trains `classifier` on fixed features (N, D) with clean labels, in the batch order of
-/// `shuffle`. `on_epoch` gets (epoch, mean batch loss).
-#[allow(clippy::too_many_arguments)]
+/// How phase 1 steps: epochs, batch size, optimizer and the batch order.
+pub struct Schedule<'a> {
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub optimizer: &'a OptimizerConfig,
+    pub shuffle: Shuffle,
+}
+
+/// Phase 1: trains `classifier` on fixed features (N, D) with clean labels. `on_epoch` gets
+/// (epoch, mean batch loss).
 pub fn train_classifier(
     classifier: &Classifier,
     features: &Tensor,
     labels: &[u32],
-    epochs: usize,
-    batch_size: usize,
-    optimizer: &OptimizerConfig,
-    shuffle: Shuffle,
+    schedule: &Schedule,
     on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<()> {
     let targets = Tensor::from_slice(labels, labels.len(), features.device())?;
@@ -34,22 +38,16 @@ pub fn train_classifier(
         let rows = crate::model::last_layer::row_indices(rows, features.device())?;
         Ok((features.index_select(&rows, 0)?, targets.index_select(&rows, 0)?))
     };
-    train_classifier_on(
-        classifier, labels.len(), &batch, epochs, batch_size, optimizer, shuffle, on_epoch,
-    )
+    train_classifier_on(classifier, labels.len(), &batch, schedule, on_epoch)
 }
 
 /// Phase 1 on every token of each sample, each labelled with its sample's label (head mode's
 /// `tokens` classifier): a batch of samples is all their unpadded tokens, the loss their mean.
-#[allow(clippy::too_many_arguments)]
 pub fn train_classifier_on_tokens(
     classifier: &Classifier,
     tokens: &LayerRows,
     labels: &[u32],
-    epochs: usize,
-    batch_size: usize,
-    optimizer: &OptimizerConfig,
-    shuffle: Shuffle,
+    schedule: &Schedule,
     on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<()> {
     let device = classifier.weight.device();
@@ -64,33 +62,28 @@ pub fn train_classifier_on_tokens(
         let count = targets.len();
         Ok((Tensor::cat(&kept, 0)?, Tensor::from_vec(targets, count, device)?))
     };
-    train_classifier_on(
-        classifier, labels.len(), &batch, epochs, batch_size, optimizer, shuffle, on_epoch,
-    )
+    train_classifier_on(classifier, labels.len(), &batch, schedule, on_epoch)
 }
 
 /// The features and targets of a batch of sample rows.
 type Batch<'a> = dyn Fn(&[usize]) -> Result<(Tensor, Tensor)> + 'a;
 
 /// The phase-1 loop over `n` samples: `batch` gives the features and targets of sample rows.
-#[allow(clippy::too_many_arguments)]
 fn train_classifier_on(
     classifier: &Classifier,
     n: usize,
     batch: &Batch,
-    epochs: usize,
-    batch_size: usize,
-    optimizer: &OptimizerConfig,
-    shuffle: Shuffle,
+    schedule: &Schedule,
     on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<()> {
+    let (epochs, batch_size) = (schedule.epochs, schedule.batch_size);
     let mut opt = AdamW::new(
         classifier.named(),
-        optimizer.clone(),
+        schedule.optimizer.clone(),
         epochs * steps_per_epoch(n, batch_size),
     )?;
     for epoch in 0..epochs {
-        let order = shuffle.order(n, Stream::PretrainShuffle, epoch);
+        let order = schedule.shuffle.order(n, Stream::PretrainShuffle, epoch);
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
         for rows in order.chunks(batch_size) {
             let (features, targets) = batch(rows)?;
@@ -416,17 +409,14 @@ mod tests {
         let trained = |shuffle: Shuffle| {
             let mut init = rand_chacha::ChaCha8Rng::seed_from_u64(9);
             let classifier = Classifier::new(d, 3, None, &mut init, &Device::Cpu).unwrap();
-            train_classifier(
-                &classifier,
-                &features,
-                &labels,
+            let schedule = Schedule {
                 epochs,
-                batch,
-                &config,
+                batch_size: batch,
+                optimizer: &config,
                 shuffle,
-                &mut |_, _| {},
-            )
-            .unwrap();
+            };
+            train_classifier(&classifier, &features, &labels, &schedule, &mut |_, _| {})
+                .unwrap();
             classifier
         };
         let weights = |c: &Classifier| -> Vec<f32> {
@@ -494,14 +484,17 @@ mod tests {
             ..Default::default()
         };
         let mut losses = Vec::new();
+        let schedule = Schedule {
+            epochs: 20,
+            batch_size: 16,
+            optimizer: &config,
+            shuffle: Shuffle::own(1),
+        };
         train_classifier(
             &classifier,
             &features,
             &labels,
-            20,
-            16,
-            &config,
-            Shuffle::own(1),
+            &schedule,
             &mut |_, l| losses.push(l),
         )
         .unwrap();
