@@ -170,7 +170,7 @@ fn header_lines(maps: &AttentionMaps, image: bool, width: i32) -> Header {
     let title = format!(
         "{} · {} · n {} · η {} · seed {}: token selection",
         maps.dataset,
-        maps.mode.name(),
+        maps.mode,
         maps.n,
         maps.eta,
         maps.seed
@@ -506,7 +506,6 @@ fn draw_text_sample(root: &Area, maps: &AttentionMaps, k: usize, y: i32, width: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::run::Mode;
 
     /// Width and height from a PNG's IHDR, after checking its signature.
     fn png_size(path: &Path) -> (u32, u32) {
@@ -534,7 +533,7 @@ mod tests {
     fn maps(samples: Vec<MapSample>, reset: Snapshot, last: Snapshot, eta: f64) -> AttentionMaps {
         AttentionMaps {
             dataset: "synthetic".into(),
-            mode: Mode::LastLayer,
+            mode: "last-layer".into(),
             n: 10,
             eta,
             seed: 42,

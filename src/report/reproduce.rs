@@ -470,7 +470,7 @@ fn attention_maps(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<String> {
         let caption = format!(
             "{dataset}: run `{}` ({} mode, n = {}, η = {}, seed {}, {} epochs)",
             row.run,
-            c.mode.name(),
+            c.mode_label(),
             c.n,
             c.eta,
             c.seed,

@@ -131,7 +131,8 @@ impl MapSample {
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionMaps {
     pub dataset: String,
-    pub mode: Mode,
+    /// The mode as reports print it (`RunConfig::mode_label`).
+    pub mode: String,
     pub n: usize,
     pub eta: f64,
     pub seed: u64,

@@ -1188,7 +1188,7 @@ fn attention_maps(
     let image = matches!(setup.backbone.model, Model::Vit(_));
     Ok(AttentionMaps {
         dataset: config.dataset.to_string(),
-        mode: config.mode,
+        mode: config.mode_label(),
         n: config.n,
         eta: config.eta,
         seed: config.seed,
