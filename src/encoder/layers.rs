@@ -366,7 +366,7 @@ fn erf_as(x: f32) -> f32 {
 
 /// Whether the CPU has AVX2 and FMA: the crate's baseline target is SSE2, so the element-wise
 /// kernels below are also compiled for AVX2 + FMA and chosen at run time (gemm dispatches its own).
-fn avx2_fma() -> bool {
+pub(crate) fn avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")

@@ -25,7 +25,8 @@ use anyhow::{Result, ensure};
 use candle_core::{CpuStorage, CustomOp2, D, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::encoder::layers::{contiguous_f32, gemm_into as matmul};
+use super::token_products::{Rows, Tokens, row_scores, weighted_sums};
+use crate::encoder::layers::contiguous_f32;
 pub use crate::encoder::layers::unpadded_lengths;
 
 /// The tokens of a batch: in host memory for the fused CPU op, or a tensor on another device.
@@ -92,6 +93,16 @@ impl KeyValues {
     fn sample_tokens(&self, i: usize) -> &[f32] {
         let len = self.tokens * self.dim;
         &self.tokens_data[i * len..(i + 1) * len]
+    }
+
+    /// Sample `i`'s first Lᵢ tokens, all that its attention reads.
+    fn unpadded(&self, i: usize) -> Tokens<'_> {
+        let (len, dim) = (self.lengths[i], self.dim);
+        Tokens {
+            data: &self.sample_tokens(i)[..len * dim],
+            len,
+            dim,
+        }
     }
 
     /// Attention of `queries` (B, H, D) with `bias` (B, H) over samples `rows`, differentiable in
@@ -180,12 +191,16 @@ impl KeyValues {
     /// tokens (one GEMM), then scale·(s + c) and a softmax; the padding is set to exactly 0.
     fn probabilities(&self, i: usize, queries: &[f32], bias: &[f32], probs: &mut [f32]) {
         let (h, t, d, len) = (self.heads, self.tokens, self.dim, self.lengths[i]);
-        // S (row-major H×T) = R (row-major H×D) · Xᵀ, Xᵀ read in place from X (row-major T×D).
-        matmul(
-            (h, len, d),
-            (probs, t),
-            (queries, d as isize, 1),
-            (self.sample_tokens(i), 1, d as isize),
+        // S (H×T, columns past L unwritten) = R (H×D) · Xᵀ.
+        row_scores(
+            h,
+            Rows {
+                data: queries,
+                stride: d,
+            },
+            self.unpadded(i),
+            probs,
+            t,
         );
         for (k, row) in probs.chunks_mut(t).enumerate() {
             let (row, padding) = row.split_at_mut(len);
@@ -241,16 +256,19 @@ impl CustomOp2 for FusedAttend {
                     &bias[b * h..(b + 1) * h],
                     &mut probs,
                 );
-                let len = kv.lengths[i];
                 for (k, head_out) in sample_out.chunks_mut(width).enumerate() {
                     head_out[d..].copy_from_slice(&probs[k * t..(k + 1) * t]);
                 }
                 // Pooled (H×D, row stride D + T) = P (H×L) · X (L×D).
-                matmul(
-                    (h, d, len),
-                    (sample_out, width),
-                    (&probs, t as isize, 1),
-                    (kv.sample_tokens(i), d as isize, 1),
+                weighted_sums(
+                    h,
+                    Rows {
+                        data: &probs,
+                        stride: t,
+                    },
+                    kv.unpadded(i),
+                    sample_out,
+                    width,
                 );
             });
         Ok((
@@ -285,14 +303,18 @@ impl CustomOp2 for FusedAttend {
                 // Past L every probability is 0, and so is every ∂L/∂s.
                 let len = kv.lengths[i];
                 let at = bi * h * width;
-                let tokens = kv.sample_tokens(i);
+                let tokens = kv.unpadded(i);
                 // ∂L/∂P (H×L) = G (H×D, row stride D + T) · Xᵀ.
                 let mut dscores = vec![0f32; h * t];
-                matmul(
-                    (h, len, d),
-                    (&mut dscores, t),
-                    (&grad[at..], width as isize, 1),
-                    (tokens, 1, d as isize),
+                row_scores(
+                    h,
+                    Rows {
+                        data: &grad[at..],
+                        stride: width,
+                    },
+                    tokens,
+                    &mut dscores,
+                    t,
                 );
                 for k in 0..h {
                     let row = at + k * width;
@@ -312,11 +334,15 @@ impl CustomOp2 for FusedAttend {
                     gc[k] = sum;
                 }
                 // ∂L/∂R (H×D) = ∂L/∂S (H×L) · X (L×D).
-                matmul(
-                    (h, d, len),
-                    (gq, d),
-                    (&dscores, t as isize, 1),
-                    (tokens, d as isize, 1),
+                weighted_sums(
+                    h,
+                    Rows {
+                        data: &dscores,
+                        stride: t,
+                    },
+                    tokens,
+                    gq,
+                    d,
                 );
             });
         let device = queries.device();

@@ -4,6 +4,7 @@
 pub mod attend;
 pub mod classifier;
 pub mod last_layer;
+mod token_products;
 pub mod token_selection;
 
 pub use classifier::Classifier;

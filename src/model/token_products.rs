@@ -1,0 +1,314 @@
+//! The two products of one sample's attention: a few query rows (one per head) against the
+//! sample's tokens X (L×D, row-major), and back.
+//!
+//!   [`row_scores`]:    S (H×L) = R (H×D) · Xᵀ   (scores, and ∂L/∂P in the backward)
+//!   [`weighted_sums`]: Y (H×D) = W (H×L) · X    (pooled tokens, and ∂L/∂R in the backward)
+//!
+//! With H ≤ 12 rows these are far from the shape a general GEMM is built for: gemm re-packed
+//! X for each of the four products of every sample and step, which perf put at over a third of a
+//! ViT-Ti phase-2 epoch. Here X is streamed once per product, straight from where it lies, and
+//! each loaded chunk of it serves a block of rows held in registers (3 rows × 3 tokens for the
+//! scores, 3 rows × 24 features for the sums). Both are compiled for AVX2 + FMA as well and chosen
+//! at run time, like the encoder's element-wise kernels.
+
+use crate::encoder::layers::avx2_fma;
+
+/// Width of one accumulator: a 256-bit register of f32.
+const LANES: usize = 8;
+/// Rows (heads) a block holds; a remainder is done one row at a time.
+const ROWS: usize = 3;
+/// Tokens a scores block reads at once.
+const TOKENS: usize = 3;
+/// Feature chunks (of LANES) a sums block writes at once. ROWS × TOKENS (or × CHUNKS)
+/// accumulators, the loaded chunks and one row's chunk fit AVX2's 16 registers: a larger block
+/// spills its accumulators to the stack on every step.
+const CHUNKS: usize = 3;
+
+/// A matrix operand: its data and row stride (columns are contiguous).
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    pub data: &'a [f32],
+    pub stride: usize,
+}
+
+/// The tokens of one sample: `len` rows of `dim` contiguous features.
+#[derive(Clone, Copy)]
+pub struct Tokens<'a> {
+    pub data: &'a [f32],
+    pub len: usize,
+    pub dim: usize,
+}
+
+fn check(rows: usize, cols: usize, stride: usize, len: usize, what: &str) {
+    assert!(
+        rows == 0 || (stride >= cols && (rows - 1) * stride + cols <= len),
+        "{what}: {rows}×{cols} (row stride {stride}) does not fit {len} values"
+    );
+}
+
+/// S[h][t] = R[h] · X[t] for `heads` rows of R and every token; S's columns past L are left alone.
+pub fn row_scores(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usize) {
+    check(heads, x.dim, r.stride, r.data.len(), "row_scores queries");
+    check(x.len, x.dim, x.dim, x.data.len(), "row_scores tokens");
+    check(heads, x.len, s_stride, s.len(), "row_scores output");
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usize) {
+        row_scores_kernel(heads, r, x, s, s_stride)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_fma() {
+        // SAFETY: the CPU has the features `avx2` is compiled for.
+        return unsafe { avx2(heads, r, x, s, s_stride) };
+    }
+    row_scores_kernel(heads, r, x, s, s_stride)
+}
+
+/// Y[h] = Σₜ W[h][t] X[t] for `heads` rows of W over the L tokens; Y's rows are overwritten.
+pub fn weighted_sums(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
+    check(
+        heads,
+        x.len,
+        w.stride,
+        w.data.len(),
+        "weighted_sums weights",
+    );
+    check(x.len, x.dim, x.dim, x.data.len(), "weighted_sums tokens");
+    check(heads, x.dim, y_stride, y.len(), "weighted_sums output");
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
+        weighted_sums_kernel(heads, w, x, y, y_stride)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_fma() {
+        // SAFETY: the CPU has the features `avx2` is compiled for.
+        return unsafe { avx2(heads, w, x, y, y_stride) };
+    }
+    weighted_sums_kernel(heads, w, x, y, y_stride)
+}
+
+/// `LANES` values from `at` (the caller keeps `at + LANES` in bounds).
+#[inline(always)]
+fn chunk(data: &[f32], at: usize) -> [f32; LANES] {
+    data[at..at + LANES]
+        .try_into()
+        .expect("a chunk of LANES values")
+}
+
+#[inline(always)]
+fn row_scores_kernel(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usize) {
+    let mut h0 = 0;
+    while h0 < heads {
+        if heads - h0 >= ROWS {
+            scores_rows::<ROWS>(h0, r, x, s, s_stride);
+            h0 += ROWS;
+        } else {
+            scores_rows::<1>(h0, r, x, s, s_stride);
+            h0 += 1;
+        }
+    }
+}
+
+/// Rows h0..h0+H of S, a block of tokens at a time.
+#[inline(always)]
+fn scores_rows<const H: usize>(h0: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usize) {
+    let mut t0 = 0;
+    while t0 + TOKENS <= x.len {
+        scores_block::<H, TOKENS>(h0, t0, r, x, s, s_stride);
+        t0 += TOKENS;
+    }
+    while t0 < x.len {
+        scores_block::<H, 1>(h0, t0, r, x, s, s_stride);
+        t0 += 1;
+    }
+}
+
+/// S[h0..h0+H][t0..t0+T]: H·T running dot products of LANES lanes each, over the features.
+#[inline(always)]
+fn scores_block<const H: usize, const T: usize>(
+    h0: usize,
+    t0: usize,
+    r: Rows,
+    x: Tokens,
+    s: &mut [f32],
+    s_stride: usize,
+) {
+    let dim = x.dim;
+    let rows: [&[f32]; H] = std::array::from_fn(|i| &r.data[(h0 + i) * r.stride..][..dim]);
+    let tokens: [&[f32]; T] = std::array::from_fn(|j| &x.data[(t0 + j) * dim..][..dim]);
+    // Every operand cut to exactly `chunks` chunks, read unchecked below: a bounds check in the
+    // loop made the compiler store every accumulator on every step.
+    let chunks = dim / LANES;
+    let row_chunks = rows.map(|row| &row.as_chunks::<LANES>().0[..chunks]);
+    let token_chunks = tokens.map(|token| &token.as_chunks::<LANES>().0[..chunks]);
+    let mut acc = [[[0f32; LANES]; T]; H];
+    for c in 0..chunks {
+        // SAFETY (both reads): every slice holds exactly `chunks` chunks and c < chunks.
+        let xs: [[f32; LANES]; T] =
+            std::array::from_fn(|j| unsafe { *token_chunks[j].get_unchecked(c) });
+        for i in 0..H {
+            let q = unsafe { *row_chunks[i].get_unchecked(c) };
+            for j in 0..T {
+                for l in 0..LANES {
+                    acc[i][j][l] = q[l].mul_add(xs[j][l], acc[i][j][l]);
+                }
+            }
+        }
+    }
+    let full = dim - dim % LANES;
+    for i in 0..H {
+        for j in 0..T {
+            let tail: f32 = (full..dim).map(|d| rows[i][d] * tokens[j][d]).sum();
+            s[(h0 + i) * s_stride + t0 + j] = acc[i][j].iter().sum::<f32>() + tail;
+        }
+    }
+}
+
+#[inline(always)]
+fn weighted_sums_kernel(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
+    let mut h0 = 0;
+    while h0 < heads {
+        if heads - h0 >= ROWS {
+            sums_rows::<ROWS>(h0, w, x, y, y_stride);
+            h0 += ROWS;
+        } else {
+            sums_rows::<1>(h0, w, x, y, y_stride);
+            h0 += 1;
+        }
+    }
+}
+
+/// Rows h0..h0+H of Y, a block of feature chunks at a time, then the features past the last
+/// whole chunk.
+#[inline(always)]
+fn sums_rows<const H: usize>(h0: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
+    let dim = x.dim;
+    let mut d0 = 0;
+    while d0 + CHUNKS * LANES <= dim {
+        sums_block::<H, CHUNKS>(h0, d0, w, x, y, y_stride);
+        d0 += CHUNKS * LANES;
+    }
+    while d0 + LANES <= dim {
+        sums_block::<H, 1>(h0, d0, w, x, y, y_stride);
+        d0 += LANES;
+    }
+    for i in 0..H {
+        let weights = &w.data[(h0 + i) * w.stride..][..x.len];
+        for d in d0..dim {
+            y[(h0 + i) * y_stride + d] = weights
+                .iter()
+                .enumerate()
+                .map(|(t, &p)| p * x.data[t * dim + d])
+                .sum();
+        }
+    }
+}
+
+/// Y[h0..h0+H][d0..d0+C·LANES]: one pass over the tokens, each loaded chunk scaled into H rows.
+#[inline(always)]
+fn sums_block<const H: usize, const C: usize>(
+    h0: usize,
+    d0: usize,
+    w: Rows,
+    x: Tokens,
+    y: &mut [f32],
+    y_stride: usize,
+) {
+    let dim = x.dim;
+    let mut acc = [[[0f32; LANES]; C]; H];
+    for t in 0..x.len {
+        let xs: [[f32; LANES]; C] =
+            std::array::from_fn(|c| chunk(x.data, t * dim + d0 + c * LANES));
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            let p = w.data[(h0 + i) * w.stride + t];
+            for (a, xc) in acc_row.iter_mut().zip(&xs) {
+                for l in 0..LANES {
+                    a[l] = p.mul_add(xc[l], a[l]);
+                }
+            }
+        }
+    }
+    for (i, acc_row) in acc.iter().enumerate() {
+        for (c, a) in acc_row.iter().enumerate() {
+            let at = (h0 + i) * y_stride + d0 + c * LANES;
+            y[at..at + LANES].copy_from_slice(a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    /// Every block shape and remainder (rows 1..=7, tokens 1..=9, features with and without a
+    /// tail, strided operands) against the product in f64.
+    #[test]
+    fn both_products_match_f64_references() {
+        for heads in [1, 2, 3, 4, 7, 12] {
+            for len in [1, 3, 4, 5, 9, 17] {
+                for dim in [1, 5, 8, 13, 40, 64, 70] {
+                    let (r_stride, s_stride) = (dim + 3, len + 2);
+                    let r = values(heads * r_stride, 1);
+                    let x = values(len * dim, 2);
+                    let tokens = Tokens { data: &x, len, dim };
+                    let mut s = vec![f32::NAN; heads * s_stride];
+                    row_scores(
+                        heads,
+                        Rows {
+                            data: &r,
+                            stride: r_stride,
+                        },
+                        tokens,
+                        &mut s,
+                        s_stride,
+                    );
+                    let w = values(heads * s_stride, 3);
+                    let y_stride = dim + 1;
+                    let mut y = vec![f32::NAN; heads * y_stride];
+                    weighted_sums(
+                        heads,
+                        Rows {
+                            data: &w,
+                            stride: s_stride,
+                        },
+                        tokens,
+                        &mut y,
+                        y_stride,
+                    );
+                    for h in 0..heads {
+                        for t in 0..len {
+                            let exact: f64 = (0..dim)
+                                .map(|d| f64::from(r[h * r_stride + d]) * f64::from(x[t * dim + d]))
+                                .sum();
+                            let got = f64::from(s[h * s_stride + t]);
+                            assert!(
+                                (got - exact).abs() < 1e-5 * (1.0 + exact.abs()),
+                                "scores {heads} {len} {dim}: {got} vs {exact}"
+                            );
+                        }
+                        for d in 0..dim {
+                            let exact: f64 = (0..len)
+                                .map(|t| f64::from(w[h * s_stride + t]) * f64::from(x[t * dim + d]))
+                                .sum();
+                            let got = f64::from(y[h * y_stride + d]);
+                            assert!(
+                                (got - exact).abs() < 1e-5 * (1.0 + exact.abs()),
+                                "sums {heads} {len} {dim}: {got} vs {exact}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
