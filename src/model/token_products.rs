@@ -96,31 +96,39 @@ fn chunk(data: &[f32], at: usize) -> [f32; LANES] {
         .expect("a chunk of LANES values")
 }
 
+/// A block of tokens at a time, every row against it while it is in L1: X is read from memory
+/// once however many rows there are (ViT-B has 12 heads, and 197 × 768 tokens overflow L1).
 #[inline(always)]
 fn row_scores_kernel(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usize) {
-    let mut h0 = 0;
-    while h0 < heads {
-        if heads - h0 >= ROWS {
-            scores_rows::<ROWS>(h0, r, x, s, s_stride);
-            h0 += ROWS;
-        } else {
-            scores_rows::<1>(h0, r, x, s, s_stride);
-            h0 += 1;
-        }
-    }
-}
-
-/// Rows h0..h0+H of S, a block of tokens at a time.
-#[inline(always)]
-fn scores_rows<const H: usize>(h0: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usize) {
     let mut t0 = 0;
     while t0 + TOKENS <= x.len {
-        scores_block::<H, TOKENS>(h0, t0, r, x, s, s_stride);
+        scores_all_rows::<TOKENS>(heads, t0, r, x, s, s_stride);
         t0 += TOKENS;
     }
     while t0 < x.len {
-        scores_block::<H, 1>(h0, t0, r, x, s, s_stride);
+        scores_all_rows::<1>(heads, t0, r, x, s, s_stride);
         t0 += 1;
+    }
+}
+
+/// Columns t0..t0+T of S, a block of rows at a time.
+#[inline(always)]
+fn scores_all_rows<const T: usize>(
+    heads: usize,
+    t0: usize,
+    r: Rows,
+    x: Tokens,
+    s: &mut [f32],
+    s_stride: usize,
+) {
+    let mut h0 = 0;
+    while h0 + ROWS <= heads {
+        scores_block::<ROWS, T>(h0, t0, r, x, s, s_stride);
+        h0 += ROWS;
+    }
+    while h0 < heads {
+        scores_block::<1, T>(h0, t0, r, x, s, s_stride);
+        h0 += 1;
     }
 }
 
@@ -165,43 +173,50 @@ fn scores_block<const H: usize, const T: usize>(
     }
 }
 
+/// A strip of features at a time, every row over it while it is in L1 (as for the scores),
+/// then the features past the last whole chunk.
 #[inline(always)]
 fn weighted_sums_kernel(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
-    let mut h0 = 0;
-    while h0 < heads {
-        if heads - h0 >= ROWS {
-            sums_rows::<ROWS>(h0, w, x, y, y_stride);
-            h0 += ROWS;
-        } else {
-            sums_rows::<1>(h0, w, x, y, y_stride);
-            h0 += 1;
-        }
-    }
-}
-
-/// Rows h0..h0+H of Y, a block of feature chunks at a time, then the features past the last
-/// whole chunk.
-#[inline(always)]
-fn sums_rows<const H: usize>(h0: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
     let dim = x.dim;
     let mut d0 = 0;
     while d0 + CHUNKS * LANES <= dim {
-        sums_block::<H, CHUNKS>(h0, d0, w, x, y, y_stride);
+        sums_all_rows::<CHUNKS>(heads, d0, w, x, y, y_stride);
         d0 += CHUNKS * LANES;
     }
     while d0 + LANES <= dim {
-        sums_block::<H, 1>(h0, d0, w, x, y, y_stride);
+        sums_all_rows::<1>(heads, d0, w, x, y, y_stride);
         d0 += LANES;
     }
-    for i in 0..H {
-        let weights = &w.data[(h0 + i) * w.stride..][..x.len];
+    for h in 0..heads {
+        let weights = &w.data[h * w.stride..][..x.len];
         for d in d0..dim {
-            y[(h0 + i) * y_stride + d] = weights
+            y[h * y_stride + d] = weights
                 .iter()
                 .enumerate()
                 .map(|(t, &p)| p * x.data[t * dim + d])
                 .sum();
         }
+    }
+}
+
+/// Features d0..d0+C·LANES of Y, a block of rows at a time.
+#[inline(always)]
+fn sums_all_rows<const C: usize>(
+    heads: usize,
+    d0: usize,
+    w: Rows,
+    x: Tokens,
+    y: &mut [f32],
+    y_stride: usize,
+) {
+    let mut h0 = 0;
+    while h0 + ROWS <= heads {
+        sums_block::<ROWS, C>(h0, d0, w, x, y, y_stride);
+        h0 += ROWS;
+    }
+    while h0 < heads {
+        sums_block::<1, C>(h0, d0, w, x, y, y_stride);
+        h0 += 1;
     }
 }
 
