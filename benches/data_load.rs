@@ -2,15 +2,13 @@
 //! named baseline: only gunzipping the same four files (flate2, the floor of any loader).
 //! Needs BENIGN_DATA_DIR (or ./datasets) to hold mnist/. `cargo bench --bench data_load`.
 
+mod common;
+use common::median;
+
 use std::io::Read;
 use std::time::Instant;
 
 use benign_attention::data::{self, DatasetName};
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
-}
 
 fn main() {
     let root = data::data_root(None);

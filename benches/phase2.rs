@@ -15,7 +15,11 @@
 //! patterns (the cost does not depend on the content). Median of 5 (ours: of 5 blocks of 10
 //! epochs). `cargo bench --bench phase2`.
 
+mod common;
+
 use std::time::Instant;
+
+use common::{median, median_seconds};
 
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
@@ -41,11 +45,6 @@ fn pixels(first: usize, batch: usize) -> Tensor {
         }
     }
     Tensor::from_vec(values, (batch, 3, 224, 224), &Device::Cpu).unwrap()
-}
-
-fn median(mut times: Vec<f64>) -> f64 {
-    times.sort_by(|a, b| a.total_cmp(b));
-    times[times.len() / 2]
 }
 
 fn main() {
@@ -144,20 +143,8 @@ fn main() {
         let loss = candle_nn::loss::cross_entropy(&forward_full(), &targets).unwrap();
         opt.step(&loss.backward().unwrap()).unwrap();
     };
-    let timed = |run: &mut dyn FnMut()| {
-        run();
-        median(
-            (0..5)
-                .map(|_| {
-                    let started = Instant::now();
-                    run();
-                    started.elapsed().as_secs_f64()
-                })
-                .collect(),
-        )
-    };
-    let step_s = timed(&mut step);
-    let callback_s = timed(&mut || {
+    let step_s = median_seconds(5, &mut step);
+    let callback_s = median_seconds(5, &mut || {
         forward_full().detach();
     });
     let (baseline_steps, baseline_epoch) =

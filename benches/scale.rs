@@ -21,8 +21,12 @@
 //!
 //! `cargo bench --bench scale`; about 10 GB of temporary disk.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use common::{median, median_seconds};
 
 use benign_attention::data::{ImageSet, Inputs, Split};
 use benign_attention::encoder::bert::{BertConfig, TextBatch};
@@ -219,11 +223,6 @@ fn load(model: &Path) -> Backbone {
     .unwrap()
 }
 
-fn median(mut times: Vec<f64>) -> f64 {
-    times.sort_by(|a, b| a.total_cmp(b));
-    times[times.len() / 2]
-}
-
 /// The child: phase 2 from the cache on `threads` threads; prints
 /// "epoch_s test_eval_s peak_rss_bytes".
 fn phase2_child(size: Size, dir: &Path, threads: usize) {
@@ -368,20 +367,8 @@ fn baseline_batch(dir: &Path) -> (f64, f64) {
         let loss = candle_nn::loss::cross_entropy(&forward(), &targets).unwrap();
         opt.step(&loss.backward().unwrap()).unwrap();
     };
-    let timed = |run: &mut dyn FnMut()| {
-        run();
-        median(
-            (0..3)
-                .map(|_| {
-                    let started = Instant::now();
-                    run();
-                    started.elapsed().as_secs_f64()
-                })
-                .collect(),
-        )
-    };
-    let step_s = timed(&mut step);
-    let callback_s = timed(&mut || {
+    let step_s = median_seconds(3, &mut step);
+    let callback_s = median_seconds(3, &mut || {
         forward().detach();
     });
     (step_s, callback_s)

@@ -2,6 +2,9 @@
 //! the subspace engine against the named baseline, the dense d×d engine of the authors' algorithm,
 //! measured in the same process. `cargo bench --bench synthetic`.
 
+mod common;
+use common::median;
+
 use std::time::Instant;
 
 use benign_attention::synthetic::{EngineKind, SyntheticConfig, Trace, run};
@@ -10,11 +13,6 @@ fn time_run(config: &SyntheticConfig, engine: EngineKind) -> (f64, f64) {
     let started = Instant::now();
     let result = run(config, engine, Trace::Full, &mut |_| {}).expect("run succeeds");
     (started.elapsed().as_secs_f64(), result.summary.test_acc)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
 }
 
 fn main() {
