@@ -88,6 +88,28 @@ pub fn weighted_sums(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: 
     weighted_sums_kernel(heads, w, x, y, y_stride)
 }
 
+/// Token blocks the scores read ahead of the one they work on.
+const AHEAD: usize = 4;
+
+/// Asks for tokens `first..first + count` (those that exist) to be brought into cache: the scores
+/// are the first product to touch a sample's tokens, and waited on memory at every block.
+#[inline(always)]
+fn prefetch_tokens(x: Tokens, first: usize, count: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let end = ((first + count).min(x.len)) * x.dim;
+        let mut at = first * x.dim;
+        while at < end {
+            // SAFETY: a prefetch of an address inside the slice; it reads nothing.
+            unsafe {
+                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+                _mm_prefetch::<_MM_HINT_T0>(x.data.as_ptr().add(at).cast());
+            }
+            at += 16; // one 64-byte line
+        }
+    }
+}
+
 /// `LANES` values from `at` (the caller keeps `at + LANES` in bounds).
 #[inline(always)]
 fn chunk(data: &[f32], at: usize) -> [f32; LANES] {
@@ -102,6 +124,7 @@ fn chunk(data: &[f32], at: usize) -> [f32; LANES] {
 fn row_scores_kernel(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usize) {
     let mut t0 = 0;
     while t0 + TOKENS <= x.len {
+        prefetch_tokens(x, t0 + AHEAD * TOKENS, TOKENS);
         scores_all_rows::<TOKENS>(heads, t0, r, x, s, s_stride);
         t0 += TOKENS;
     }
