@@ -3,12 +3,13 @@
 //! attention curves, memorization against test accuracy over all runs, and one run's attention
 //! maps per dataset.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use super::kept;
 use super::paper;
 use super::plot::{
     LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, line_panels, scatter_panels,
@@ -32,17 +33,17 @@ pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBu
     let cells = aggregate(&rows);
     let verdict_rows = verdicts(&cells)?;
     verdict::write_csv(&out.join(VERDICTS), &verdict_rows)?;
-    let mut figures = Vec::new();
+    let mut figures: Vec<(&str, String)> = Vec::new();
     if noise_sweep(&out.join(FIG8), &cells)? {
-        figures.push((FIG8, "Fig. 8-style: train and test loss against the label-noise rate η (n = 200, mean over seeds). Its train loss is the authors' `eval_train/eval_loss`: cross-entropy on the noisy fine-tune set evaluated after the last epoch; the table's train loss is the Trainer's logged mean batch loss of the last epoch (`log_history[-4][\"loss\"]`)"));
+        figures.push((FIG8, "Fig. 8-style: train and test loss against the label-noise rate η (n = 200, mean over seeds). Its train loss is the authors' `eval_train/eval_loss`: cross-entropy on the noisy fine-tune set evaluated after the last epoch; the table's train loss is the Trainer's logged mean batch loss of the last epoch (`log_history[-4][\"loss\"]`)".into()));
     }
-    if attention_curves(&out.join(FIG9), runs)? {
-        figures.push((FIG9, "Fig. 9-style: mean max CLS attention per epoch (dashed: the paper's value at epoch 2000)"));
+    if let Some(caption) = attention_curves(out, runs)? {
+        figures.push((FIG9, caption));
     }
     if memorization_scatter(&out.join(SCATTER), &rows)? {
         figures.push((
             SCATTER,
-            "Memorization of the noisy labels against test accuracy, every run",
+            "Memorization of the noisy labels against test accuracy, every run".into(),
         ));
     }
     let mut markdown = markdown(&rows, &cells, &verdict_rows, sources, &figures)?;
@@ -89,7 +90,7 @@ fn markdown(
     cells: &[Cell],
     verdict_rows: &[VerdictRow],
     sources: &[PathBuf],
-    figures: &[(&str, &str)],
+    figures: &[(&str, String)],
 ) -> Result<String> {
     let table2 = paper::table2()?;
     let mut md = String::new();
@@ -291,76 +292,116 @@ fn noise_sweep(path: &Path, cells: &[Cell]) -> Result<bool> {
 }
 
 fn read_metrics(run_dir: &Path) -> Result<Vec<EpochMetrics>> {
-    let path = run_dir.join("metrics.jsonl");
+    let path = RunFolder(run_dir.to_path_buf()).metrics();
     let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
     text.lines()
         .map(|l| serde_json::from_str(l).with_context(|| format!("{}", path.display())))
         .collect()
 }
 
-/// Fig. 9: the per-epoch mean max CLS attention of one run per dataset (n = 200 preferred, then
-/// the lowest seed), with the paper's end value dashed; false when no run has metrics.
-fn attention_curves(path: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<bool> {
-    let fig9 = paper::fig9()?;
-    let mut chosen: Vec<&(ResultRow, PathBuf)> = Vec::new();
-    for run in runs {
-        match chosen.iter_mut().find(|c| c.0.dataset() == run.0.dataset()) {
-            Some(current) => {
-                let rank = |r: &ResultRow| {
-                    let c = &r.config;
-                    (c.n != 200, (c.eta - 0.1).abs() > 1e-9, c.seed)
-                };
-                if rank(&run.0) < rank(&current.0) {
-                    *current = run;
-                }
-            }
-            None => chosen.push(run),
+/// The datasets of `runs`, in name order.
+fn datasets(runs: &[(ResultRow, PathBuf)]) -> BTreeSet<String> {
+    runs.iter().map(|(row, _)| row.dataset()).collect()
+}
+
+/// Which run's curve stands for its dataset in Fig. 9, lowest first: last-layer mode (the
+/// last layer's CLS attention, the paper's quantity), n = 200, η = 0.1 (the paper's figure),
+/// then the lowest seed and the run's name.
+fn curve_rank(row: &ResultRow) -> (bool, bool, bool, u64, String) {
+    let c = &row.config;
+    (
+        c.mode != Mode::LastLayer,
+        c.n != 200,
+        (c.eta - 0.1).abs() > 1e-9,
+        c.seed,
+        row.run.clone(),
+    )
+}
+
+/// One dataset's Fig. 9 curve: from the best-ranked run whose metrics.jsonl is here, or from
+/// the curve an earlier report kept (`kept`), whichever run ranks first; None when neither.
+fn dataset_curve(
+    dataset: &str,
+    runs: &[(ResultRow, PathBuf)],
+    kept: &BTreeMap<String, kept::Curve>,
+) -> Result<Option<(ResultRow, kept::Curve)>> {
+    let logged = runs
+        .iter()
+        .filter(|(row, dir)| row.dataset() == dataset && RunFolder(dir.clone()).metrics().is_file())
+        .min_by_key(|(row, _)| curve_rank(row));
+    let kept = kept.get(dataset).and_then(|curve| {
+        let (row, _) = runs.iter().find(|(row, _)| row.run == curve.run)?;
+        Some((row, curve))
+    });
+    match (logged, kept) {
+        (Some((row, _)), Some((kept_row, curve))) if curve_rank(kept_row) < curve_rank(row) => {
+            Ok(Some((kept_row.clone(), curve.clone())))
         }
+        (Some((row, dir)), _) => {
+            let points = read_metrics(dir)?
+                .iter()
+                .map(|m| (m.epoch, m.max_cls_attention))
+                .collect();
+            let curve = kept::Curve {
+                run: row.run.clone(),
+                points,
+            };
+            Ok(Some((row.clone(), curve)))
+        }
+        (None, Some((row, curve))) => Ok(Some((row.clone(), curve.clone()))),
+        (None, None) => Ok(None),
     }
+}
+
+/// Fig. 9: the per-epoch mean max CLS attention of one run per dataset ([`curve_rank`]), with
+/// the paper's end value dashed, and the curves kept beside it ([`kept::CURVES`]). Returns the
+/// figure's caption, naming the datasets without a curve here; None when no dataset has one.
+fn attention_curves(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<Option<String>> {
+    let fig9 = paper::fig9()?;
+    let rows: Vec<&ResultRow> = runs.iter().map(|(row, _)| row).collect();
+    let kept = kept::kept_curves(out, &rows)?;
+    let mut curves: Vec<(String, kept::Curve)> = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
     let mut series = Vec::new();
-    for (k, (row, dir)) in chosen.iter().enumerate() {
-        let color = PALETTE[k % PALETTE.len()];
-        let metrics = read_metrics(dir)?;
-        if metrics.is_empty() {
+    for dataset in datasets(runs) {
+        let Some((row, curve)) = dataset_curve(&dataset, runs, &kept)? else {
+            missing.push(dataset);
             continue;
-        }
-        let last = metrics.len() as f64;
+        };
+        let color = PALETTE[curves.len() % PALETTE.len()];
+        let last = curve.points.len() as f64;
         series.push(Series {
             label: Some(format!(
-                "{} (n {}, η {}, seed {})",
-                row.dataset(),
+                "{} ({}, n {}, η {}, seed {})",
+                dataset,
+                row.config.mode_label(),
                 row.config.n,
                 row.config.eta,
                 row.config.seed
             )),
             color,
             width: 2,
-            points: metrics
-                .iter()
-                .map(|m| (m.epoch as f64, m.max_cls_attention))
-                .collect(),
+            points: curve.points.iter().map(|&(e, v)| (e as f64, v)).collect(),
         });
-        if let Some(end) = fig9.end(&row.dataset()) {
+        if let Some(end) = fig9.end(&dataset) {
             // The paper's end value as a short dashed mark at the right edge.
-            let dashes = (0..6)
-                .map(|j| {
-                    let x0 = last * (0.9 + 0.0167 * j as f64);
-                    Series {
-                        label: None,
-                        color,
-                        width: 2,
-                        points: vec![(x0, end), (x0 + last * 0.008, end)],
-                    }
-                })
-                .collect::<Vec<_>>();
-            series.extend(dashes);
+            series.extend((0..6).map(|j| {
+                let x0 = last * (0.9 + 0.0167 * j as f64);
+                Series {
+                    label: None,
+                    color,
+                    width: 2,
+                    points: vec![(x0, end), (x0 + last * 0.008, end)],
+                }
+            }));
         }
+        curves.push((dataset, curve));
     }
-    if series.is_empty() {
-        return Ok(false);
+    if curves.is_empty() {
+        return Ok(None);
     }
     line_panels(
-        path,
+        &out.join(FIG9),
         "Attention sparsifies while fitting noisy labels (Fig. 9 style)",
         &[LinePanel {
             title: "mean max CLS attention of the last layer".into(),
@@ -370,7 +411,21 @@ fn attention_curves(path: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<bool> 
             series,
         }],
     )?;
-    Ok(true)
+    kept::write_curves(out, &curves)?;
+    let mut caption = format!(
+        "Fig. 9-style: mean max CLS attention per epoch, one run per dataset (dashed: the \
+         paper's value at epoch 2000; the data in `{}`)",
+        kept::CURVES
+    );
+    if !missing.is_empty() {
+        write!(
+            caption,
+            ". No curve for {}: the per-epoch logs of its runs are not here (metrics.jsonl \
+             stays with each run, uncommitted) and no earlier report kept a curve",
+            missing.join(", ")
+        )?;
+    }
+    Ok(Some(caption))
 }
 
 /// Memorization against test accuracy of every run with flipped labels, by dataset.
@@ -410,62 +465,86 @@ pub fn attention_file(dataset: &str) -> String {
     format!("attention_{dataset}.png")
 }
 
-/// The run whose attention maps stand for its dataset: among those that wrote the file, the
-/// closest to the paper's headline setting (last-layer mode, η = 0.2, n = 200, seed 42), in that
-/// order of importance; ties go to the lowest seed, then the run's name.
+/// Which run's attention maps stand for its dataset, lowest first: the closest to the paper's
+/// headline setting (last-layer mode, η = 0.2, n = 200, seed 42), in that order of importance;
+/// ties go to the lowest seed, then the run's name.
+fn map_rank(row: &ResultRow) -> (bool, u64, usize, bool, u64, String) {
+    let c = &row.config;
+    (
+        c.mode != Mode::LastLayer,
+        ((c.eta - 0.2).abs() * 1e9).round() as u64,
+        c.n.abs_diff(200),
+        c.seed != 42,
+        c.seed,
+        row.run.clone(),
+    )
+}
+
+/// The run whose attention_maps.png stands for its dataset: the best-ranked ([`map_rank`])
+/// among the runs that have the file here and the run an earlier report's kept copy came from
+/// (`kept`); `true` when that is the kept copy.
 fn attention_run<'a>(
     runs: &'a [(ResultRow, PathBuf)],
     dataset: &str,
-) -> Option<&'a (ResultRow, PathBuf)> {
-    let key = |(row, _): &&(ResultRow, PathBuf)| {
-        let c = &row.config;
-        (
-            c.mode != Mode::LastLayer,
-            ((c.eta - 0.2).abs() * 1e9).round() as u64,
-            c.n.abs_diff(200),
-            c.seed != 42,
-            c.seed,
-            row.run.clone(),
-        )
-    };
-    runs.iter()
+    kept: Option<&String>,
+) -> Option<(&'a (ResultRow, PathBuf), bool)> {
+    let fresh = runs
+        .iter()
         .filter(|(row, dir)| {
             row.dataset() == dataset && RunFolder(dir.clone()).attention_maps().is_file()
         })
-        .min_by_key(key)
+        .min_by_key(|(row, _)| map_rank(row));
+    let kept = kept.and_then(|run| runs.iter().find(|(row, _)| row.run == *run));
+    match (fresh, kept) {
+        (Some(f), Some(k)) if map_rank(&k.0) < map_rank(&f.0) => Some((k, true)),
+        (Some(f), _) => Some((f, false)),
+        (None, Some(k)) => Some((k, true)),
+        (None, None) => None,
+    }
 }
 
 /// report.md's attention-map section: per dataset (in name order), one run's attention_maps.png
-/// copied into `out` and embedded with a caption naming the run, or a line saying that none of
-/// the dataset's runs wrote one (runs made before the maps existed).
+/// copied into `out` (or the copy an earlier report made of it, kept when unchanged; see
+/// [`kept`]) and embedded with a caption naming the run, or a line saying that none of the
+/// dataset's runs has one here.
 fn attention_maps(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<String> {
-    let datasets: std::collections::BTreeSet<String> =
-        runs.iter().map(|(row, _)| row.dataset()).collect();
+    let datasets = datasets(runs);
     if datasets.is_empty() {
         return Ok(String::new());
     }
+    let rows: Vec<&ResultRow> = runs.iter().map(|(row, _)| row).collect();
+    let kept = kept::kept_maps(out, &rows, attention_file)?;
     let mut md = String::new();
+    let mut sources: Vec<(String, String)> = Vec::new();
     writeln!(md, "## Attention maps\n")?;
     writeln!(
         md,
         "Token selection on real inputs, one run per dataset (the closest to last-layer mode, \
          η = 0.2, n = 200, seed 42): the first clean and the first noisy fine-tune samples, right \
-         after the query/key reset and after the last epoch.\n"
+         after the query/key reset and after the last epoch. `{}` names the run each map comes \
+         from.\n",
+        kept::MAPS
     )?;
     for dataset in &datasets {
-        let Some((row, dir)) = attention_run(runs, dataset) else {
+        let Some(((row, dir), is_kept)) = attention_run(runs, dataset, kept.get(dataset)) else {
             writeln!(
                 md,
-                "- {dataset}: no attention map; none of its runs wrote attention_maps.png (runs made before it existed).\n"
+                "- {dataset}: no attention map; none of its runs has attention_maps.png here \
+                 (the file stays with the run, uncommitted; runs made before the maps existed \
+                 have none) and no earlier report kept one.\n"
             )?;
             continue;
         };
         let file = attention_file(dataset);
-        let source = RunFolder(dir.clone()).attention_maps();
-        produce_atomic(&out.join(&file), |tmp| {
-            std::fs::copy(&source, tmp).with_context(|| format!("copying {}", source.display()))?;
-            Ok(())
-        })?;
+        if !is_kept {
+            let source = RunFolder(dir.clone()).attention_maps();
+            produce_atomic(&out.join(&file), |tmp| {
+                std::fs::copy(&source, tmp)
+                    .with_context(|| format!("copying {}", source.display()))?;
+                Ok(())
+            })?;
+        }
+        sources.push((dataset.clone(), row.run.clone()));
         let c = &row.config;
         let caption = format!(
             "{dataset}: run `{}` ({} mode, n = {}, η = {}, seed {}, {} epochs)",
@@ -478,6 +557,7 @@ fn attention_maps(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<String> {
         );
         writeln!(md, "{caption}\n\n![{caption}]({file})\n")?;
     }
+    kept::write_maps(out, &sources, attention_file)?;
     Ok(md)
 }
 
@@ -553,5 +633,78 @@ mod tests {
         assert!(md.contains("- mnist: no attention map"), "{md}");
         assert!(!out.join("attention_mnist.png").exists());
         assert!(attention_maps(&out, &[]).unwrap().is_empty());
+    }
+
+    /// A metrics.jsonl for `dir` with epochs 0..=last whose last value is `end`.
+    fn write_log(dir: &Path, last: usize, end: f64) {
+        let metrics: Vec<EpochMetrics> = (0..=last)
+            .map(|epoch| EpochMetrics {
+                epoch,
+                max_cls_attention: if epoch == last {
+                    end
+                } else {
+                    0.01 * epoch as f64
+                },
+                ..row("x", 0.2, 42, 0.8, 0.1, 0.5, 0.7).last.clone()
+            })
+            .collect();
+        crate::io::write_json_lines(&RunFolder(dir.to_path_buf()).metrics(), &metrics).unwrap();
+    }
+
+    /// Where the runs' own files are gone (a fresh checkout of a committed grid), the report is
+    /// made again from what it kept, and only from what still belongs to a finished run.
+    #[test]
+    fn a_report_made_again_without_the_runs_files_keeps_what_it_drew() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, out) = (dir.path().join("runs"), dir.path().join("report"));
+        std::fs::create_dir_all(&out).unwrap();
+        let mut runs = vec![run(&root, "t-n200", |r| r.summary.config.n = 200, true)];
+        write_log(&runs[0].1, 10, 0.2);
+        let caption = attention_curves(&out, &runs).unwrap().unwrap();
+        assert!(!caption.contains("No curve"), "{caption}");
+        let md = attention_maps(&out, &runs).unwrap();
+        assert!(md.contains("![trec: run `t-n200`"), "{md}");
+        let curves = std::fs::read_to_string(out.join(kept::CURVES)).unwrap();
+        let map = std::fs::read(out.join("attention_trec.png")).unwrap();
+
+        // The run's log and map are gone: both come from what the report kept.
+        std::fs::remove_file(RunFolder(runs[0].1.clone()).metrics()).unwrap();
+        std::fs::remove_file(RunFolder(runs[0].1.clone()).attention_maps()).unwrap();
+        assert_eq!(attention_curves(&out, &runs).unwrap().unwrap(), caption);
+        assert_eq!(
+            std::fs::read_to_string(out.join(kept::CURVES)).unwrap(),
+            curves
+        );
+        assert_eq!(attention_maps(&out, &runs).unwrap(), md);
+        assert_eq!(std::fs::read(out.join("attention_trec.png")).unwrap(), map);
+
+        // A better-ranked run with its own files replaces the kept ones.
+        runs.push(run(
+            &root,
+            "t-n200-eta0.1",
+            |r| {
+                r.summary.config.n = 200;
+                r.summary.config.eta = 0.1;
+            },
+            false,
+        ));
+        write_log(&runs[1].1, 10, 0.2);
+        attention_curves(&out, &runs).unwrap().unwrap();
+        assert!(
+            std::fs::read_to_string(out.join(kept::CURVES))
+                .unwrap()
+                .contains("t-n200-eta0.1")
+        );
+        runs.pop();
+        std::fs::write(out.join(kept::CURVES), &curves).unwrap();
+
+        // A kept curve that no longer ends at its run's final value, or a copy that changed,
+        // stands for nothing: left out, and said so.
+        runs[0].0.summary.last.max_cls_attention = 0.3;
+        let caption = attention_curves(&out, &runs).unwrap();
+        assert!(caption.is_none(), "{caption:?}");
+        std::fs::write(out.join("attention_trec.png"), "edited").unwrap();
+        let md = attention_maps(&out, &runs).unwrap();
+        assert!(md.contains("- trec: no attention map"), "{md}");
     }
 }
