@@ -275,6 +275,7 @@ pub(super) mod tests {
                     splits: vec![],
                     complete: true,
                 },
+                float_kernels: "x86_64 avx2+fma".into(),
             },
             baseline_test_acc: baseline,
             reset_test_acc: None,

@@ -45,6 +45,9 @@ pub struct RunState {
     /// 2 starts, and in checkpoints written before the maps existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_reset: Option<Snapshot>,
+    /// The float kernels of the sittings so far (empty in checkpoints from before it was kept).
+    #[serde(default)]
+    pub float_kernels: String,
 }
 
 pub struct Checkpoint {
@@ -205,6 +208,7 @@ mod tests {
                 predictions: vec![1, 0],
                 attention: vec![vec![0.1 + 0.2, 0.7], vec![1.0 / 3.0]],
             }),
+            float_kernels: "x86_64 avx512f, then x86_64 avx2+fma".into(),
         };
         save(
             dir.path(),
@@ -227,6 +231,7 @@ mod tests {
         );
         assert_eq!(ours.attention_entropy, 1e-300);
         assert_eq!(loaded.state.attention_reset, state.attention_reset);
+        assert_eq!(loaded.state.float_kernels, state.float_kernels);
         let other = Var::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap();
         restore_params("w", &[("x".into(), other.clone())], &loaded.tensors).unwrap();
         assert_eq!(

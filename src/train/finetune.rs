@@ -19,8 +19,7 @@ use super::metrics::evaluate;
 use super::optim::AdamW;
 use super::phases::{
     EpochMetrics, Forward, Penalty, Phase2Data, Schedule, Set, steps_per_epoch, train_classifier,
-    train_classifier_on_tokens,
-    train_phase2,
+    train_classifier_on_tokens, train_phase2,
 };
 pub use super::run::{FinetuneJob, HeadClassifier, Mode, Places, RunConfig, RunFolder};
 use crate::data::catalog::{Completeness, Modality};
@@ -52,6 +51,11 @@ pub struct Resolved {
     /// Share of fine-tune labels the noise flipped.
     pub realised_eta: f64,
     pub dataset_completeness: Completeness,
+    /// The float kernels the run ran with ([`crate::runtime::float_kernels`]); a run resumed
+    /// on another kind of CPU lists each sitting's ("x86_64 avx512f, then x86_64 avx2+fma").
+    /// Empty in summaries written before it was recorded.
+    #[serde(default)]
+    pub float_kernels: String,
 }
 
 /// summary.json: the configuration, what it resolved to, and the results.
@@ -109,9 +113,12 @@ impl Progress for () {}
 /// The protocol, step by step.
 pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRun> {
     let started = Instant::now();
-    let setup = setup(job)?;
+    let mut setup = setup(job)?;
     if !setup.device.is_cpu() {
-        progress.note(&format!("--device {}: {HOST_STEPS}", device_name(&setup.device)));
+        progress.note(&format!(
+            "--device {}: {HOST_STEPS}",
+            device_name(&setup.device)
+        ));
     }
     if let Some(out) = &job.out {
         write_config(out, &job.config)?;
@@ -132,6 +139,9 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             test_n: prepared.test.len(),
         };
         let resumed = resumed_checkpoint(job, &identity, &setup.device)?;
+        if let Some(saved) = &resumed {
+            record_resumed_kernels(&mut setup, saved);
+        }
         // One initialisation stream: the classifier, then the query/key reset or the head.
         let mut init_rng = stream(job.config.seed, Stream::Init);
         let phase1 = phase_one(
@@ -147,6 +157,7 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             job,
             identity,
             phase1: &phase1,
+            float_kernels: setup.float_kernels.clone(),
         };
         if resumed.is_none() {
             checkpoints.save(0, None, &[], None)?;
@@ -173,6 +184,15 @@ fn device_name(device: &Device) -> &'static str {
     }
 }
 
+/// What computes the run's floats: the CPU's kernels, or the device beside the host's.
+fn float_kernels(device: &Device) -> String {
+    let host = crate::runtime::float_kernels();
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => host.to_string(),
+        _ => format!("{} (host: {host})", device_name(device)),
+    }
+}
+
 /// Writes the resolved configuration into the run folder (the first file a run leaves).
 fn write_config(out: &Path, config: &RunConfig) -> Result<()> {
     crate::io::ensure_dir(out)?;
@@ -189,6 +209,8 @@ struct Setup {
     cache: FeatureCache,
     plan: SplitPlan,
     deviations: Vec<String>,
+    /// [`crate::runtime::float_kernels`], and on resume those of the earlier sittings.
+    float_kernels: String,
 }
 
 fn setup(job: &FinetuneJob) -> Result<Setup> {
@@ -204,6 +226,7 @@ fn setup(job: &FinetuneJob) -> Result<Setup> {
     let (plan, notes) = split_plan(config, &dataset, &completeness)?;
     deviations.extend(notes);
     deviations.extend(unofficial_files(&config.dataset, &root)?);
+    let float_kernels = float_kernels(&device);
     Ok(Setup {
         root,
         dataset,
@@ -213,6 +236,7 @@ fn setup(job: &FinetuneJob) -> Result<Setup> {
         cache,
         plan,
         deviations,
+        float_kernels,
     })
 }
 
@@ -557,6 +581,34 @@ fn resumed_checkpoint(
     }
 }
 
+/// A run resumed on a CPU whose float kernels differ from those of the sittings before: the
+/// summary lists each sitting's, and a deviation says that the run equals an uninterrupted one
+/// only to float rounding (resuming is bit-exact on the same kind of CPU only).
+fn record_resumed_kernels(setup: &mut Setup, saved: &Checkpoint) {
+    let Some(history) = kernel_history(&saved.state.float_kernels, &setup.float_kernels) else {
+        setup.float_kernels = saved.state.float_kernels.clone();
+        return;
+    };
+    setup.deviations.push(format!(
+        "resumed after epoch {} with other float kernels ({history}): float sums differ in \
+         order from there on, so the run equals an uninterrupted one only to float rounding",
+        saved.state.epochs_done
+    ));
+    setup.float_kernels = history;
+}
+
+/// The sittings' kernels once a sitting with `now` follows those of `before` (empty: not
+/// recorded, a checkpoint from before they were kept); None when `now` is what the last sitting
+/// ran with.
+fn kernel_history(before: &str, now: &str) -> Option<String> {
+    let before = if before.is_empty() {
+        "unrecorded"
+    } else {
+        before
+    };
+    (before.rsplit(", then ").next() != Some(now)).then(|| format!("{before}, then {now}"))
+}
+
 /// The phase-1 classifier and what phase 1 measured.
 struct PhaseOne {
     classifier: Classifier,
@@ -569,6 +621,8 @@ struct Checkpoints<'a> {
     job: &'a FinetuneJob,
     identity: RunIdentity,
     phase1: &'a PhaseOne,
+    /// The float kernels of every sitting so far (see [`Resolved::float_kernels`]).
+    float_kernels: String,
 }
 
 impl Checkpoints<'_> {
@@ -593,6 +647,7 @@ impl Checkpoints<'_> {
             optimizer_step: optimizer.map_or(0, |o| o.step),
             log: log.to_vec(),
             attention_reset: attention_reset.cloned(),
+            float_kernels: self.float_kernels.clone(),
         };
         let mut tensors = checkpoint::named_tensors("classifier", &self.phase1.classifier.named());
         if let Some(opt) = optimizer {
@@ -667,7 +722,10 @@ fn phase1_lock(file: &Path) -> Arc<Mutex<()>> {
 /// What the phase-1 classifier trains on, and the test features its baseline is scored on.
 enum Phase1Input<'a> {
     /// One feature per sample (N, D).
-    Features { pretrain: &'a Tensor, test: &'a Tensor },
+    Features {
+        pretrain: &'a Tensor,
+        test: &'a Tensor,
+    },
     /// Every final token of the pretrain samples, from their last-layer inputs (head mode's
     /// `tokens`); the baseline scores the mean-pooled test tokens, which for a linear classifier
     /// is the mean of its per-token logits, and what the head selects right after its reset.
@@ -819,7 +877,9 @@ fn phase_one(
         }
     }
     let baseline = evaluate(
-        &classifier.forward(&input.test().to_device(device)?)?.detach(),
+        &classifier
+            .forward(&input.test().to_device(device)?)?
+            .detach(),
         &prepared.test.labels,
     )?
     .accuracy;
@@ -1224,6 +1284,7 @@ fn summarize(
             test_n: prepared.test.len(),
             realised_eta: prepared.labels.rate(),
             dataset_completeness: setup.completeness,
+            float_kernels: setup.float_kernels,
         },
         baseline_test_acc: phase1.baseline_test_acc,
         reset_test_acc: log.iter().find(|m| m.epoch == 0).and_then(|m| m.test_acc),
@@ -1245,6 +1306,28 @@ mod tests {
 
     /// A run that panics while holding the phase-1 lock does not take the other runs of a grid
     /// down with it.
+    /// A sitting on the same kernels as the last one adds nothing; another kind of CPU, or a
+    /// checkpoint that never recorded its kernels, is listed after them.
+    #[test]
+    fn a_resumed_run_lists_each_sittings_float_kernels() {
+        let (a, b) = ("x86_64 avx512f", "x86_64 avx2+fma");
+        assert_eq!(kernel_history(a, a), None);
+        assert_eq!(
+            kernel_history(a, b).as_deref(),
+            Some("x86_64 avx512f, then x86_64 avx2+fma")
+        );
+        let twice = kernel_history(a, b).unwrap();
+        assert_eq!(kernel_history(&twice, b), None);
+        assert_eq!(
+            kernel_history(&twice, a).as_deref(),
+            Some("x86_64 avx512f, then x86_64 avx2+fma, then x86_64 avx512f")
+        );
+        assert_eq!(
+            kernel_history("", a).as_deref(),
+            Some("unrecorded, then x86_64 avx512f")
+        );
+    }
+
     #[test]
     fn a_poisoned_phase1_lock_is_taken_over() {
         let file = Path::new("/nonexistent/phase1-lock-test");
