@@ -84,7 +84,7 @@ pub fn float_kernels() -> &'static str {
         if is_x86_feature_detected!("avx512f") {
             return "x86_64 avx512f";
         }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if crate::encoder::layers::avx2_fma() {
             return "x86_64 avx2+fma";
         }
         "x86_64 sse2"

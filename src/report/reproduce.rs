@@ -318,39 +318,58 @@ fn curve_rank(row: &ResultRow) -> (bool, bool, bool, u64, String) {
     )
 }
 
-/// One dataset's Fig. 9 curve: from the best-ranked run whose metrics.jsonl is here, or from
-/// the curve an earlier report kept (`kept`), whichever run ranks first; None when neither.
+/// The run whose file stands for `dataset` in a figure: the best-ranked (lowest `rank`) among
+/// the runs that have the file here (`has_file`) and the run an earlier report kept it from
+/// (`kept_run`); `true` when that is the kept one. The fresh run wins a tie.
+fn source_run<'a, K: Ord>(
+    runs: &'a [(ResultRow, PathBuf)],
+    dataset: &str,
+    has_file: impl Fn(&RunFolder) -> bool,
+    kept_run: Option<&str>,
+    rank: impl Fn(&ResultRow) -> K,
+) -> Option<(&'a (ResultRow, PathBuf), bool)> {
+    let fresh = runs
+        .iter()
+        .filter(|(row, dir)| row.dataset() == dataset && has_file(&RunFolder(dir.clone())))
+        .min_by_key(|(row, _)| rank(row));
+    let kept = kept_run.and_then(|run| runs.iter().find(|(row, _)| row.run == run));
+    match (fresh, kept) {
+        (Some(f), Some(k)) if rank(&k.0) < rank(&f.0) => Some((k, true)),
+        (Some(f), _) => Some((f, false)),
+        (None, Some(k)) => Some((k, true)),
+        (None, None) => None,
+    }
+}
+
+/// One dataset's Fig. 9 curve ([`source_run`] by [`curve_rank`]): read from the run's
+/// metrics.jsonl, or the curve an earlier report kept; None when neither exists.
 fn dataset_curve(
     dataset: &str,
     runs: &[(ResultRow, PathBuf)],
     kept: &BTreeMap<String, kept::Curve>,
 ) -> Result<Option<(ResultRow, kept::Curve)>> {
-    let logged = runs
-        .iter()
-        .filter(|(row, dir)| row.dataset() == dataset && RunFolder(dir.clone()).metrics().is_file())
-        .min_by_key(|(row, _)| curve_rank(row));
-    let kept = kept.get(dataset).and_then(|curve| {
-        let (row, _) = runs.iter().find(|(row, _)| row.run == curve.run)?;
-        Some((row, curve))
-    });
-    match (logged, kept) {
-        (Some((row, _)), Some((kept_row, curve))) if curve_rank(kept_row) < curve_rank(row) => {
-            Ok(Some((kept_row.clone(), curve.clone())))
-        }
-        (Some((row, dir)), _) => {
-            let points = read_metrics(dir)?
+    let kept = kept.get(dataset);
+    let source = source_run(
+        runs,
+        dataset,
+        |folder| folder.metrics().is_file(),
+        kept.map(|curve| curve.run.as_str()),
+        curve_rank,
+    );
+    let Some(((row, dir), is_kept)) = source else {
+        return Ok(None);
+    };
+    let curve = match kept {
+        Some(curve) if is_kept => curve.clone(),
+        _ => kept::Curve {
+            run: row.run.clone(),
+            points: read_metrics(dir)?
                 .iter()
                 .map(|m| (m.epoch, m.max_cls_attention))
-                .collect();
-            let curve = kept::Curve {
-                run: row.run.clone(),
-                points,
-            };
-            Ok(Some((row.clone(), curve)))
-        }
-        (None, Some((row, curve))) => Ok(Some((row.clone(), curve.clone()))),
-        (None, None) => Ok(None),
-    }
+                .collect(),
+        },
+    };
+    Ok(Some((row.clone(), curve)))
 }
 
 /// Fig. 9: the per-epoch mean max CLS attention of one run per dataset ([`curve_rank`]), with
@@ -480,29 +499,6 @@ fn map_rank(row: &ResultRow) -> (bool, u64, usize, bool, u64, String) {
     )
 }
 
-/// The run whose attention_maps.png stands for its dataset: the best-ranked ([`map_rank`])
-/// among the runs that have the file here and the run an earlier report's kept copy came from
-/// (`kept`); `true` when that is the kept copy.
-fn attention_run<'a>(
-    runs: &'a [(ResultRow, PathBuf)],
-    dataset: &str,
-    kept: Option<&String>,
-) -> Option<(&'a (ResultRow, PathBuf), bool)> {
-    let fresh = runs
-        .iter()
-        .filter(|(row, dir)| {
-            row.dataset() == dataset && RunFolder(dir.clone()).attention_maps().is_file()
-        })
-        .min_by_key(|(row, _)| map_rank(row));
-    let kept = kept.and_then(|run| runs.iter().find(|(row, _)| row.run == *run));
-    match (fresh, kept) {
-        (Some(f), Some(k)) if map_rank(&k.0) < map_rank(&f.0) => Some((k, true)),
-        (Some(f), _) => Some((f, false)),
-        (None, Some(k)) => Some((k, true)),
-        (None, None) => None,
-    }
-}
-
 /// report.md's attention-map section: per dataset (in name order), one run's attention_maps.png
 /// copied into `out` (or the copy an earlier report made of it, kept when unchanged; see
 /// [`kept`]) and embedded with a caption naming the run, or a line saying that none of the
@@ -526,7 +522,14 @@ fn attention_maps(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<String> {
         kept::MAPS
     )?;
     for dataset in &datasets {
-        let Some(((row, dir), is_kept)) = attention_run(runs, dataset, kept.get(dataset)) else {
+        let source = source_run(
+            runs,
+            dataset,
+            |folder| folder.attention_maps().is_file(),
+            kept.get(dataset).map(String::as_str),
+            map_rank,
+        );
+        let Some(((row, dir), is_kept)) = source else {
             writeln!(
                 md,
                 "- {dataset}: no attention map; none of its runs has attention_maps.png here \
