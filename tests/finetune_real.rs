@@ -273,7 +273,7 @@ fn killed_and_resumed_run_matches_an_uninterrupted_one() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let done_at_kill = loop {
+    let (done_at_kill, seconds_at_kill) = loop {
         assert!(
             child.try_wait().unwrap().is_none(),
             "the run finished before it could be killed"
@@ -283,7 +283,7 @@ fn killed_and_resumed_run_matches_an_uninterrupted_one() {
         {
             child.kill().unwrap();
             child.wait().unwrap();
-            break saved.state.epochs_done;
+            break (saved.state.epochs_done, saved.state.wall_seconds);
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     };
@@ -309,6 +309,14 @@ fn killed_and_resumed_run_matches_an_uninterrupted_one() {
     assert_eq!(
         ours.1, theirs.1,
         "metrics.jsonl after resuming from epoch {done_at_kill}"
+    );
+    // The wall time is the whole run's: the killed sitting's up to its checkpoint, then this one.
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(killed.join("summary.json")).unwrap()).unwrap();
+    let wall = summary["wall_seconds"].as_f64().unwrap();
+    assert!(
+        seconds_at_kill > 0.0 && wall > seconds_at_kill,
+        "wall_seconds {wall} after a sitting that had taken {seconds_at_kill} s"
     );
     // The epoch-0 panels come from the attention the checkpoint recorded: the same picture.
     assert!(

@@ -48,6 +48,11 @@ pub struct RunState {
     /// The float kernels of the sittings so far (empty in checkpoints from before it was kept).
     #[serde(default)]
     pub float_kernels: String,
+    /// Wall seconds the run had taken up to this checkpoint, over every sitting so far (0 in
+    /// checkpoints from before it was kept), so that a resumed run's `wall_seconds` is the whole
+    /// run's and not its last sitting's.
+    #[serde(default)]
+    pub wall_seconds: f64,
 }
 
 pub struct Checkpoint {
@@ -209,6 +214,7 @@ mod tests {
                 attention: vec![vec![0.1 + 0.2, 0.7], vec![1.0 / 3.0]],
             }),
             float_kernels: "x86_64 avx512f, then x86_64 avx2+fma".into(),
+            wall_seconds: 12.5,
         };
         save(
             dir.path(),
@@ -232,6 +238,7 @@ mod tests {
         assert_eq!(ours.attention_entropy, 1e-300);
         assert_eq!(loaded.state.attention_reset, state.attention_reset);
         assert_eq!(loaded.state.float_kernels, state.float_kernels);
+        assert_eq!(loaded.state.wall_seconds, 12.5);
         let other = Var::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap();
         restore_params("w", &[("x".into(), other.clone())], &loaded.tensors).unwrap();
         assert_eq!(

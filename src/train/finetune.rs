@@ -74,6 +74,8 @@ pub struct FinetuneSummary {
     pub last: EpochMetrics,
     /// Every way this run departs from the paper's protocol, one sentence each.
     pub deviations: Vec<String>,
+    /// The run's wall time, summed over its sittings when it was resumed (each sitting up to its
+    /// last checkpoint; summaries written before that was kept count the last sitting only).
     pub wall_seconds: f64,
 }
 
@@ -142,6 +144,10 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
         if let Some(saved) = &resumed {
             record_resumed_kernels(&mut setup, saved);
         }
+        let clock = WallClock {
+            started,
+            earlier_sittings: resumed.as_ref().map_or(0.0, |s| s.state.wall_seconds),
+        };
         // One initialisation stream: the classifier, then the query/key reset or the head.
         let mut init_rng = stream(job.config.seed, Stream::Init);
         let phase1 = phase_one(
@@ -158,6 +164,7 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             identity,
             phase1: &phase1,
             float_kernels: setup.float_kernels.clone(),
+            clock: &clock,
         };
         if resumed.is_none() {
             checkpoints.save(0, None, &[], None)?;
@@ -172,7 +179,7 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             progress,
         )?;
         let maps = attention_maps(job, &setup, &prepared, &log)?;
-        summarize(job, setup, &prepared, phase1, log, maps, started)
+        summarize(job, setup, &prepared, phase1, log, maps, &clock)
     })
 }
 
@@ -609,6 +616,20 @@ fn kernel_history(before: &str, now: &str) -> Option<String> {
     (before.rsplit(", then ").next() != Some(now)).then(|| format!("{before}, then {now}"))
 }
 
+/// A run's wall time over its sittings: this one's since it started, plus what the checkpoint it
+/// resumed from had recorded (the work a killed sitting did after its last checkpoint is redone,
+/// and counted, in the next).
+struct WallClock {
+    started: Instant,
+    earlier_sittings: f64,
+}
+
+impl WallClock {
+    fn seconds(&self) -> f64 {
+        self.earlier_sittings + self.started.elapsed().as_secs_f64()
+    }
+}
+
 /// The phase-1 classifier and what phase 1 measured.
 struct PhaseOne {
     classifier: Classifier,
@@ -623,6 +644,7 @@ struct Checkpoints<'a> {
     phase1: &'a PhaseOne,
     /// The float kernels of every sitting so far (see [`Resolved::float_kernels`]).
     float_kernels: String,
+    clock: &'a WallClock,
 }
 
 impl Checkpoints<'_> {
@@ -648,6 +670,7 @@ impl Checkpoints<'_> {
             log: log.to_vec(),
             attention_reset: attention_reset.cloned(),
             float_kernels: self.float_kernels.clone(),
+            wall_seconds: self.clock.seconds(),
         };
         let mut tensors = checkpoint::named_tensors("classifier", &self.phase1.classifier.named());
         if let Some(opt) = optimizer {
@@ -1268,7 +1291,7 @@ fn summarize(
     phase1: PhaseOne,
     log: Phase2Log,
     attention_maps: AttentionMaps,
-    started: Instant,
+    clock: &WallClock,
 ) -> Result<FinetuneRun> {
     let log = log.epochs;
     let last = log.last().context("phase 2 ran no epoch")?.clone();
@@ -1290,7 +1313,7 @@ fn summarize(
         reset_test_acc: log.iter().find(|m| m.epoch == 0).and_then(|m| m.test_acc),
         last,
         deviations,
-        wall_seconds: started.elapsed().as_secs_f64(),
+        wall_seconds: clock.seconds(),
     };
     Ok(FinetuneRun {
         summary,

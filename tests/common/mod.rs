@@ -155,7 +155,13 @@ pub fn config<T: serde::de::DeserializeOwned>(dir: &str) -> T {
 
 /// The tiny BERT's input batch from its io fixture, on `device`.
 pub fn bert_batch(io: &HashMap<String, Tensor>, device: &Device) -> TextBatch {
-    let u32s = |name: &str| io[name].to_dtype(DType::U32).unwrap().to_device(device).unwrap();
+    let u32s = |name: &str| {
+        io[name]
+            .to_dtype(DType::U32)
+            .unwrap()
+            .to_device(device)
+            .unwrap()
+    };
     TextBatch {
         input_ids: u32s("input_ids"),
         token_type_ids: u32s("token_type_ids"),
