@@ -236,34 +236,45 @@ fn verdicts(cells: &[Cell]) -> Result<Vec<VerdictRow>> {
     Ok(verdict::verdicts(cells, &paper::table2()?))
 }
 
+/// A figure's name for the runs of one dataset in one mode: the dataset alone for the paper's
+/// last-layer mode, the mode beside it otherwise, so that two modes never share a colour unnamed.
+fn series_label(dataset: &str, mode: &str) -> String {
+    if mode == Mode::LastLayer.name() {
+        dataset.to_string()
+    } else {
+        format!("{dataset} ({mode})")
+    }
+}
+
 /// Fig. 8: losses against η at n = 200 per dataset; false when fewer than two η were run.
 fn noise_sweep(path: &Path, cells: &[Cell]) -> Result<bool> {
     let sweep: Vec<&Cell> = cells.iter().filter(|c| c.n == 200).collect();
-    let mut datasets: Vec<&str> = Vec::new();
+    let mut labels: Vec<String> = Vec::new();
     for c in &sweep {
-        if !datasets.contains(&c.dataset.as_str()) {
-            datasets.push(&c.dataset);
+        let label = series_label(&c.dataset, &c.mode);
+        if !labels.contains(&label) {
+            labels.push(label);
         }
     }
-    let enough = datasets
-        .iter()
-        .any(|d| sweep.iter().filter(|c| c.dataset == *d).count() >= 2);
-    if !enough {
+    let of = |label: &str| -> Vec<&Cell> {
+        sweep
+            .iter()
+            .copied()
+            .filter(|c| series_label(&c.dataset, &c.mode) == label)
+            .collect()
+    };
+    if !labels.iter().any(|l| of(l).len() >= 2) {
         return Ok(false);
     }
     let panel = |title: &str, y: fn(&Cell) -> f64| {
-        let series: Vec<Series> = datasets
+        let series: Vec<Series> = labels
             .iter()
             .enumerate()
-            .map(|(k, d)| Series {
-                label: Some(d.to_string()),
+            .map(|(k, label)| Series {
+                label: Some(label.clone()),
                 color: PALETTE[k % PALETTE.len()],
                 width: 2,
-                points: sweep
-                    .iter()
-                    .filter(|c| c.dataset == *d)
-                    .map(|c| (c.eta, y(c)))
-                    .collect(),
+                points: of(label).iter().map(|c| (c.eta, y(c))).collect(),
             })
             .collect();
         let top = series
@@ -453,10 +464,11 @@ fn memorization_scatter(path: &Path, rows: &[ResultRow]) -> Result<bool> {
     for r in rows.iter().filter(|r| r.memorization().is_finite()) {
         let k = groups.len();
         let point = (r.memorization(), r.test_acc());
-        match groups.iter_mut().find(|g| g.label == r.dataset()) {
+        let label = series_label(&r.dataset(), &r.mode());
+        match groups.iter_mut().find(|g| g.label == label) {
             Some(g) => g.points.push(point),
             None => groups.push(ScatterGroup {
-                label: r.dataset(),
+                label,
                 color: PALETTE[k % PALETTE.len()],
                 marker: [Marker::Circle, Marker::Triangle, Marker::Cross][k % 3],
                 points: vec![point],
