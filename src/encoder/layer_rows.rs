@@ -7,21 +7,55 @@
 //! reads a batch of samples at a time: the test set of a paper-scale run (10 000 samples of
 //! 197 × 768 floats) streams from the disk chunk by chunk, and only the n ≤ 1000 fine-tune samples
 //! are made resident. Each sample's bytes are checked against the digest its shard's sidecar
-//! recorded when they are read.
+//! recorded the first time they are read; the shard file stays open from then on, so later reads
+//! (every test evaluation, every epoch of head mode's phase 1) see the very file that was checked,
+//! even if its path is replaced meanwhile, and are not hashed again.
 
+use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result, bail, ensure};
 use candle_core::{Device, Tensor};
 
+/// A file of rows, opened at its first read and held open: what was checked in it stays what
+/// is read from it (a cache writer replaces a shard by renaming a new file over its path, which
+/// does not touch an open one).
+#[derive(Debug)]
+struct RowFile {
+    path: PathBuf,
+    open: OnceLock<std::fs::File>,
+}
+
+impl RowFile {
+    fn new(path: PathBuf) -> Arc<Self> {
+        Arc::new(Self {
+            path,
+            open: OnceLock::new(),
+        })
+    }
+
+    fn file(&self) -> Result<&std::fs::File> {
+        if let Some(file) = self.open.get() {
+            return Ok(file);
+        }
+        let file = std::fs::File::open(&self.path)
+            .with_context(|| format!("{}: cannot open", self.path.display()))?;
+        // Two threads may open it at once; the first one's handle is kept.
+        Ok(self.open.get_or_init(|| file))
+    }
+}
+
 /// A sample's rows in a file: `tokens` rows of `dim` f32 starting at byte `offset`.
 #[derive(Clone, Debug)]
 struct OnDisk {
-    file: Arc<PathBuf>,
+    file: Arc<RowFile>,
     offset: u64,
     digest: String,
+    /// Whether these bytes of the held file matched `digest` once (shared by every copy).
+    verified: Arc<AtomicBool>,
 }
 
 #[derive(Clone, Debug)]
@@ -98,12 +132,18 @@ impl LayerRows {
         dim: usize,
     ) -> Self {
         let lengths = samples.iter().map(|s| s.2).collect();
+        let mut files: HashMap<PathBuf, Arc<RowFile>> = HashMap::new();
         let samples = samples
             .into_iter()
-            .map(|(file, offset, _, digest)| OnDisk {
-                file,
+            .map(|(path, offset, _, digest)| OnDisk {
+                file: Arc::clone(
+                    files
+                        .entry(path.to_path_buf())
+                        .or_insert_with(|| RowFile::new(path.to_path_buf())),
+                ),
                 offset,
                 digest,
+                verified: Arc::new(AtomicBool::new(false)),
             })
             .collect();
         Self {
@@ -225,24 +265,27 @@ impl LayerRows {
             }
             Storage::Disk(samples) => {
                 let sample = &samples[i];
-                let file = std::fs::File::open(sample.file.as_path())
-                    .with_context(|| format!("{}: cannot open", sample.file.display()))?;
+                let path = &sample.file.path;
                 let mut bytes = vec![0u8; len * 4];
-                file.read_exact_at(&mut bytes, sample.offset)
-                    .with_context(|| {
-                        format!("{}: cannot read sample rows", sample.file.display())
-                    })?;
+                sample
+                    .file
+                    .file()?
+                    .read_exact_at(&mut bytes, sample.offset)
+                    .with_context(|| format!("{}: cannot read sample rows", path.display()))?;
                 let first = out.len();
                 out.extend(
                     bytes
                         .chunks_exact(4)
                         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
                 );
-                if rows_digest(&out[first..]) != sample.digest {
-                    bail!(
-                        "{}: a sample's rows differ from the digest its sidecar recorded; delete the shard to rebuild it",
-                        sample.file.display()
-                    );
+                if !sample.verified.load(Ordering::Acquire) {
+                    if rows_digest(&out[first..]) != sample.digest {
+                        bail!(
+                            "{}: a sample's rows differ from the digest its sidecar recorded; delete the shard to rebuild it",
+                            path.display()
+                        );
+                    }
+                    sample.verified.store(true, Ordering::Release);
                 }
             }
         }
@@ -299,8 +342,9 @@ pub fn sweep_spills(dir: &std::path::Path) {
 /// temporary file that lives as long as the rows do.
 pub struct RowsBuilder {
     rows: LayerRows,
-    /// The open temporary file and the next byte to write, when on disk.
-    file: Option<(std::fs::File, u64)>,
+    /// The open temporary file, the same file as rows read back from it, and the next byte to
+    /// write, when on disk.
+    file: Option<(std::fs::File, Arc<RowFile>, u64)>,
 }
 
 impl RowsBuilder {
@@ -327,6 +371,7 @@ impl RowsBuilder {
             .tempfile_in(dir)
             .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?
             .into_parts();
+        let rows_file = RowFile::new(path.to_path_buf());
         Ok(Self {
             rows: LayerRows {
                 lengths: Vec::new(),
@@ -335,7 +380,7 @@ impl RowsBuilder {
                 storage: Storage::Disk(Vec::new()),
                 _spill: Some(Arc::new(path)),
             },
-            file: Some((file, 0)),
+            file: Some((file, rows_file, 0)),
         })
     }
 
@@ -357,14 +402,15 @@ impl RowsBuilder {
                     starts.push(values.len() / dim);
                     values.extend_from_slice(sample);
                 }
-                (Storage::Disk(samples), Some((file, offset)), Some(path)) => {
+                (Storage::Disk(samples), Some((file, rows_file, offset)), Some(path)) => {
                     let bytes: Vec<u8> = sample.iter().flat_map(|v| v.to_le_bytes()).collect();
                     file.write_all_at(&bytes, *offset)
                         .with_context(|| format!("{}: cannot write rows", path.display()))?;
                     samples.push(OnDisk {
-                        file: Arc::new(path.to_path_buf()),
+                        file: Arc::clone(rows_file),
                         offset: *offset,
                         digest: rows_digest(sample),
+                        verified: Arc::new(AtomicBool::new(false)),
                     });
                     *offset += bytes.len() as u64;
                 }
@@ -401,6 +447,62 @@ mod tests {
         let short = rows.batch(&[1], &Device::Cpu).unwrap();
         assert_eq!(short.inputs.dims(), [1, 1, 2]);
         assert!(rows.batch(&[2], &Device::Cpu).is_err());
+    }
+
+    /// Rows spilled to `dir`: two samples of 3 × 2 values.
+    fn spilled(dir: &std::path::Path) -> (LayerRows, Vec<Vec<Vec<f32>>>) {
+        let values: Vec<f32> = (0..2 * 3 * 2).map(|v| v as f32 * 0.25).collect();
+        let padded = Tensor::from_vec(values, (2, 3, 2), &Device::Cpu).unwrap();
+        let mut builder = RowsBuilder::on_disk(dir, 3, 2).unwrap();
+        builder.push(&padded, &[3, 3]).unwrap();
+        (builder.finish(), padded.to_vec3().unwrap())
+    }
+
+    fn spill_path(rows: &LayerRows) -> PathBuf {
+        rows._spill.as_ref().unwrap().to_path_buf()
+    }
+
+    /// A sample whose bytes changed before it was first read is refused, naming the file.
+    #[test]
+    fn rows_that_differ_from_their_digest_are_refused_at_the_first_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rows, _) = spilled(dir.path());
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(spill_path(&rows))
+            .unwrap();
+        file.write_all_at(&7f32.to_le_bytes(), 0).unwrap();
+        let err = match rows.batch(&[0], &Device::Cpu) {
+            Ok(_) => panic!("changed rows were read"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("differ from the digest"), "{err}");
+        assert!(rows.batch(&[1], &Device::Cpu).is_ok());
+    }
+
+    /// Once checked, a sample is read from the file that was checked: a new file renamed over
+    /// its path (as a cache writer replaces a shard) changes nothing a later read returns.
+    #[test]
+    fn later_reads_see_the_file_that_was_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rows, expected) = spilled(dir.path());
+        let first: Vec<Vec<Vec<f32>>> = rows
+            .batch(&[0, 1], &Device::Cpu)
+            .unwrap()
+            .inputs
+            .to_vec3()
+            .unwrap();
+        assert_eq!(first, expected);
+        let other = dir.path().join("other");
+        std::fs::write(&other, vec![0u8; 2 * 3 * 2 * 4]).unwrap();
+        std::fs::rename(&other, spill_path(&rows)).unwrap();
+        let again: Vec<Vec<Vec<f32>>> = rows
+            .batch(&[1, 0], &Device::Cpu)
+            .unwrap()
+            .inputs
+            .to_vec3()
+            .unwrap();
+        assert_eq!(again, vec![expected[1].clone(), expected[0].clone()]);
     }
 
     /// A sample's digest is SHA-256 of its little-endian f32 bytes, however they are fed to the
