@@ -6,6 +6,7 @@ use std::sync::Once;
 
 use anyhow::{Result, anyhow};
 use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -44,6 +45,8 @@ pub struct Series {
     pub label: Option<String>,
     pub color: RGBColor,
     pub width: u32,
+    /// Drawn dashed (a second property beside the colour, e.g. the mode beside the dataset).
+    pub dashed: bool,
     pub points: Vec<(f64, f64)>,
 }
 
@@ -144,18 +147,10 @@ fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
-/// The legend corner that covers the fewest drawn points of `series` (each segment sampled, so
-/// that a straight line across a corner counts), within the plotted ranges.
-fn emptiest_corner(series: &[Series], x: (f64, f64), y: (f64, f64)) -> SeriesLabelPosition {
-    // Normalised boxes (x from, x to, y from, y to) a legend of a few rows roughly covers.
-    let corners = [
-        (SeriesLabelPosition::MiddleRight, (0.5, 1.0, 0.3, 0.7)),
-        (SeriesLabelPosition::UpperRight, (0.5, 1.0, 0.6, 1.0)),
-        (SeriesLabelPosition::UpperLeft, (0.0, 0.5, 0.6, 1.0)),
-        (SeriesLabelPosition::LowerRight, (0.5, 1.0, 0.0, 0.4)),
-        (SeriesLabelPosition::LowerLeft, (0.0, 0.5, 0.0, 0.4)),
-    ];
-    let normalised: Vec<(f64, f64)> = series
+/// The points a line chart draws: each segment of `series` sampled, so that a straight line
+/// across a corner counts in [`emptiest_corner`].
+fn sampled_lines(series: &[Series]) -> Vec<(f64, f64)> {
+    series
         .iter()
         .flat_map(|s| {
             s.points.windows(2).flat_map(|w| {
@@ -168,6 +163,21 @@ fn emptiest_corner(series: &[Series], x: (f64, f64), y: (f64, f64)) -> SeriesLab
                 })
             })
         })
+        .collect()
+}
+
+/// The legend corner that covers the fewest of the drawn `points`, within the plotted ranges.
+fn emptiest_corner(points: &[(f64, f64)], x: (f64, f64), y: (f64, f64)) -> SeriesLabelPosition {
+    // Normalised boxes (x from, x to, y from, y to) a legend of a few rows roughly covers.
+    let corners = [
+        (SeriesLabelPosition::MiddleRight, (0.5, 1.0, 0.3, 0.7)),
+        (SeriesLabelPosition::UpperRight, (0.5, 1.0, 0.6, 1.0)),
+        (SeriesLabelPosition::UpperLeft, (0.0, 0.5, 0.6, 1.0)),
+        (SeriesLabelPosition::LowerRight, (0.5, 1.0, 0.0, 0.4)),
+        (SeriesLabelPosition::LowerLeft, (0.0, 0.5, 0.0, 0.4)),
+    ];
+    let normalised: Vec<(f64, f64)> = points
+        .iter()
         .map(|(px, py)| ((px - x.0) / (x.1 - x.0), (py - y.0) / (y.1 - y.0)))
         .collect();
     let covered = |(x0, x1, y0, y1): (f64, f64, f64, f64)| {
@@ -214,17 +224,29 @@ pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()>
                 .map_err(plot_err)?;
             for series in &panel.series {
                 let style = series.color.stroke_width(series.width);
-                let drawn = chart
-                    .draw_series(LineSeries::new(series.points.iter().copied(), style))
-                    .map_err(plot_err)?;
+                let points = series.points.iter().copied();
+                let drawn = if series.dashed {
+                    chart.draw_series(DashedLineSeries::new(points, 8, 5, style))
+                } else {
+                    chart.draw_series(LineSeries::new(points, style))
+                }
+                .map_err(plot_err)?;
                 if let Some(label) = &series.label {
-                    let color = series.color;
-                    drawn.label(label).legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
-                    });
+                    let (color, dashed) = (series.color, series.dashed);
+                    drawn.label(label).legend(
+                        move |(x, y)| -> DynElement<'static, BitMapBackend, (i32, i32)> {
+                            let style = color.stroke_width(3);
+                            if dashed {
+                                DashedPathElement::new(vec![(x, y), (x + 18, y)], 7, 4, style)
+                                    .into_dyn()
+                            } else {
+                                PathElement::new(vec![(x, y), (x + 18, y)], style).into_dyn()
+                            }
+                        },
+                    );
                 }
             }
-            let legend_at = emptiest_corner(&panel.series, (x0, x1), panel.y_range);
+            let legend_at = emptiest_corner(&sampled_lines(&panel.series), (x0, x1), panel.y_range);
             chart
                 .configure_series_labels()
                 .position(legend_at)
@@ -240,23 +262,17 @@ pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()>
 
 /// Scatter plots, one panel each, with a legend per panel.
 pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Result<()> {
+    // One range for every panel, so that panels compare at a glance.
+    let points = || {
+        panels
+            .iter()
+            .flat_map(|p| &p.groups)
+            .flat_map(|g| &g.points)
+    };
+    let xs = span(points().map(|p| p.0));
+    let ys = span(points().map(|p| p.1));
     figure(path, title, panels.len(), (560, 520), |areas| {
         for (area, panel) in areas.iter().zip(panels) {
-            let xs = span(
-                panel
-                    .groups
-                    .iter()
-                    .flat_map(|g| g.points.iter().map(|p| p.0)),
-            );
-            let ys = span(
-                panel
-                    .groups
-                    .iter()
-                    .flat_map(|g| g.points.iter().map(|p| p.1)),
-            );
-            // Headroom for the legend, so that it hides no point.
-            let legend_rows = panel.groups.len() as f64;
-            let ys = (ys.0, ys.1 + (ys.1 - ys.0) * 0.08 * legend_rows);
             let mut chart = ChartBuilder::on(area)
                 .caption(&panel.title, (FONT, 18))
                 .margin(12)
@@ -305,9 +321,14 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
                     },
                 );
             }
+            let points: Vec<(f64, f64)> = panel
+                .groups
+                .iter()
+                .flat_map(|g| g.points.iter().copied())
+                .collect();
             chart
                 .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
+                .position(emptiest_corner(&points, xs, ys))
                 .label_font((FONT, 13))
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK.mix(0.4))
@@ -499,6 +520,7 @@ mod tests {
             series: vec![Series {
                 label: Some("x₁".into()),
                 color: PALETTE[0],
+                dashed: false,
                 width: 2,
                 points: vec![(0.0, 0.1), (1.0, 0.9)],
             }],

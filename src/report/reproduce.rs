@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use plotters::style::RGBColor;
 
 use super::kept;
 use super::paper;
@@ -34,13 +35,14 @@ pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBu
     let verdict_rows = verdicts(&cells)?;
     verdict::write_csv(&out.join(VERDICTS), &verdict_rows)?;
     let mut figures: Vec<(&str, String)> = Vec::new();
-    if noise_sweep(&out.join(FIG8), &cells)? {
+    let colors = DatasetColors::of(runs);
+    if noise_sweep(&out.join(FIG8), &cells, &colors)? {
         figures.push((FIG8, "Fig. 8-style: train and test loss against the label-noise rate η (n = 200, mean over seeds). Its train loss is the authors' `eval_train/eval_loss`: cross-entropy on the noisy fine-tune set evaluated after the last epoch; the table's train loss is the Trainer's logged mean batch loss of the last epoch (`log_history[-4][\"loss\"]`)".into()));
     }
-    if let Some(caption) = attention_curves(out, runs)? {
+    if let Some(caption) = attention_curves(out, runs, &colors)? {
         figures.push((FIG9, caption));
     }
-    if memorization_scatter(&out.join(SCATTER), &rows)? {
+    if memorization_scatter(&out.join(SCATTER), &rows, &colors)? {
         figures.push((
             SCATTER,
             "Memorization of the noisy labels against test accuracy, every run".into(),
@@ -236,47 +238,81 @@ fn verdicts(cells: &[Cell]) -> Result<Vec<VerdictRow>> {
     Ok(verdict::verdicts(cells, &paper::table2()?))
 }
 
-/// A figure's name for the runs of one dataset in one mode: the dataset alone for the paper's
-/// last-layer mode, the mode beside it otherwise, so that two modes never share a colour unnamed.
-fn series_label(dataset: &str, mode: &str) -> String {
-    if mode == Mode::LastLayer.name() {
-        dataset.to_string()
-    } else {
-        format!("{dataset} ({mode})")
+/// Each dataset's colour in every figure of the report, so that a dataset keeps its colour from
+/// one figure to the next: the datasets of `runs` in name order, through the palette.
+struct DatasetColors(Vec<String>);
+
+impl DatasetColors {
+    fn of(runs: &[(ResultRow, PathBuf)]) -> Self {
+        Self(datasets(runs).into_iter().collect())
+    }
+
+    fn color(&self, dataset: &str) -> RGBColor {
+        let k = self
+            .0
+            .iter()
+            .position(|d| d == dataset)
+            .unwrap_or(self.0.len());
+        PALETTE[k % PALETTE.len()]
     }
 }
 
-/// Fig. 8: losses against η at n = 200 per dataset; false when fewer than two η were run.
-fn noise_sweep(path: &Path, cells: &[Cell]) -> Result<bool> {
+/// Fig. 8: losses against η at n = 200 per dataset, one colour per dataset, solid in last-layer
+/// mode and dashed in any other; false when fewer than two η were run.
+fn noise_sweep(path: &Path, cells: &[Cell], colors: &DatasetColors) -> Result<bool> {
     let sweep: Vec<&Cell> = cells.iter().filter(|c| c.n == 200).collect();
-    let mut labels: Vec<String> = Vec::new();
+    let mut lines: Vec<(String, String)> = Vec::new();
     for c in &sweep {
-        let label = series_label(&c.dataset, &c.mode);
-        if !labels.contains(&label) {
-            labels.push(label);
+        let line = (c.dataset.clone(), c.mode.clone());
+        if !lines.contains(&line) {
+            lines.push(line);
         }
     }
-    let of = |label: &str| -> Vec<&Cell> {
+    let of = |(dataset, mode): &(String, String)| -> Vec<&Cell> {
         sweep
             .iter()
             .copied()
-            .filter(|c| series_label(&c.dataset, &c.mode) == label)
+            .filter(|c| &c.dataset == dataset && &c.mode == mode)
             .collect()
     };
-    if !labels.iter().any(|l| of(l).len() >= 2) {
+    if !lines.iter().any(|l| of(l).len() >= 2) {
         return Ok(false);
     }
+    let other_modes: BTreeSet<&str> = lines
+        .iter()
+        .map(|(_, mode)| mode.as_str())
+        .filter(|mode| *mode != Mode::LastLayer.name())
+        .collect();
     let panel = |title: &str, y: fn(&Cell) -> f64| {
-        let series: Vec<Series> = labels
+        let mut series: Vec<Series> = lines
             .iter()
-            .enumerate()
-            .map(|(k, label)| Series {
-                label: Some(label.clone()),
-                color: PALETTE[k % PALETTE.len()],
+            .map(|line| Series {
+                label: None,
+                color: colors.color(&line.0),
                 width: 2,
-                points: of(label).iter().map(|c| (c.eta, y(c))).collect(),
+                dashed: line.1 != Mode::LastLayer.name(),
+                points: of(line).iter().map(|c| (c.eta, y(c))).collect(),
             })
             .collect();
+        // The legend: each dataset once (a solid line in its colour), each dashed mode once (grey).
+        let datasets: BTreeSet<&str> = lines.iter().map(|(d, _)| d.as_str()).collect();
+        let key = |label: String, color, dashed| Series {
+            label: Some(label),
+            color,
+            width: 2,
+            dashed,
+            points: Vec::new(),
+        };
+        series.extend(
+            datasets
+                .iter()
+                .map(|d| key(d.to_string(), colors.color(d), false)),
+        );
+        series.extend(
+            other_modes
+                .iter()
+                .map(|mode| key(format!("dashed: {mode} mode"), PALETTE[7], true)),
+        );
         let top = series
             .iter()
             .flat_map(|s| s.points.iter().map(|p| p.1))
@@ -386,7 +422,11 @@ fn dataset_curve(
 /// Fig. 9: the per-epoch mean max CLS attention of one run per dataset ([`curve_rank`]), with
 /// the paper's end value dashed, and the curves kept beside it ([`kept::CURVES`]). Returns the
 /// figure's caption, naming the datasets without a curve here; None when no dataset has one.
-fn attention_curves(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<Option<String>> {
+fn attention_curves(
+    out: &Path,
+    runs: &[(ResultRow, PathBuf)],
+    colors: &DatasetColors,
+) -> Result<Option<String>> {
     let fig9 = paper::fig9()?;
     let rows: Vec<&ResultRow> = runs.iter().map(|(row, _)| row).collect();
     let kept = kept::kept_curves(out, &rows)?;
@@ -398,7 +438,7 @@ fn attention_curves(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<Option<
             missing.push(dataset);
             continue;
         };
-        let color = PALETTE[curves.len() % PALETTE.len()];
+        let color = colors.color(&dataset);
         let last = curve.points.len() as f64;
         series.push(Series {
             label: Some(format!(
@@ -411,6 +451,7 @@ fn attention_curves(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<Option<
             )),
             color,
             width: 2,
+            dashed: false,
             points: curve.points.iter().map(|&(e, v)| (e as f64, v)).collect(),
         });
         if let Some(end) = fig9.end(&dataset) {
@@ -421,6 +462,7 @@ fn attention_curves(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<Option<
                     label: None,
                     color,
                     width: 2,
+                    dashed: false,
                     points: vec![(x0, end), (x0 + last * 0.008, end)],
                 }
             }));
@@ -458,35 +500,53 @@ fn attention_curves(out: &Path, runs: &[(ResultRow, PathBuf)]) -> Result<Option<
     Ok(Some(caption))
 }
 
-/// Memorization against test accuracy of every run with flipped labels, by dataset.
-fn memorization_scatter(path: &Path, rows: &[ResultRow]) -> Result<bool> {
-    let mut groups: Vec<ScatterGroup> = Vec::new();
+/// Memorization against test accuracy of every run with flipped labels: a panel per mode, a
+/// colour and marker per dataset.
+fn memorization_scatter(path: &Path, rows: &[ResultRow], colors: &DatasetColors) -> Result<bool> {
+    let markers = [Marker::Triangle, Marker::Circle, Marker::Cross];
+    let mut panels: Vec<(String, Vec<ScatterGroup>)> = Vec::new();
     for r in rows.iter().filter(|r| r.memorization().is_finite()) {
-        let k = groups.len();
+        let mode = r.mode();
+        let panel = match panels.iter().position(|(m, _)| *m == mode) {
+            Some(k) => &mut panels[k].1,
+            None => {
+                panels.push((mode, Vec::new()));
+                &mut panels.last_mut().expect("just pushed").1
+            }
+        };
         let point = (r.memorization(), r.test_acc());
-        let label = series_label(&r.dataset(), &r.mode());
-        match groups.iter_mut().find(|g| g.label == label) {
+        let dataset = r.dataset();
+        match panel.iter_mut().find(|g| g.label == dataset) {
             Some(g) => g.points.push(point),
-            None => groups.push(ScatterGroup {
-                label,
-                color: PALETTE[k % PALETTE.len()],
-                marker: [Marker::Circle, Marker::Triangle, Marker::Cross][k % 3],
-                points: vec![point],
-            }),
+            None => {
+                let k = colors.0.iter().position(|d| *d == dataset).unwrap_or(0);
+                panel.push(ScatterGroup {
+                    color: colors.color(&dataset),
+                    marker: markers[k % markers.len()],
+                    label: dataset,
+                    points: vec![point],
+                })
+            }
         }
     }
-    if groups.is_empty() {
+    if panels.is_empty() {
         return Ok(false);
     }
-    scatter_panels(
-        path,
-        "Benign or harmful: memorization vs test accuracy",
-        &[ScatterPanel {
-            title: "every run with label noise".into(),
+    // The paper's mode first.
+    panels.sort_by_key(|(mode, _)| mode != Mode::LastLayer.name());
+    let panels: Vec<ScatterPanel> = panels
+        .into_iter()
+        .map(|(mode, groups)| ScatterPanel {
+            title: format!("{mode} mode, every run with label noise"),
             x_label: "memorization (noisy samples fitted to their noisy label)".into(),
             y_label: "test accuracy".into(),
             groups,
-        }],
+        })
+        .collect();
+    scatter_panels(
+        path,
+        "Benign or harmful: memorization vs test accuracy",
+        &panels,
     )?;
     Ok(true)
 }
@@ -599,6 +659,37 @@ mod tests {
         (r, dir)
     }
 
+    /// A dataset has one colour in every figure, whatever the mode; the scatter gives each mode
+    /// its own panel (two panels side by side here), on one range.
+    #[test]
+    fn a_dataset_keeps_its_colour_and_each_mode_its_panel() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = vec![
+            run(dir.path(), "t-last", |_| {}, false),
+            run(
+                dir.path(),
+                "t-head",
+                |r| r.summary.config.mode = Mode::Head,
+                false,
+            ),
+            run(
+                dir.path(),
+                "m-last",
+                |r| r.summary.config.dataset = DatasetName::Mnist,
+                false,
+            ),
+        ];
+        let colors = DatasetColors::of(&runs);
+        assert_eq!(colors.0, ["mnist", "trec"]);
+        assert_ne!(colors.color("mnist"), colors.color("trec"));
+        let rows: Vec<ResultRow> = runs.iter().map(|(r, _)| r.clone()).collect();
+        let path = dir.path().join("scatter.png");
+        assert!(memorization_scatter(&path, &rows, &colors).unwrap());
+        // A PNG's width: the IHDR chunk's first field, bytes 16..20, big-endian.
+        let png = std::fs::read(&path).unwrap();
+        assert_eq!(u32::from_be_bytes(png[16..20].try_into().unwrap()), 2 * 560);
+    }
+
     /// Per dataset, the run closest to last-layer mode, η 0.2, n 200, seed 42 among those with
     /// a map is copied and named; a dataset without any map gets a line saying so.
     #[test]
@@ -675,7 +766,9 @@ mod tests {
         std::fs::create_dir_all(&out).unwrap();
         let mut runs = vec![run(&root, "t-n200", |r| r.summary.config.n = 200, true)];
         write_log(&runs[0].1, 10, 0.2);
-        let caption = attention_curves(&out, &runs).unwrap().unwrap();
+        let caption = attention_curves(&out, &runs, &DatasetColors::of(&runs))
+            .unwrap()
+            .unwrap();
         assert!(!caption.contains("No curve"), "{caption}");
         let md = attention_maps(&out, &runs).unwrap();
         assert!(md.contains("![trec: run `t-n200`"), "{md}");
@@ -685,7 +778,12 @@ mod tests {
         // The run's log and map are gone: both come from what the report kept.
         std::fs::remove_file(RunFolder(runs[0].1.clone()).metrics()).unwrap();
         std::fs::remove_file(RunFolder(runs[0].1.clone()).attention_maps()).unwrap();
-        assert_eq!(attention_curves(&out, &runs).unwrap().unwrap(), caption);
+        assert_eq!(
+            attention_curves(&out, &runs, &DatasetColors::of(&runs))
+                .unwrap()
+                .unwrap(),
+            caption
+        );
         assert_eq!(
             std::fs::read_to_string(out.join(kept::CURVES)).unwrap(),
             curves
@@ -704,7 +802,9 @@ mod tests {
             false,
         ));
         write_log(&runs[1].1, 10, 0.2);
-        attention_curves(&out, &runs).unwrap().unwrap();
+        attention_curves(&out, &runs, &DatasetColors::of(&runs))
+            .unwrap()
+            .unwrap();
         assert!(
             std::fs::read_to_string(out.join(kept::CURVES))
                 .unwrap()
@@ -716,7 +816,7 @@ mod tests {
         // A kept curve that no longer ends at its run's final value, or a copy that changed,
         // stands for nothing: left out, and said so.
         runs[0].0.summary.last.max_cls_attention = 0.3;
-        let caption = attention_curves(&out, &runs).unwrap();
+        let caption = attention_curves(&out, &runs, &DatasetColors::of(&runs)).unwrap();
         assert!(caption.is_none(), "{caption:?}");
         std::fs::write(out.join("attention_trec.png"), "edited").unwrap();
         let md = attention_maps(&out, &runs).unwrap();
