@@ -462,6 +462,12 @@ mod tests {
         rows._spill.as_ref().unwrap().to_path_buf()
     }
 
+    /// The rows of `samples`, read as a batch.
+    fn read(rows: &LayerRows, samples: &[usize]) -> Vec<Vec<Vec<f32>>> {
+        let batch = rows.batch(samples, &Device::Cpu).unwrap();
+        batch.inputs.to_vec3().unwrap()
+    }
+
     /// A sample whose bytes changed before it was first read is refused, naming the file.
     #[test]
     fn rows_that_differ_from_their_digest_are_refused_at_the_first_read() {
@@ -486,23 +492,14 @@ mod tests {
     fn later_reads_see_the_file_that_was_checked() {
         let dir = tempfile::tempdir().unwrap();
         let (rows, expected) = spilled(dir.path());
-        let first: Vec<Vec<Vec<f32>>> = rows
-            .batch(&[0, 1], &Device::Cpu)
-            .unwrap()
-            .inputs
-            .to_vec3()
-            .unwrap();
-        assert_eq!(first, expected);
+        assert_eq!(read(&rows, &[0, 1]), expected);
         let other = dir.path().join("other");
         std::fs::write(&other, vec![0u8; 2 * 3 * 2 * 4]).unwrap();
         std::fs::rename(&other, spill_path(&rows)).unwrap();
-        let again: Vec<Vec<Vec<f32>>> = rows
-            .batch(&[1, 0], &Device::Cpu)
-            .unwrap()
-            .inputs
-            .to_vec3()
-            .unwrap();
-        assert_eq!(again, vec![expected[1].clone(), expected[0].clone()]);
+        assert_eq!(
+            read(&rows, &[1, 0]),
+            vec![expected[1].clone(), expected[0].clone()]
+        );
     }
 
     /// A sample's digest is SHA-256 of its little-endian f32 bytes, however they are fed to the

@@ -238,8 +238,9 @@ fn verdicts(cells: &[Cell]) -> Result<Vec<VerdictRow>> {
     Ok(verdict::verdicts(cells, &paper::table2()?))
 }
 
-/// Each dataset's colour in every figure of the report, so that a dataset keeps its colour from
-/// one figure to the next: the datasets of `runs` in name order, through the palette.
+/// Each dataset's colour (and scatter marker) in every figure of the report, so that a dataset
+/// keeps them from one figure to the next: the datasets of `runs` in name order, through the
+/// palette.
 struct DatasetColors(Vec<String>);
 
 impl DatasetColors {
@@ -247,13 +248,20 @@ impl DatasetColors {
         Self(datasets(runs).into_iter().collect())
     }
 
-    fn color(&self, dataset: &str) -> RGBColor {
-        let k = self
-            .0
+    /// The dataset's place in name order; one past the last for a dataset of no run.
+    fn index(&self, dataset: &str) -> usize {
+        self.0
             .iter()
             .position(|d| d == dataset)
-            .unwrap_or(self.0.len());
-        PALETTE[k % PALETTE.len()]
+            .unwrap_or(self.0.len())
+    }
+
+    fn color(&self, dataset: &str) -> RGBColor {
+        PALETTE[self.index(dataset) % PALETTE.len()]
+    }
+
+    fn marker(&self, dataset: &str) -> Marker {
+        [Marker::Triangle, Marker::Circle, Marker::Cross][self.index(dataset) % 3]
     }
 }
 
@@ -455,17 +463,14 @@ fn attention_curves(
             points: curve.points.iter().map(|&(e, v)| (e as f64, v)).collect(),
         });
         if let Some(end) = fig9.end(&dataset) {
-            // The paper's end value as a short dashed mark at the right edge.
-            series.extend((0..6).map(|j| {
-                let x0 = last * (0.9 + 0.0167 * j as f64);
-                Series {
-                    label: None,
-                    color,
-                    width: 2,
-                    dashed: false,
-                    points: vec![(x0, end), (x0 + last * 0.008, end)],
-                }
-            }));
+            // The paper's end value as a dashed mark over the last tenth of the epochs.
+            series.push(Series {
+                label: None,
+                color,
+                width: 2,
+                dashed: true,
+                points: vec![(last * 0.9, end), (last, end)],
+            });
         }
         curves.push((dataset, curve));
     }
@@ -503,7 +508,6 @@ fn attention_curves(
 /// Memorization against test accuracy of every run with flipped labels: a panel per mode, a
 /// colour and marker per dataset.
 fn memorization_scatter(path: &Path, rows: &[ResultRow], colors: &DatasetColors) -> Result<bool> {
-    let markers = [Marker::Triangle, Marker::Circle, Marker::Cross];
     let mut panels: Vec<(String, Vec<ScatterGroup>)> = Vec::new();
     for r in rows.iter().filter(|r| r.memorization().is_finite()) {
         let mode = r.mode();
@@ -518,15 +522,12 @@ fn memorization_scatter(path: &Path, rows: &[ResultRow], colors: &DatasetColors)
         let dataset = r.dataset();
         match panel.iter_mut().find(|g| g.label == dataset) {
             Some(g) => g.points.push(point),
-            None => {
-                let k = colors.0.iter().position(|d| *d == dataset).unwrap_or(0);
-                panel.push(ScatterGroup {
-                    color: colors.color(&dataset),
-                    marker: markers[k % markers.len()],
-                    label: dataset,
-                    points: vec![point],
-                })
-            }
+            None => panel.push(ScatterGroup {
+                color: colors.color(&dataset),
+                marker: colors.marker(&dataset),
+                label: dataset,
+                points: vec![point],
+            }),
         }
     }
     if panels.is_empty() {
