@@ -19,10 +19,17 @@ trec/train_5500.label and medmnist/breastmnist.npz are read):
     /tmp/authors-rng-venv/bin/python scripts/authors_rng_fixtures.py --data-dir /path/to/data
 
 (--data-dir defaults to $BENIGN_DATA_DIR.) The output is the same on every run.
-Everything here calls the libraries exactly as the authors' code does (PAPER.md section 3.1, with its
-label-noise draws corrected: a float64 flip draw, three u32 per row).
+Everything here calls the libraries exactly as the authors' code does (docs/protocol.md, "The authors'
+random streams"); the label noise evaluates their `add_label_noise` line verbatim, `dtype=torch.float`
+(float32: one u32 for the flip, one for the offset, two per row).
+
+One case at settings of your choosing, to compare with `benign-attention data split --rng authors`
+(scripts/authors_split_check.sh does both and compares them):
+
+    python scripts/authors_rng_fixtures.py --data-dir DATA --case trec,3000,137,0.15,2026
 """
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -38,6 +45,8 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "f
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--data-dir", default=os.environ.get("BENIGN_DATA_DIR"),
                     help="folder holding trec/ and medmnist/ (default: $BENIGN_DATA_DIR)")
+parser.add_argument("--case", metavar="DATASET,P,N,ETA,SEED",
+                    help="print the authors' split and noisy labels of one case as JSON instead of writing the fixture")
 ARGS = parser.parse_args()
 if not ARGS.data_dir:
     sys.exit("the real_splits cases read real labels: pass --data-dir or set BENIGN_DATA_DIR")
@@ -58,6 +67,85 @@ def summary(arr, full):
 
 def f64_bits(x):
     return "0x%016x" % struct.unpack("<Q", struct.pack("<d", float(x)))[0]
+
+
+# ---------------------------------------------------------------- torch: label noise
+def add_label_noise(labels, noise_ratio, num_classes):
+    """The tensor branch of the authors' src/datasets/utils.py `add_label_noise`, line for line."""
+    if noise_ratio <= 0:
+        return labels
+    mask = torch.rand_like(labels, dtype=torch.float) < noise_ratio
+    noise_labels = (labels + torch.randint_like(labels, low=1, high=num_classes)) % num_classes
+    return torch.where(mask, noise_labels, labels)
+
+
+def authors_label_noise(clean, C, eta, seed):
+    """torch.manual_seed(seed), then add_label_noise once per fine-tune row in order, each on a 0-d int64
+    tensor, as their `datasets.map` over the fine-tune rows calls it."""
+    torch.manual_seed(seed)
+    return [int(add_label_noise(torch.tensor(y, dtype=torch.int64), eta, C)) for y in clean]
+
+
+# ---------------------------------------------------------------- real labels, in release (= HF row) order
+# TREC coarse ids in the order of the Hugging Face `trec` dataset (its _COARSE_LABELS), which the authors used.
+TREC_COARSE = ["ABBR", "ENTY", "DESC", "HUM", "LOC", "NUM"]
+
+
+def file_sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def trec_train_labels(data_dir):
+    """Coarse label ids of trec/train_5500.label, one per non-empty line, in file order."""
+    path = os.path.join(data_dir, "trec", "train_5500.label")
+    with open(path, "rb") as f:
+        lines = [line for line in f.read().decode("latin-1").splitlines() if line.strip()]
+    return path, [TREC_COARSE.index(line.split(" ", 1)[0].split(":")[0]) for line in lines]
+
+
+def breastmnist_train_labels(data_dir):
+    path = os.path.join(data_dir, "medmnist", "breastmnist.npz")
+    with np.load(path) as archive:
+        return path, [int(v) for v in archive["train_labels"].reshape(-1)]
+
+
+def mnist_train_labels(data_dir):
+    """train-labels-idx1-ubyte.gz: IDX magic 2049, count, then one byte per label."""
+    path = os.path.join(data_dir, "mnist", "train-labels-idx1-ubyte.gz")
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    magic, count = struct.unpack(">II", raw[:8])
+    assert magic == 2049 and count == len(raw) - 8, path
+    return path, list(raw[8:])
+
+
+LABEL_READERS = {"trec": trec_train_labels, "breastmnist": breastmnist_train_labels, "mnist": mnist_train_labels}
+
+
+def real_case(name, C, P, n, eta, seed):
+    """The authors' split (choice over the N training rows, pretrain = first P, fine-tune = next n) and their
+    label noise on the fine-tune rows' real clean labels."""
+    path, labels = LABEL_READERS[name](ARGS.data_dir)
+    r = [int(v) for v in np.random.default_rng(seed).choice(len(labels), P + n, replace=False)]
+    clean = [labels[i] for i in r[P:]]
+    noisy = authors_label_noise(clean, C, eta, seed)
+    return {
+        "dataset": name, "N": len(labels), "classes": C, "P": P, "n": n, "eta": eta, "seed": seed,
+        "labels_file": os.path.relpath(path, ARGS.data_dir), "labels_file_sha256": file_sha256(path),
+        "pretrain_indices": r[:P], "finetune_indices": r[P:],
+        "finetune_clean_labels": clean, "finetune_labels": noisy,
+        "noisy_mask": [a != b for a, b in zip(clean, noisy)],
+    }
+
+
+if ARGS.case:
+    name, P, n, eta, seed = ARGS.case.split(",")
+    classes = {"trec": 6, "breastmnist": 2, "mnist": 10}[name]
+    case = real_case(name, classes, int(P), int(n), float(eta), int(seed))
+    json.dump({"versions": {"numpy": np.__version__, "torch": torch.__version__}, **case}, sys.stdout)
+    sys.stdout.write("\n")
+    sys.exit(0)
 
 
 # ---------------------------------------------------------------- numpy: the data split
@@ -111,20 +199,7 @@ for seed in [42, 0, 7, 314, 2718, 123456, 2**32 - 1]:
         "random_raw": ["0x%016x" % int(v) for v in np.random.default_rng(seed).bit_generator.random_raw(6)],
     })
 
-
-# ---------------------------------------------------------------- torch: label noise
-def authors_label_noise(clean, C, eta, seed):
-    """add_label_noise applied row by row, as datasets.map does, on 0-d int64 tensors."""
-    torch.manual_seed(seed)
-    out = []
-    for y in clean:
-        label = torch.tensor(y, dtype=torch.int64)
-        flip = torch.rand_like(label, dtype=float) < eta  # Python float = torch.float64
-        noisy = (label + torch.randint_like(label, 1, C)) % C
-        out.append(int(noisy) if bool(flip) else int(label))
-    return out
-
-
+# ---------------------------------------------------------------- torch: label noise on synthetic clean labels
 noise_cases = []
 for S in [20, 200, 1000]:
     for eta in [0.1, 0.2]:
@@ -136,7 +211,7 @@ for S in [20, 200, 1000]:
                 noise_cases.append({"S": S, "eta": eta, "C": C, "seed": seed, "clean": "j % C",
                                     "noisy": "".join(str(v) for v in noisy)})
 
-# The PAPER.md vector: S = 200, eta = 0.1, C = 10, seed 42, with all-zero clean labels (a flipped row's label is
+# The protocol's test vector (docs/protocol.md): S = 200, eta = 0.1, C = 10, seed 42, with all-zero clean labels (a flipped row's label is
 # its offset).
 paper_noise = authors_label_noise([0] * 200, 10, 0.1, 42)
 
@@ -170,55 +245,21 @@ for seed in [42, 0, 7, 2**32 + 42]:
     })
 
 # ---------------------------------------------------------------- the authors' split + noise on real labels
-# TREC coarse ids in the order of the Hugging Face `trec` dataset (its _COARSE_LABELS), which the authors used.
-TREC_COARSE = ["ABBR", "ENTY", "DESC", "HUM", "LOC", "NUM"]
-
-
-def file_sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def trec_train_labels(data_dir):
-    """Coarse label ids of trec/train_5500.label, one per non-empty line, in file (= HF row) order."""
-    path = os.path.join(data_dir, "trec", "train_5500.label")
-    with open(path, "rb") as f:
-        lines = [line for line in f.read().decode("latin-1").splitlines() if line.strip()]
-    return path, [TREC_COARSE.index(line.split(" ", 1)[0].split(":")[0]) for line in lines]
-
-
-def breastmnist_train_labels(data_dir):
-    path = os.path.join(data_dir, "medmnist", "breastmnist.npz")
-    with np.load(path) as archive:
-        return path, [int(v) for v in archive["train_labels"].reshape(-1)]
-
-
-# (dataset id of the CLI, label reader, classes, P, n, eta, seed): a seed other than 42 and eta = 0.2.
+# (dataset id of the CLI, classes, P, n, eta, seed): seeds other than 42, eta = 0.2.
 REAL_SPLITS = [
-    ("trec", trec_train_labels, 6, 3000, 200, 0.2, 7),
-    ("breastmnist", breastmnist_train_labels, 2, 200, 200, 0.2, 7),
+    ("trec", 6, 3000, 200, 0.2, 7),
+    ("breastmnist", 2, 200, 200, 0.2, 7),
+    ("mnist", 10, 10000, 200, 0.2, 7),
 ]
-real_cases = []
-for name, read_labels, C, P, n, eta, seed in REAL_SPLITS:
-    path, labels = read_labels(ARGS.data_dir)
-    r = [int(v) for v in np.random.default_rng(seed).choice(len(labels), P + n, replace=False)]
-    clean = [labels[i] for i in r[P:]]
-    noisy = authors_label_noise(clean, C, eta, seed)
-    real_cases.append({
-        "dataset": name, "N": len(labels), "classes": C, "P": P, "n": n, "eta": eta, "seed": seed,
-        "labels_file": os.path.relpath(path, ARGS.data_dir), "labels_file_sha256": file_sha256(path),
-        "pretrain_indices": r[:P], "finetune_indices": r[P:],
-        "finetune_clean_labels": clean, "finetune_labels": noisy,
-        "noisy_mask": [a != b for a, b in zip(clean, noisy)],
-    })
+real_cases = [real_case(*case) for case in REAL_SPLITS]
 
 fixture = {
     "generated_by": "scripts/authors_rng_fixtures.py",
     "versions": {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__},
     "notes": {
         "choice": "np.random.default_rng(seed).choice(N, k, replace=False); sha256 over ','.join(indices)",
-        "label_noise": "noisy = one decimal digit per row; clean[j] = j % C; torch.manual_seed(seed); per row: rand_like(label, dtype=float) < eta, "
-                       "(label + randint_like(label, 1, C)) % C",
+        "label_noise": "noisy = one decimal digit per row; clean[j] = j % C; torch.manual_seed(seed); per row, on a 0-d int64 tensor: "
+                       "the authors' add_label_noise (rand_like(labels, dtype=torch.float) < noise_ratio, (labels + randint_like(labels, 1, C)) % C)",
         "randperm": "torch.randperm(n, generator=torch.Generator().manual_seed(seed))",
         "mt19937": "floats stored as IEEE-754 double bit patterns (float32 values widened exactly)",
         "real_splits": "the authors' split (choice over the N training rows, pretrain = first P, fine-tune = next n, "

@@ -121,7 +121,8 @@ impl FinetuneArgs {
             train_threads: self.train_threads,
             device: self.places.device,
             ..paper
-        };
+        }
+        .with_noise_draw();
         let job = FinetuneJob {
             config,
             places: self.places.places(),

@@ -47,6 +47,8 @@ pub struct Series {
     pub width: u32,
     /// Drawn dashed (a second property beside the colour, e.g. the mode beside the dataset).
     pub dashed: bool,
+    /// A filled circle at every point: each one is a measurement, and the line only joins them.
+    pub markers: bool,
     pub points: Vec<(f64, f64)>,
 }
 
@@ -224,6 +226,12 @@ pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()>
                 .map_err(plot_err)?;
             for series in &panel.series {
                 let style = series.color.stroke_width(series.width);
+                if series.markers {
+                    let fill = series.color.filled();
+                    chart
+                        .draw_series(series.points.iter().map(|&p| Circle::new(p, 4, fill)))
+                        .map_err(plot_err)?;
+                }
                 let points = series.points.iter().copied();
                 let drawn = if series.dashed {
                     chart.draw_series(DashedLineSeries::new(points, 8, 5, style))
@@ -521,6 +529,7 @@ mod tests {
                 label: Some("x₁".into()),
                 color: PALETTE[0],
                 dashed: false,
+                markers: false,
                 width: 2,
                 points: vec![(0.0, 0.1), (1.0, 0.9)],
             }],

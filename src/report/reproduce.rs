@@ -22,6 +22,9 @@ use crate::train::finetune::{Mode, RunFolder};
 use crate::train::phases::EpochMetrics;
 
 pub const FIG8: &str = "fig8_noise_sweep.png";
+/// Fig. 8's runs: the n and seed of the `fig8` experiment's grid, which sweeps η.
+pub const FIG8_N: usize = 200;
+pub const FIG8_SEED: u64 = 42;
 pub const FIG9: &str = "fig9_cls_attention.png";
 pub const SCATTER: &str = "memorization_vs_test_accuracy.png";
 pub const VERDICTS: &str = "verdicts.csv";
@@ -36,8 +39,8 @@ pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBu
     verdict::write_csv(&out.join(VERDICTS), &verdict_rows)?;
     let mut figures: Vec<(&str, String)> = Vec::new();
     let colors = DatasetColors::of(runs);
-    if noise_sweep(&out.join(FIG8), &cells, &colors)? {
-        figures.push((FIG8, "Fig. 8-style: train and test loss against the label-noise rate η (n = 200, mean over seeds). Its train loss is the authors' `eval_train/eval_loss`: cross-entropy on the noisy fine-tune set evaluated after the last epoch; the table's train loss is the Trainer's logged mean batch loss of the last epoch (`log_history[-4][\"loss\"]`)".into()));
+    if noise_sweep(&out.join(FIG8), &rows, &colors)? {
+        figures.push((FIG8, "Fig. 8-style: train and test loss against the label-noise rate η at n = 200, seed 42 (the `fig8` experiment's point), one run per marker; only measured η are drawn, the lines just join them. Its train loss is the authors' `eval_train/eval_loss`: cross-entropy on the noisy fine-tune set evaluated after the last epoch; the table's train loss is the Trainer's logged mean batch loss of the last epoch (`log_history[-4][\"loss\"]`)".into()));
     }
     if let Some(caption) = attention_curves(out, runs, &colors)? {
         figures.push((FIG9, caption));
@@ -265,10 +268,17 @@ impl DatasetColors {
     }
 }
 
-/// Fig. 8: losses against η at n = 200 per dataset, one colour per dataset, solid in last-layer
-/// mode and dashed in any other; false when fewer than two η were run.
-fn noise_sweep(path: &Path, cells: &[Cell], colors: &DatasetColors) -> Result<bool> {
-    let sweep: Vec<&Cell> = cells.iter().filter(|c| c.n == 200).collect();
+/// Fig. 8: losses against η of the runs at n = 200, seed 42 (one run per point, so that every
+/// point is measured alike), one colour per dataset, solid in last-layer mode and dashed in any
+/// other, a marker at each measured η; false when fewer than two η were run.
+fn noise_sweep(path: &Path, rows: &[ResultRow], colors: &DatasetColors) -> Result<bool> {
+    let sweep_rows: Vec<ResultRow> = rows
+        .iter()
+        .filter(|r| r.config.n == FIG8_N && r.config.seed == FIG8_SEED)
+        .cloned()
+        .collect();
+    let cells = aggregate(&sweep_rows);
+    let sweep: Vec<&Cell> = cells.iter().collect();
     let mut lines: Vec<(String, String)> = Vec::new();
     for c in &sweep {
         let line = (c.dataset.clone(), c.mode.clone());
@@ -297,8 +307,9 @@ fn noise_sweep(path: &Path, cells: &[Cell], colors: &DatasetColors) -> Result<bo
             .map(|line| Series {
                 label: None,
                 color: colors.color(&line.0),
-                width: 2,
+                width: 1,
                 dashed: line.1 != Mode::LastLayer.name(),
+                markers: true,
                 points: of(line).iter().map(|c| (c.eta, y(c))).collect(),
             })
             .collect();
@@ -309,6 +320,7 @@ fn noise_sweep(path: &Path, cells: &[Cell], colors: &DatasetColors) -> Result<bo
             color,
             width: 2,
             dashed,
+            markers: false,
             points: Vec::new(),
         };
         series.extend(
@@ -460,6 +472,7 @@ fn attention_curves(
             color,
             width: 2,
             dashed: false,
+            markers: false,
             points: curve.points.iter().map(|&(e, v)| (e as f64, v)).collect(),
         });
         if let Some(end) = fig9.end(&dataset) {
@@ -469,6 +482,7 @@ fn attention_curves(
                 color,
                 width: 2,
                 dashed: true,
+                markers: false,
                 points: vec![(last * 0.9, end), (last, end)],
             });
         }

@@ -84,6 +84,15 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
     let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
     let summary: FinetuneSummary = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a finetune summary", path.display()))?;
+    let config = &summary.config;
+    if config.authors_noise_draw != config.noise_draw() {
+        anyhow::bail!(
+            "{}: made with --rng authors and η {} before the authors' float32 noise draw, so its \
+             flipped labels are not theirs; delete the folder or run it again",
+            dir.display(),
+            config.eta
+        );
+    }
     Ok(Some(ResultRow {
         run: dir
             .file_name()

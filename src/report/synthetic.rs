@@ -82,6 +82,7 @@ pub fn plot_token_probabilities(path: &Path, run: &SyntheticRun) -> Result<()> {
                     color: if irrelevant { PALETTE[7] } else { PALETTE[t] },
                     width: if irrelevant { 1 } else { 3 },
                     dashed: false,
+                    markers: false,
                     points: run
                         .attention_trace
                         .iter()

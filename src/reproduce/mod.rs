@@ -90,8 +90,8 @@ impl Grid {
             match experiment {
                 Experiment::Table2 => (vec![42, 314, 2718], vec![20, 200, 1000], vec![0.0, 0.2]),
                 Experiment::Fig8 => (
-                    vec![42],
-                    vec![200],
+                    vec![crate::report::reproduce::FIG8_SEED],
+                    vec![crate::report::reproduce::FIG8_N],
                     (0..=20).map(|k| f64::from(k) / 100.0).collect(),
                 ),
                 Experiment::Fig9 => (vec![42], vec![200], vec![0.1]),
@@ -250,7 +250,8 @@ impl DriverOptions {
             device: self.device,
             rng: self.rng,
             ..paper
-        })
+        }
+        .with_noise_draw())
     }
 
     /// A grid run in its folder, named after its configuration.

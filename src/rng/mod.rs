@@ -37,6 +37,22 @@ impl RngChoice {
     }
 }
 
+/// The version of the authors' label-noise draw a `--rng authors` run with η > 0 took; part of the
+/// run's identity, so that a run made with another draw is never taken for a current one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthorsNoiseDraw {
+    /// Their line verbatim, `torch.rand_like(labels, dtype=torch.float) < noise_ratio`: a float32
+    /// draw, two u32 per fine-tune row ([`torch::label_noise`]). Runs made before it (a float64
+    /// draw, three u32 per row, other rows flipped) record no version.
+    Float32,
+}
+
+impl AuthorsNoiseDraw {
+    /// The draw this build makes.
+    pub const CURRENT: Self = Self::Float32;
+}
+
 /// The batch order of a training phase: whose stream, and the run's seed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shuffle {

@@ -16,7 +16,7 @@ use super::config::dataset_config;
 use super::optim::OptimizerConfig;
 use crate::data::DatasetName;
 use crate::data::noise::{NoiseModel, authors_only_symmetric};
-use crate::rng::RngChoice;
+use crate::rng::{AuthorsNoiseDraw, RngChoice};
 use crate::runtime::DeviceKind;
 
 /// What phase 2 trains.
@@ -105,6 +105,11 @@ pub struct RunConfig {
     /// Absent from the config.json of runs made before it existed: those drew their own.
     #[serde(default)]
     pub rng: RngChoice,
+    /// With `--rng authors` and η > 0, the version of the authors' label-noise draw
+    /// ([`AuthorsNoiseDraw`]); absent otherwise. config.json of runs made with the superseded
+    /// float64 draw lack it, so they name other folders and are refused on resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authors_noise_draw: Option<AuthorsNoiseDraw>,
     pub epochs: usize,
     pub pretrain_epochs: usize,
     pub batch_size: usize,
@@ -140,6 +145,7 @@ impl RunConfig {
             test_n: None,
             seed: 42,
             rng: RngChoice::Own,
+            authors_noise_draw: None,
             epochs: defaults.epochs,
             pretrain_epochs: defaults.pretrain_epochs,
             batch_size: defaults.batch_size,
@@ -152,6 +158,20 @@ impl RunConfig {
             train_threads: 1,
             device: DeviceKind::Cpu,
         })
+    }
+
+    /// The label-noise draw a run of this configuration takes: [`AuthorsNoiseDraw::CURRENT`]
+    /// with `--rng authors` and η > 0 (their draw), none otherwise (no draw, or ours).
+    pub fn noise_draw(&self) -> Option<AuthorsNoiseDraw> {
+        (self.rng == RngChoice::Authors && self.eta > 0.0).then_some(AuthorsNoiseDraw::CURRENT)
+    }
+
+    /// The configuration with [`Self::noise_draw`] recorded; every constructor of a run ends here.
+    pub fn with_noise_draw(self) -> Self {
+        Self {
+            authors_noise_draw: self.noise_draw(),
+            ..self
+        }
     }
 
     /// Every value a run cannot start with, named by its flag.
@@ -206,6 +226,15 @@ impl RunConfig {
                 );
             }
         }
+        if self.authors_noise_draw != self.noise_draw() {
+            bail!(
+                "authors_noise_draw: this configuration records {:?} where this build draws {:?}; a run \
+                 made with --rng authors and η > 0 before the float32 noise draw flipped other labels \
+                 than the authors' and cannot be resumed or passed off as current: run it again in a new folder",
+                self.authors_noise_draw,
+                self.noise_draw()
+            );
+        }
         Ok(())
     }
 
@@ -238,6 +267,8 @@ impl RunConfig {
         Self {
             eta: 0.0,
             noise: NoiseModel::Symmetric,
+            // Phase 1 sees no noise: runs of either draw share it.
+            authors_noise_draw: None,
             n: 0,
             epochs: 0,
             eval_every: 0,
@@ -394,7 +425,8 @@ mod tests {
             rng: RngChoice::Authors,
             eta: 0.2,
             ..trec()
-        };
+        }
+        .with_noise_draw();
         authors.validate().unwrap();
         let json = serde_json::to_string(&authors).unwrap();
         assert!(json.contains("\"rng\":\"authors\""), "{json}");
@@ -416,7 +448,8 @@ mod tests {
         let pair = RunConfig {
             noise: NoiseModel::Pair,
             ..authors.clone()
-        };
+        }
+        .with_noise_draw();
         let err = pair.validate().unwrap_err().to_string();
         assert!(err.starts_with("--noise pair"), "{err}");
         let big_seed = RunConfig {
@@ -429,6 +462,39 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("--seed")
+        );
+    }
+
+    #[test]
+    fn the_authors_noise_draw_is_part_of_a_noisy_runs_identity_only() {
+        let noisy = RunConfig {
+            rng: RngChoice::Authors,
+            eta: 0.2,
+            ..trec()
+        }
+        .with_noise_draw();
+        noisy.validate().unwrap();
+        let json = serde_json::to_string(&noisy).unwrap();
+        assert!(json.contains("\"authors_noise_draw\":\"float32\""), "{json}");
+        // A config.json from before the float32 draw: another folder name, refused to run.
+        let before: RunConfig =
+            serde_json::from_str(&json.replace(",\"authors_noise_draw\":\"float32\"", "")).unwrap();
+        assert_ne!(before.run_name().unwrap(), noisy.run_name().unwrap());
+        let err = before.validate().unwrap_err().to_string();
+        assert!(err.starts_with("authors_noise_draw"), "{err}");
+        // No draw, no version: η = 0 and own-stream runs keep the names they always had, and
+        // phase 1 (which sees no noise) is shared across draws.
+        for quiet in [
+            RunConfig { eta: 0.0, ..noisy.clone() }.with_noise_draw(),
+            RunConfig { rng: RngChoice::Own, ..noisy.clone() }.with_noise_draw(),
+        ] {
+            assert_eq!(quiet.authors_noise_draw, None);
+            assert!(!serde_json::to_string(&quiet).unwrap().contains("authors_noise_draw"));
+        }
+        assert_eq!(noisy.phase1_view(), before.phase1_view());
+        assert_eq!(
+            crate::io::json_digest(&noisy.phase1_view()).unwrap(),
+            crate::io::json_digest(&before.phase1_view()).unwrap()
         );
     }
 
