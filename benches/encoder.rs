@@ -1,5 +1,5 @@
 //! Backbone throughput on CPU against the named baseline, PyTorch CPU on the same inputs
-//! (scripts/bench_torch.py, run separately on the same machine; README keeps both numbers).
+//! (scripts/bench_torch.py, run separately on the same machine; docs/performance.md keeps both numbers).
 //!
 //!   ViT-Ti/16, real weights ($BENIGN_MODELS_DIR/timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k),
 //!     batch 16 × 3 × 224 × 224                                              → images/s

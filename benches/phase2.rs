@@ -8,7 +8,7 @@
 //!   baseline:  the authors' code, all cores: 13 × their step (backbone to the last layer's
 //!              input + full last layer + classifier, backward, AdamW) on batches of 16 images,
 //!              and their epoch: those steps plus the per-epoch `AttentionScoreCallback`, the same
-//!              forward over the 200 fine-tune samples in batches of 16 (PAPER.md §3), which our
+//!              forward over the 200 fine-tune samples in batches of 16 (docs/protocol.md §3), which our
 //!              per-epoch evaluation stands for.
 //!
 //! ViT-Ti/16 with its real weights ($BENIGN_MODELS_DIR); the inputs are deterministic pixel
@@ -26,7 +26,7 @@ use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
-use benign_attention::train::phases::{Phase2Data, Set, train_phase2};
+use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 

@@ -17,7 +17,7 @@
 //!              backbone to the last layer, the full last layer with the trainable query/key, the
 //!              classifier, backward and AdamW), and their epoch: those steps plus the per-epoch
 //!              `AttentionScoreCallback`, the same forward over the 200 fine-tune samples in
-//!              batches of 16 (PAPER.md §3), which our per-epoch evaluation stands for.
+//!              batches of 16 (docs/protocol.md §3), which our per-epoch evaluation stands for.
 //!
 //! `cargo bench --bench scale`; about 10 GB of temporary disk.
 
@@ -36,7 +36,7 @@ use benign_attention::encoder::{Backbone, Encoded, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
-use benign_attention::train::phases::{Phase2Data, Set, train_phase2};
+use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use rand::{RngExt, SeedableRng};

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the speed benches and prints the Markdown rows that README's performance table holds.
+# Runs the speed benches and prints the Markdown rows that docs/performance.md holds.
 # Run on an otherwise idle machine; each bench measures its own baseline in the same process.
 #   scripts/bench.sh            # default run + full 39×39 grid (about 10 minutes on 2 cores)
 #   BENCH_GRID=coarse scripts/bench.sh

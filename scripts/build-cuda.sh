@@ -2,7 +2,7 @@
 # Builds the CUDA binary (and the test binaries that scripts/gpu-tests.sh runs) on a machine with
 # no GPU, no CUDA toolkit and no root: CUDA 13.0 from PyPI into .cuda/, a link-time stand-in for
 # the driver library, `cargo build --release --features cuda` into target-cuda/, then everything
-# stripped and packed into .cuda/carry/benign-cuda.tar.xz for a GPU machine (see README, "CUDA").
+# stripped and packed into .cuda/carry/benign-cuda.tar.xz for a GPU machine (see docs/cuda.md).
 # Re-running skips what is already there.
 #
 # Environment: JOBS (cargo -j), CUDAFORGE_THREADS (parallel nvcc runs of candle-kernels' build;

@@ -9,6 +9,7 @@ pub mod data;
 pub mod diagnostics;
 pub mod encoder;
 pub mod io;
+pub mod kernels;
 pub mod model;
 pub mod report;
 pub mod reproduce;

@@ -41,7 +41,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// put 20–30 % of a forward in the kernel's page clearing (`clear_page_erms`) with glibc's
 /// malloc, whose blocks above 32 MiB are always fresh mappings. mimalloc with purging off keeps
 /// freed pages mapped and reuses them: ViT-B/16 went from 2.2 to 4.1 images/s, ViT-Ti from 38.6
-/// to 44.3 (idle, README's performance table). Peak RSS is the high-water mark of what is live
+/// to 44.3 (idle, docs/performance.md). Peak RSS is the high-water mark of what is live
 /// plus mimalloc's free lists; the scale bench and the MNIST runs measure it.
 fn keep_freed_memory() {
     // SAFETY: sets one allocator option; any thread may call it at any time.
@@ -84,7 +84,7 @@ pub fn float_kernels() -> &'static str {
         if is_x86_feature_detected!("avx512f") {
             return "x86_64 avx512f";
         }
-        if crate::encoder::layers::avx2_fma() {
+        if crate::kernels::avx2_fma() {
             return "x86_64 avx2+fma";
         }
         "x86_64 sse2"

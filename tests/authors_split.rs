@@ -1,6 +1,6 @@
 //! `--rng authors` on the real release files (`BENIGN_DATA_DIR`, e.g. the offline mirror; every
 //! test returns early when it is unset): `data split`'s split and label noise, checked against
-//! PAPER.md §3.1's seed-42 prefixes and against real numpy 2.2.3 / torch 2.6.0 run on the real
+//! docs/protocol.md §3.1's seed-42 prefixes and against real numpy 2.2.3 / torch 2.6.0 run on the real
 //! labels (`tests/fixtures/authors_rng.json`, `real_splits`), refused on partial data; and a small
 //! `finetune` run (also needs `BENIGN_MODELS_DIR`) that records the choice and its deviations.
 
@@ -55,7 +55,7 @@ fn numbers(v: &Value) -> Vec<u64> {
         .collect()
 }
 
-/// PAPER.md §3.1's seed-42 prefixes of the authors' split (MNIST: tail-shuffle path, TREC: Floyd).
+/// docs/protocol.md §3.1's seed-42 prefixes of the authors' split (MNIST: tail-shuffle path, TREC: Floyd).
 #[test]
 fn seed_42_prefixes_of_the_paper() {
     let Some(root) = data_dir("authors_split::seed_42_prefixes_of_the_paper") else {

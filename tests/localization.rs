@@ -1,4 +1,4 @@
-//! Localization diagnostics in the synthetic model (PAPER.md §5): the spectrum of W is logged, the
+//! Localization diagnostics in the synthetic model (docs/protocol.md §5): the spectrum of W is logged, the
 //! LocAteR penalty lowers its variance, and the sweep's outputs are written.
 
 use benign_attention::report::synthetic::write_localization;

@@ -8,7 +8,7 @@ use benign_attention::encoder::vit::{Vit, VitConfig};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
-use benign_attention::train::phases::{
+use benign_attention::train::loops::{
     EpochMetrics, Penalty, Phase2Data, Set, steps_per_epoch, train_phase2,
 };
 use candle_core::{Device, Tensor};

@@ -1,4 +1,4 @@
-//! The three named settings of the paper's synthetic experiment (PAPER.md §2.4, §2.8) land in
+//! The three named settings of the paper's synthetic experiment (docs/protocol.md §2.4) land in
 //! their regimes, and the fast subspace engine follows the plain dense computation.
 
 use benign_attention::synthetic::data::TokenSet;

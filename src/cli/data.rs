@@ -69,7 +69,7 @@ pub struct SplitArgs {
     pub carve_train_from_test: Option<f64>,
     /// Whose random draws pick the split and the label noise: `own` (ChaCha8 streams) or
     /// `authors` (numpy's choice over the official training rows and torch's noise loop,
-    /// PAPER.md §3.1; refused on partial data unless every drawn row is present)
+    /// docs/protocol.md §3.1; refused on partial data unless every drawn row is present)
     #[arg(long, value_enum, default_value_t = RngChoice::Own)]
     pub rng: RngChoice,
     /// Also write the drawn rows as JSON: pretrain_indices and finetune_indices (release indices,

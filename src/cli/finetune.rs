@@ -37,7 +37,7 @@ pub struct FinetuneArgs {
     pub seed: u64,
     /// Whose random draws pick the split, the label noise and both phases' batch orders: `own`
     /// (ChaCha8 streams) or `authors` (numpy and torch draws as the authors' code makes them,
-    /// PAPER.md §3.1; the initialisations stay ours, recorded as a deviation)
+    /// docs/protocol.md §3.1; the initialisations stay ours, recorded as a deviation)
     #[arg(long, value_enum, default_value_t = RngChoice::Own)]
     pub rng: RngChoice,
     /// Backbone hub id or folder [default: the config's preference list, paper's first]
@@ -48,7 +48,7 @@ pub struct FinetuneArgs {
     pub mode: Mode,
     /// Head mode: what the phase-1 classifier is trained on: `mean` (mean-pooled final tokens),
     /// `cls` (the CLS / position-0 token) or `tokens` (every token, labelled with its sample's
-    /// label) [default: see README's head-mode table]
+    /// label) [default: tokens; see docs/results.md, head mode]
     #[arg(long, value_enum)]
     pub head_classifier: Option<HeadClassifier>,
     /// symmetric, pair, or cifar10n:aggre|random1|random2|random3|worse
@@ -84,7 +84,7 @@ pub struct FinetuneArgs {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub train_threads: usize,
     /// λ of the LocAteR penalty on the trained query-key matrix: the variance of the eigenvalues of
-    /// its symmetric part, mean over heads (README "Localization") [default: 0, the paper: none]
+    /// its symmetric part, mean over heads (docs/design.md, localization diagnostics) [default: 0, the paper: none]
     #[arg(
         long,
         value_name = "LAMBDA",

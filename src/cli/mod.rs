@@ -33,7 +33,7 @@ pub enum Command {
     Synthetic(synthetic::SyntheticArgs),
     /// The Fig. 5 grid over d × ‖μ‖, one run per cell, on all cores.
     SyntheticSweep(synthetic::SweepArgs),
-    /// Attention localization (PAPER.md §5) across the synthetic SNR grid: final eigen-mean and
+    /// Attention localization (docs/protocol.md §5) across the synthetic SNR grid: final eigen-mean and
     /// -variance of W, attention entropy of clean and noisy samples, regime; CSV and plots.
     LocalizationSweep(synthetic::LocalizationSweepArgs),
     /// Real datasets: what is present, checksums, downloads, and the paper's split.

@@ -42,7 +42,7 @@ pub struct SharedHyperParams {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Build the test set from the training seed as the authors did (its first n samples share
-    /// the training noise, PAPER.md §2.1); by default the test set is independent.
+    /// the training noise, docs/protocol.md §2.1); by default the test set is independent.
     #[arg(long)]
     pub paper_test_seed: bool,
     /// Log (and evaluate on the test set) every this many steps [default: 10]
@@ -53,7 +53,7 @@ pub struct SharedHyperParams {
     #[arg(long, value_enum, default_value_t = EngineKind::Subspace)]
     pub engine: EngineKind,
     /// λ of the LocAteR penalty λ·v_sym(W), the variance of the eigenvalues of W's symmetric part
-    /// (keeps their mean; README "Localization"); needs --engine dense [default: 0, none]
+    /// (keeps their mean; docs/design.md, localization diagnostics); needs --engine dense [default: 0, none]
     #[arg(long, value_name = "LAMBDA", allow_negative_numbers = true)]
     pub locater: Option<f64>,
 }

@@ -1,5 +1,5 @@
 //! Real datasets, read from their canonical release files into one in-memory form, then split and
-//! label-noised as the paper does (PAPER.md §3).
+//! label-noised as the paper does (docs/protocol.md §3).
 //!
 //! Read in order: `files` (errors, gzip, checksums) → one loader per format (`mnist`, `cifar`,
 //! `medmnist`, `agnews`, `trec`, `cifar10n`) → `catalog` (dataset names, data root, manifests,

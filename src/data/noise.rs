@@ -1,9 +1,9 @@
-//! Label noise on the fine-tune set (PAPER.md §3): per sample, independently, with probability η
+//! Label noise on the fine-tune set (docs/protocol.md §3): per sample, independently, with probability η
 //! the label becomes a uniformly random *different* class (symmetric, as the authors) or the next
 //! class (pair, y → y+1 mod C). Beyond the paper, CIFAR-10N replaces each label with a real human
 //! annotation. The clean labels and the `noisy_mask` are kept for memorization metrics; nothing is
 //! changed in place. With `--rng authors`, symmetric noise is the authors' own draw (torch's CPU
-//! generator, PAPER.md §3.1); the other models are not theirs and are refused.
+//! generator, docs/protocol.md §3.1); the other models are not theirs and are refused.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,4 @@
-//! The paper's split (PAPER.md §3): a seeded choice without replacement of pretrain_n + n indices
+//! The paper's split (docs/protocol.md §3): a seeded choice without replacement of pretrain_n + n indices
 //! of the training split, pretrain_n for the clean phase-1 set and n for the noisy phase-2 set,
 //! taken as the tail and the head of one seeded permutation (so that a grid over n reuses the
 //! encoded samples). The test set is the official test split, optionally subsampled (the same
@@ -7,7 +7,7 @@
 //! When a dataset's training split is absent (AG-news offline), `carve_train_from_test` splits the
 //! test split into disjoint training and test pools instead, and says so in `deviations`.
 //!
-//! With `--rng authors` the split is the authors' own draw (PAPER.md §3.1): numpy
+//! With `--rng authors` the split is the authors' own draw (docs/protocol.md §3.1): numpy
 //! `default_rng(seed).choice(N, pretrain_n + n, replace=False)` over the N rows of the official
 //! training split, pretrain = the first pretrain_n draws, fine-tune = the next n, in draw order.
 //! Its indices are release indices: a partial local copy is refused unless it holds every drawn

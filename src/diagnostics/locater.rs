@@ -1,4 +1,4 @@
-//! LocAteR (Bao et al. 2024, PAPER.md §5): a penalty that "minimizes the eigenspectrum scale while
+//! LocAteR (Bao et al. 2024, docs/protocol.md §5): a penalty that "minimizes the eigenspectrum scale while
 //! maintaining its mean". The paper's exact form is not public; the form implemented here is
 //!
 //!   λ · v_sym(W),   v_sym = ‖S‖_F² / d − (tr W / d)²,   S = (W + Wᵀ) / 2,

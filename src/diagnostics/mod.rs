@@ -1,7 +1,7 @@
-//! Localization diagnostics (Bao, Hataya & Karakida, ICML 2024; PAPER.md §5): the eigenspectrum
+//! Localization diagnostics (Bao, Hataya & Karakida, ICML 2024; docs/protocol.md §5): the eigenspectrum
 //! of the query-key matrix, attention entropy and the rank-collapse residual.
 //!
-//! Definitions used (the paper's are reconstructed, PAPER.md §5):
+//! Definitions used (the paper's are reconstructed, docs/protocol.md §5):
 //! - W_QK = W_Q W_Kᵀ / √d_h per head, a d × d matrix (d the model width). With torch's Linear
 //!   weights (out × in), head h's rows W_qₕ, W_kₕ (d_h × d) give W_QK = W_qₕᵀ W_kₕ / √d_h. Its
 //!   eigenvalues λ₁..λ_d are complex in general, and d − d_h of them are 0 (rank ≤ d_h).

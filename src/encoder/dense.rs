@@ -15,7 +15,7 @@ use anyhow::{Result, ensure};
 use candle_core::{CpuStorage, CustomOp1, Layout, Module, Shape, Tensor};
 use candle_nn::Linear;
 
-use super::layers::{contiguous_f32, gemm_into as matmul};
+use crate::kernels::{contiguous_f32, gemm_into as matmul};
 
 /// One of the backbone's dense layers.
 #[derive(Clone, Debug)]

@@ -1,4 +1,4 @@
-//! Text preprocessing as the authors did (PAPER.md §3): the backbone's `tokenizer.json` through
+//! Text preprocessing as the authors did (docs/protocol.md §3): the backbone's `tokenizer.json` through
 //! Hugging Face `tokenizers`, padding to max_length 128, truncation at 128, special tokens OFF
 //! (no [CLS]/[SEP]: position 0 is the first word piece). Padding and truncation are set here,
 //! whatever the file says.

@@ -22,12 +22,12 @@
 use std::sync::Arc;
 
 use anyhow::{Result, ensure};
-use candle_core::{CpuStorage, CustomOp2, D, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, D, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::token_products::{Rows, Tokens, row_scores, weighted_sums};
-use crate::encoder::layers::contiguous_f32;
-pub use crate::encoder::layers::unpadded_lengths;
+use crate::kernels::contiguous_f32;
+pub use crate::kernels::unpadded_lengths;
 
 /// The tokens of a batch: in host memory for the fused CPU op, or a tensor on another device.
 pub struct KeyValues {
@@ -145,7 +145,7 @@ impl KeyValues {
             // Rows 0..B in order (every phase-2 batch) need no gather.
             Some(all) if rows.iter().copied().eq(0..all.dim(0)?) => all.to_device(device)?,
             Some(all) => {
-                let index = super::last_layer::row_indices(rows, all.device())?;
+                let index = row_indices(rows, all.device())?;
                 all.index_select(&index, 0)?.to_device(device)?
             }
             None => {
@@ -360,4 +360,15 @@ pub fn broadcast_query(query: &Tensor, batch: usize) -> Result<Tensor> {
         .unsqueeze(0)?
         .broadcast_as((batch, h, d))?
         .contiguous()?)
+}
+
+/// Sample indices as a u32 index tensor.
+pub fn row_indices(indices: &[usize], device: &Device) -> Result<Tensor> {
+    if indices.is_empty() {
+        anyhow::bail!("empty batch");
+    }
+    Ok(Tensor::from_iter(
+        indices.iter().map(|&i| i as u32),
+        device,
+    )?)
 }

@@ -1,4 +1,4 @@
-//! The classification head of phase 1 (PAPER.md §3): ViT's `classifier` on the final-LayerNorm CLS
+//! The classification head of phase 1 (docs/protocol.md §3): ViT's `classifier` on the final-LayerNorm CLS
 //! token; BERT's `pooler` (tanh, initialised from the checkpoint) and `classifier` on position 0,
 //! or the classifier alone when the checkpoint has no pooler. Initialised as HF does: weights
 //! N(0, 0.02²), biases 0.

@@ -1,4 +1,4 @@
-//! Phase 2 of the paper (PAPER.md §3): the last layer's query and key re-initialised and trained,
+//! Phase 2 of the paper (docs/protocol.md §3): the last layer's query and key re-initialised and trained,
 //! everything else frozen, evaluated from the cached hidden states entering that layer.
 //!
 //! Only the CLS / position-0 output reaches the classifier, and every part of the layer after the
@@ -15,17 +15,17 @@
 
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::Module;
 use rand::RngExt;
 
-use super::attend::KeyValues;
+use super::attend::{KeyValues, row_indices};
 use super::classifier::{Classifier, FrozenClassifier};
 use crate::encoder::Model;
-use crate::encoder::layer_rows::LayerRows;
 use crate::encoder::bert::BertLayer;
 use crate::encoder::dense::FrozenLinear;
+use crate::encoder::layer_rows::LayerRows;
 use crate::encoder::layers::{Norm, SelfAttention, first_token};
 use crate::encoder::vit::VitLayer;
 
@@ -302,7 +302,7 @@ impl<'a> LastLayer<'a> {
         let v = attention.split_heads(&attention.value.forward(&normed)?)?;
         let scores = (q.matmul(&k.t()?)? / (attention.head_dim as f64).sqrt())?;
         let scores = match attention_mask {
-            Some(m) => scores.broadcast_add(&crate::encoder::layers::additive_mask(m)?)?,
+            Some(m) => scores.broadcast_add(&crate::kernels::additive_mask(m)?)?,
             None => scores,
         };
         Ok(SelfAttention::merge_heads(
@@ -321,7 +321,7 @@ impl<'a> LastLayer<'a> {
         let contexts = self.token_contexts(qk, inputs, attention_mask)?;
         let (n, t, d) = contexts.dims3()?;
         let lengths = match attention_mask {
-            Some(m) => super::attend::unpadded_lengths(m)?,
+            Some(m) => crate::kernels::unpadded_lengths(m)?,
             None => vec![t; n],
         };
         let values: Vec<f32> = contexts.flatten_all()?.to_vec1()?;
@@ -351,15 +351,4 @@ impl<'a> LastLayer<'a> {
         };
         self.classifier.forward(&first_token(&tokens)?)
     }
-}
-
-/// Sample indices as a u32 index tensor.
-pub fn row_indices(indices: &[usize], device: &Device) -> Result<Tensor> {
-    if indices.is_empty() {
-        bail!("empty batch");
-    }
-    Ok(Tensor::from_iter(
-        indices.iter().map(|&i| i as u32),
-        device,
-    )?)
 }

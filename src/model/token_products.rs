@@ -11,7 +11,7 @@
 //! scores, 3 rows × 24 features for the sums). Both are compiled for AVX2 + FMA as well and chosen
 //! at run time, like the encoder's element-wise kernels.
 
-use crate::encoder::layers::avx2_fma;
+use crate::kernels::avx2_fma;
 
 /// Width of one accumulator: a 256-bit register of f32.
 const LANES: usize = 8;

@@ -1,7 +1,8 @@
 //! The card's head mode: the paper's token-selection model with K classes on the frozen
 //! backbone's final tokens, f(X) = C(Σ_t softmax_t(X Wᵀ p) x_t), with C a linear classifier
-//! trained first on mean-pooled tokens (p = 0 makes the softmax uniform) and then frozen while W and
-//! p train. W ~ U(±1/√D) and p = 0 as in the synthetic model (PAPER.md §2.2).
+//! trained first in phase 1 (by default on every single final token, as ν scores single tokens;
+//! `--head-classifier mean|cls` for the mean-pooled or the CLS token) and then frozen while W and
+//! p train. W ~ U(±1/√D) and p = 0 as in the synthetic model (docs/protocol.md §2.2).
 
 use anyhow::Result;
 use std::sync::Arc;

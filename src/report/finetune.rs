@@ -10,7 +10,7 @@ use anyhow::Result;
 use super::progress::Bar;
 use crate::io::{ensure_dir, write_json, write_json_lines};
 use crate::train::finetune::{FinetuneRun, Progress, RunFolder};
-use crate::train::phases::EpochMetrics;
+use crate::train::loops::EpochMetrics;
 
 pub fn write_run(dir: &Path, run: &FinetuneRun) -> Result<()> {
     ensure_dir(dir)?;

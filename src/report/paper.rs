@@ -1,5 +1,5 @@
 //! The authors' printed numbers (configs/paper/*.toml, compiled in), for the report to set beside
-//! ours: Table 2 (PAPER.md §4.1) and the Fig. 9 end values (§4.3).
+//! ours: Table 2 (docs/protocol.md §4.1) and the Fig. 9 end values (§4.3).
 
 use anyhow::{Context, Result};
 use serde::Deserialize;

@@ -19,7 +19,7 @@ use super::results::{Cell, ResultRow, Stat, aggregate, write_csv};
 use super::verdict::{self, VerdictRow};
 use crate::io::{ensure_dir, produce_atomic, write_atomic};
 use crate::train::finetune::{Mode, RunFolder};
-use crate::train::phases::EpochMetrics;
+use crate::train::loops::EpochMetrics;
 
 pub const FIG8: &str = "fig8_noise_sweep.png";
 /// Fig. 8's runs: the n and seed of the `fig8` experiment's grid, which sweeps η.
@@ -106,7 +106,7 @@ fn markdown(
     writeln!(
         md,
         "{} finished runs from {}. Cells are mean ± population std over seeds (as the authors \
-         printed); accuracies in %. Paper numbers: PAPER.md §4.1 (Table 2, v3 notebook).\n",
+         printed); accuracies in %. Paper numbers: docs/protocol.md §4.1 (Table 2, v3 notebook).\n",
         rows.len(),
         sources
             .iter()
@@ -223,7 +223,7 @@ fn markdown(
          (baseline → after reset is the reset's cost, after reset → test acc the training's). \
          Max CLS attn: mean over samples and heads of the largest attention probability of the \
          selecting query (Fig. 9). QK eigen mean / var: of the real parts of the final query-key \
-         matrix's eigenvalues, mean over heads (PAPER.md §5; definitions in `src/diagnostics/`).\n"
+         matrix's eigenvalues, mean over heads (docs/protocol.md §5; definitions in `src/diagnostics/`).\n"
     )?;
     verdict::markdown(&mut md, verdict_rows)?;
     if !figures.is_empty() {

@@ -29,7 +29,7 @@ pub const PAPER_LOSS_NOT_OVERFITTING: f64 = 0.3;
 /// A verdict from cells with fewer seeds than this carries a marker: a one-seed cell's std is 0,
 /// so its spread says nothing about seed-to-seed variation.
 pub const MIN_SEEDS: usize = 2;
-/// Seeds behind each of the paper's printed cells (PAPER.md §4.1: 42, 314, 2718).
+/// Seeds behind each of the paper's printed cells (docs/protocol.md §4.1: 42, 314, 2718).
 pub const PAPER_SEEDS: usize = 3;
 
 /// How far the η = 0.2 fine-tune set's flipped labels were fitted.
@@ -621,7 +621,7 @@ mod tests {
         assert!(empty.contains("no verdict"), "{empty}");
     }
 
-    /// The paper's side on its printed numbers (PAPER.md §4.1).
+    /// The paper's side on its printed numbers (docs/protocol.md §4.1).
     #[test]
     fn the_paper_verdicts_on_its_printed_cells() {
         let t = table2().unwrap();

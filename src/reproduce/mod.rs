@@ -24,7 +24,7 @@ use crate::train::finetune::{
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Experiment {
-    /// Datasets × n × η × seeds (PAPER.md §4.1).
+    /// Datasets × n × η × seeds (docs/protocol.md §4.1).
     Table2,
     /// η from 0 to 0.2 in steps of 0.01 at n = 200, seed 42.
     Fig8,

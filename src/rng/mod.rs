@@ -5,7 +5,7 @@
 //!
 //! `--rng authors` ([`RngChoice::Authors`]) draws the split, the symmetric label noise and the
 //! batch orders of both phases as the authors' code does instead, from exact replicas of numpy's
-//! `default_rng` ([`numpy`]) and torch's CPU generator ([`torch`]) (PAPER.md §3.1).
+//! `default_rng` ([`numpy`]) and torch's CPU generator ([`torch`]) (docs/protocol.md §3.1).
 
 pub mod numpy;
 pub mod torch;
@@ -83,13 +83,13 @@ impl Shuffle {
 /// The named streams; their numbers are fixed forever (changing one changes every result).
 #[derive(Clone, Copy, Debug)]
 pub enum Stream {
-    /// Synthetic training tokens (PAPER.md §2.1).
+    /// Synthetic training tokens (docs/protocol.md §2.1).
     SyntheticTrain = 0,
     /// Synthetic test tokens, unless `--paper-test-seed` reuses `SyntheticTrain`.
     SyntheticTest = 1,
     /// Synthetic initial W.
     SyntheticInit = 2,
-    /// Choice of the pretrain + fine-tune indices (PAPER.md §3).
+    /// Choice of the pretrain + fine-tune indices (docs/protocol.md §3).
     Split = 3,
     /// Carving a training pool out of a test split.
     Carve = 4,
@@ -139,7 +139,7 @@ mod tests {
         assert_ne!(a, epoch_order(100, 1, Stream::FinetuneShuffle, 5));
     }
 
-    /// PAPER.md §3.1: epoch e of both phases is `randperm(n, seed + e)`; randperm(200) seeded 42
+    /// docs/protocol.md §3.1: epoch e of both phases is `randperm(n, seed + e)`; randperm(200) seeded 42
     /// and 43 are real torch 2.6.0 outputs.
     #[test]
     fn authors_batch_order_is_randperm_of_seed_plus_epoch() {

@@ -251,7 +251,7 @@ pub fn choice(seed: u64, population: usize, k: usize) -> Result<Vec<usize>, Stri
 mod tests {
     use super::*;
 
-    // PAPER.md §3.1 test vectors (seed 42).
+    // docs/protocol.md §3.1 test vectors (seed 42).
 
     #[test]
     fn seed_sequence_state_seed42() {

@@ -171,7 +171,7 @@ pub fn label_noise(clean: &[u32], classes: u32, eta: f64, seed: u64) -> Result<V
 mod tests {
     use super::*;
 
-    // PAPER.md §3.1 test vectors (seed 42), checked against real torch 2.6.0.
+    // docs/protocol.md §3.1 test vectors (seed 42), checked against real torch 2.6.0.
 
     #[test]
     fn mt19937_first_words_seed42() {
@@ -205,7 +205,7 @@ mod tests {
     fn torch_rand_float32_seed42() {
         let mut g = Mt19937::new(42);
         let v: Vec<f32> = (0..5).map(|_| g.rand_f32()).collect();
-        // torch.rand(5) after torch.manual_seed(42), printed to 4 decimals in PAPER.md.
+        // torch.rand(5) after torch.manual_seed(42), printed to 4 decimals in docs/protocol.md.
         let expect = [0.8823f32, 0.9150, 0.3829, 0.9593, 0.3904];
         for (a, b) in v.iter().zip(expect.iter()) {
             assert!((a - b).abs() < 5e-5, "{a} vs {b}");

@@ -1,4 +1,4 @@
-//! Hyper-parameters of the synthetic token-selection experiment (PAPER.md §2.4), with the authors'
+//! Hyper-parameters of the synthetic token-selection experiment (docs/protocol.md §2.4), with the authors'
 //! final config (`config/main.yaml`, HEAD c563aae) as defaults.
 
 use std::path::Path;
@@ -73,7 +73,7 @@ impl SyntheticConfig {
         })
     }
 
-    /// SNR := ‖μ‖ / (σ_ε √d) with σ_ε = 1 (PAPER.md §2.5).
+    /// SNR := ‖μ‖ / (σ_ε √d) with σ_ε = 1 (docs/protocol.md §2.5).
     pub fn snr(&self) -> f64 {
         self.signal_norm / (self.embed_dim as f64).sqrt()
     }

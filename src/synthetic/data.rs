@@ -1,4 +1,4 @@
-//! The synthetic token distribution of PAPER.md §2.1, generated in the authors' order: first the
+//! The synthetic token distribution of docs/protocol.md §2.1, generated in the authors' order: first the
 //! whole noise tensor ε ~ N(0, I_d) in (n, T, d) C order, then the signals, then the label flips.
 
 use rand::RngExt;

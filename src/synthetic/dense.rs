@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn first_step_moves_only_p() {
-        // With p = 0, ∂L/∂W = gu p^T = 0: W first moves at the second step (PAPER.md §2.3).
+        // With p = 0, ∂L/∂W = gu p^T = 0: W first moves at the second step (docs/protocol.md §2.3).
         let config = SyntheticConfig {
             embed_dim: 10,
             train_n: 4,

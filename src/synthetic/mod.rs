@@ -1,4 +1,4 @@
-//! The paper's synthetic reference experiment (PAPER.md §2): the token distribution, the
+//! The paper's synthetic reference experiment (docs/protocol.md §2): the token distribution, the
 //! token-selection model with a fixed head, gradient descent on (W, p), and the SNR grid.
 //!
 //! Read in order: `config` → `data` → `model` → `engine` (`dense`, `subspace`) → `train` → `sweep`.

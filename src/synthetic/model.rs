@@ -1,4 +1,4 @@
-//! The token-selection model f(X) = Σ_t softmax_t(X W p)_t · ν^T x_t (PAPER.md §2.2), its logistic
+//! The token-selection model f(X) = Σ_t softmax_t(X W p)_t · ν^T x_t (docs/protocol.md §2.2), its logistic
 //! loss and the closed-form gradient of §2.6, from the token logits a = X (W p) onward.
 //!
 //! Both training engines produce the logits; everything downstream of them (attention, outputs,
@@ -146,7 +146,7 @@ fn sigmoid(z: f64) -> f64 {
 /// one as "not overfitting"). The harmful setting of the paper sits at 0.867, the benign at ≥ 0.99.
 pub const BENIGN_TEST_ACCURACY: f64 = 0.95;
 
-/// Operational regimes of PAPER.md §2.5.
+/// Operational regimes of docs/protocol.md §2.5.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Regime {
     /// Some training sample (typically a noisy one) is not fitted, and the test accuracy is high.

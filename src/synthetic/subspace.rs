@@ -1,4 +1,4 @@
-//! Exact low-rank reformulation of gradient descent on (W, p), from PAPER.md §2.6.
+//! Exact low-rank reformulation of gradient descent on (W, p), from docs/protocol.md §2.6.
 //!
 //! Let A = [x_{i,t}] ∈ R^{d×M} hold the M = nT training tokens as columns and B = W₀^T A.
 //! Every gradient of W is rank one, ∇W = A c p^T with c = dL/da, and every gradient of p is

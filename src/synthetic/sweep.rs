@@ -1,4 +1,4 @@
-//! The Fig. 5 grid (PAPER.md §2.7): d ∈ {250, 375, …, 5000} × ‖μ‖ ∈ {5, 7.5, …, 100}, one full run
+//! The Fig. 5 grid (docs/protocol.md §2.7): d ∈ {250, 375, …, 5000} × ‖μ‖ ∈ {5, 7.5, …, 100}, one full run
 //! per cell at the other hyper-parameters, cells spread over all cores.
 
 use anyhow::{Context, Result};

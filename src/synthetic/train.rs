@@ -1,7 +1,7 @@
-//! One synthetic run (PAPER.md §2.3): generate the data, initialise W ~ U(±1/√d) and p = 0, run
+//! One synthetic run (docs/protocol.md §2.3): generate the data, initialise W ~ U(±1/√d) and p = 0, run
 //! full-batch gradient descent, log every `log_interval` steps and summarise the regime.
 //!
-//! Localization diagnostics (PAPER.md §5) ride along: the attention entropy of clean and noisy
+//! Localization diagnostics (docs/protocol.md §5) ride along: the attention entropy of clean and noisy
 //! samples at every logged step; with `Trace::Full` or `Trace::FinalWithSpectrum`, the symmetric
 //! part's eigen-mean and -variance of W (exact from traces) at every logged step and at step 0, and
 //! the full complex spectrum of W at the end when d ≤ [`FULL_SPECTRUM_MAX_DIM`].

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use candle_core::{D, DType, Device};
 use serde::{Deserialize, Serialize};
 
-use super::phases::{Forward, Set};
+use super::loops::{Forward, Set};
 use super::run::Mode;
 use crate::data::Inputs;
 use crate::encoder::Backbone;

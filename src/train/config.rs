@@ -1,4 +1,4 @@
-//! Each dataset's paper defaults (configs/<dataset>.toml, PAPER.md §3), compiled in so the binary
+//! Each dataset's paper defaults (configs/<dataset>.toml, docs/protocol.md §3), compiled in so the binary
 //! carries them; flags override them per run.
 
 use anyhow::{Context, Result};
@@ -57,7 +57,7 @@ pub fn dataset_config(dataset: &DatasetName) -> Result<DatasetConfig> {
 mod tests {
     use super::*;
 
-    /// PAPER.md §3 table: classes and pretrain_sample_size per dataset; Trainer defaults.
+    /// docs/protocol.md §3 table: classes and pretrain_sample_size per dataset; Trainer defaults.
     #[test]
     fn configs_hold_the_papers_table() {
         let expected = [

@@ -1,13 +1,21 @@
-//! Training: the per-dataset paper defaults (`config`), one run's description (`run`), the
-//! optimizer of the authors' Trainer defaults (`optim`), the metrics the runs report (`metrics`),
-//! the two phases (`phases`, `finetune`), their checkpoints (`checkpoint`) and the samples
-//! whose token selection the run pictures (`attention_maps`).
+//! Training, in the order a run goes: the per-dataset paper defaults (`config`) and one run's
+//! description (`run`); its set-up, data to features (`setup`); phase 1, the clean classifier
+//! (`phase1`); phase 2, the noisy fine-tune (`phase2`); the loops both phases run (`loops`) with
+//! the optimizer of the authors' Trainer defaults (`optim`) and the metrics they report
+//! (`metrics`); checkpoints (`checkpoint`) and what carries a run across sittings (`resume`); the
+//! samples whose token selection a run pictures (`attention_maps`). `finetune` strings the steps
+//! together.
 
 pub mod attention_maps;
 pub mod checkpoint;
 pub mod config;
 pub mod finetune;
+pub mod loops;
 pub mod metrics;
 pub mod optim;
-pub mod phases;
+pub mod phase1;
+pub mod phase2;
+pub mod progress;
+pub mod resume;
 pub mod run;
+pub mod setup;

@@ -85,34 +85,9 @@ impl AdamW {
 
     /// One update from `grads`, after clipping their global norm. Returns the pre-clip norm.
     pub fn step(&mut self, grads: &GradStore) -> Result<f64> {
-        let grads: Vec<Tensor> = self
-            .params
-            .iter()
-            .map(|(name, v)| {
-                grads
-                    .get(v)
-                    .cloned()
-                    .map_or_else(|| v.as_tensor().zeros_like(), Ok)
-                    .with_context(|| format!("gradient of {name}"))
-            })
-            .collect::<Result<_>>()?;
+        let grads = self.gradients(grads)?;
         let on_host = self.params.iter().all(|(_, v)| v.device().is_cpu());
-        let mut squared = 0f64;
-        for g in &grads {
-            squared += if on_host {
-                g.flatten_all()?
-                    .to_vec1::<f32>()?
-                    .iter()
-                    .map(|&x| f64::from(x) * f64::from(x))
-                    .sum::<f64>()
-            } else {
-                g.sqr()?
-                    .sum_all()?
-                    .to_dtype(candle_core::DType::F64)?
-                    .to_scalar::<f64>()?
-            };
-        }
-        let norm = squared.sqrt();
+        let norm = global_norm(&grads, on_host)?;
         // torch: clip_coef = max_norm / (norm + 1e-6), clamped to 1, always multiplied.
         let clip = if self.config.max_grad_norm > 0.0 {
             (self.config.max_grad_norm / (norm + 1e-6)).min(1.0)
@@ -122,60 +97,92 @@ impl AdamW {
         let lr = self.config.learning_rate * self.schedule(self.step);
         self.step += 1;
         let t = self.step as i32;
-        let (b1, b2) = (self.config.beta1, self.config.beta2);
-        let step_size = lr / (1.0 - b1.powi(t));
-        let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
-        for (k, (_, var)) in self.params.iter().enumerate() {
+        let step = StepConstants {
+            clip,
+            lr,
+            step_size: lr / (1.0 - self.config.beta1.powi(t)),
+            bias2_sqrt: (1.0 - self.config.beta2.powi(t)).sqrt(),
+        };
+        for (k, grad) in grads.iter().enumerate() {
             if on_host {
-                // One pass per parameter instead of a dozen tensor ops, each allocating: the
-                // optimizer dominated small steps (BERT's pooler has 148k parameters).
-                let host = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
-                let (g, mut m, mut v, mut theta) = (
-                    host(&grads[k])?,
-                    host(&self.first_moment[k])?,
-                    host(&self.second_moment[k])?,
-                    host(var.as_tensor())?,
-                );
-                // The constants as candle's scalar ops round them (f64 → f32), so that both
-                // paths compute the same f32 arithmetic.
-                let (one_b1, one_b2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
-                let (clip, b1, b2) = (clip as f32, b1 as f32, b2 as f32);
-                let decay = (1.0 - lr * self.config.weight_decay) as f32;
-                let (inv_bias2, eps, step_size) = (
-                    (1.0 / bias2_sqrt) as f32,
-                    self.config.epsilon as f32,
-                    step_size as f32,
-                );
-                for j in 0..theta.len() {
-                    let g = g[j] * clip;
-                    m[j] = m[j] * b1 + g * one_b1;
-                    v[j] = v[j] * b2 + (g * g) * one_b2;
-                    if self.config.weight_decay != 0.0 {
-                        theta[j] *= decay;
-                    }
-                    let denom = v[j].sqrt() * inv_bias2 + eps;
-                    theta[j] -= (m[j] / denom) * step_size;
-                }
-                let shape = var.as_tensor().shape().clone();
-                let device = var.device().clone();
-                var.set(&Tensor::from_vec(theta, shape.clone(), &device)?)?;
-                self.first_moment[k] = Tensor::from_vec(m, shape.clone(), &device)?;
-                self.second_moment[k] = Tensor::from_vec(v, shape, &device)?;
-                continue;
+                self.update_on_host(k, grad, &step)?;
+            } else {
+                self.update_on_device(k, grad, &step)?;
             }
-            let g = (&grads[k] * clip)?;
-            let m = ((&self.first_moment[k] * b1)? + (&g * (1.0 - b1))?)?;
-            let v = ((&self.second_moment[k] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let mut theta = var.as_tensor().clone();
-            if self.config.weight_decay != 0.0 {
-                theta = (theta * (1.0 - lr * self.config.weight_decay))?;
-            }
-            let denom = ((v.sqrt()? / bias2_sqrt)? + self.config.epsilon)?;
-            var.set(&(theta - (m.div(&denom)? * step_size)?)?)?;
-            self.first_moment[k] = m;
-            self.second_moment[k] = v;
         }
         Ok(norm)
+    }
+
+    /// Every parameter's gradient, zeros for one the loss did not reach.
+    fn gradients(&self, grads: &GradStore) -> Result<Vec<Tensor>> {
+        self.params
+            .iter()
+            .map(|(name, v)| {
+                grads
+                    .get(v)
+                    .cloned()
+                    .map_or_else(|| v.as_tensor().zeros_like(), Ok)
+                    .with_context(|| format!("gradient of {name}"))
+            })
+            .collect()
+    }
+
+    /// Parameter `k`'s AdamW update in one pass over host memory instead of a dozen tensor ops,
+    /// each allocating: the optimizer dominated small steps (BERT's pooler has 148k parameters).
+    fn update_on_host(&mut self, k: usize, grad: &Tensor, step: &StepConstants) -> Result<()> {
+        let var = &self.params[k].1;
+        let host = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
+        let (g, mut m, mut v, mut theta) = (
+            host(grad)?,
+            host(&self.first_moment[k])?,
+            host(&self.second_moment[k])?,
+            host(var.as_tensor())?,
+        );
+        // The constants as candle's scalar ops round them (f64 → f32), so that both paths
+        // compute the same f32 arithmetic.
+        let (b1, b2) = (self.config.beta1, self.config.beta2);
+        let (one_b1, one_b2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+        let (clip, b1, b2) = (step.clip as f32, b1 as f32, b2 as f32);
+        let decay = (1.0 - step.lr * self.config.weight_decay) as f32;
+        let (inv_bias2, eps, step_size) = (
+            (1.0 / step.bias2_sqrt) as f32,
+            self.config.epsilon as f32,
+            step.step_size as f32,
+        );
+        for j in 0..theta.len() {
+            let g = g[j] * clip;
+            m[j] = m[j] * b1 + g * one_b1;
+            v[j] = v[j] * b2 + (g * g) * one_b2;
+            if self.config.weight_decay != 0.0 {
+                theta[j] *= decay;
+            }
+            let denom = v[j].sqrt() * inv_bias2 + eps;
+            theta[j] -= (m[j] / denom) * step_size;
+        }
+        let shape = var.as_tensor().shape().clone();
+        let device = var.device().clone();
+        var.set(&Tensor::from_vec(theta, shape.clone(), &device)?)?;
+        self.first_moment[k] = Tensor::from_vec(m, shape.clone(), &device)?;
+        self.second_moment[k] = Tensor::from_vec(v, shape, &device)?;
+        Ok(())
+    }
+
+    /// Parameter `k`'s AdamW update as tensor ops on its device.
+    fn update_on_device(&mut self, k: usize, grad: &Tensor, step: &StepConstants) -> Result<()> {
+        let var = &self.params[k].1;
+        let (b1, b2) = (self.config.beta1, self.config.beta2);
+        let g = (grad * step.clip)?;
+        let m = ((&self.first_moment[k] * b1)? + (&g * (1.0 - b1))?)?;
+        let v = ((&self.second_moment[k] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+        let mut theta = var.as_tensor().clone();
+        if self.config.weight_decay != 0.0 {
+            theta = (theta * (1.0 - step.lr * self.config.weight_decay))?;
+        }
+        let denom = ((v.sqrt()? / step.bias2_sqrt)? + self.config.epsilon)?;
+        var.set(&(theta - (m.div(&denom)? * step.step_size)?)?)?;
+        self.first_moment[k] = m;
+        self.second_moment[k] = v;
+        Ok(())
     }
 
     /// The parameter called `name`.
@@ -210,6 +217,39 @@ impl AdamW {
         self.step = step;
         Ok(())
     }
+}
+
+/// One step's scalars, shared by every parameter's update.
+struct StepConstants {
+    /// Gradient clipping factor (≤ 1).
+    clip: f64,
+    /// The scheduled learning rate.
+    lr: f64,
+    /// lr / (1 − β₁ᵗ).
+    step_size: f64,
+    /// √(1 − β₂ᵗ).
+    bias2_sqrt: f64,
+}
+
+/// The global L2 norm of all gradients (what torch's `clip_grad_norm_` clips), summed in f64 on
+/// the host.
+fn global_norm(grads: &[Tensor], on_host: bool) -> Result<f64> {
+    let mut squared = 0f64;
+    for g in grads {
+        squared += if on_host {
+            g.flatten_all()?
+                .to_vec1::<f32>()?
+                .iter()
+                .map(|&x| f64::from(x) * f64::from(x))
+                .sum::<f64>()
+        } else {
+            g.sqr()?
+                .sum_all()?
+                .to_dtype(candle_core::DType::F64)?
+                .to_scalar::<f64>()?
+        };
+    }
+    Ok(squared.sqrt())
 }
 
 #[cfg(test)]

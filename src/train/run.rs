@@ -57,7 +57,7 @@ pub enum HeadClassifier {
 impl HeadClassifier {
     /// The default of head mode: the paper's fixed head ν scores single tokens, and only a
     /// classifier of single tokens is valid on whatever token the head comes to select. Measured
-    /// (README's head-mode table), it is also the one whose training loses no accuracy at η = 0.
+    /// (docs/results.md, head mode), it is also the one whose training loses no accuracy at η = 0.
     pub const DEFAULT: Self = Self::Tokens;
 
     /// The value a run of `mode` takes from an optional flag: the default in head mode, and in
@@ -101,7 +101,7 @@ pub struct RunConfig {
     /// Seed of the split, the label noise, the initialisations and the batch orders.
     pub seed: u64,
     /// Whose streams draw the split, the label noise and the batch orders of both phases
-    /// (`authors`: PAPER.md §3.1); the initialisations are always ours. Phase 1 depends on it.
+    /// (`authors`: docs/protocol.md §3.1); the initialisations are always ours. Phase 1 depends on it.
     /// Absent from the config.json of runs made before it existed: those drew their own.
     #[serde(default)]
     pub rng: RngChoice,

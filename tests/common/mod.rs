@@ -59,7 +59,7 @@ pub fn data_root_with(test: &str, folders: &[&str]) -> Option<PathBuf> {
                 return skip(
                     test,
                     &format!(
-                        "{env} is not set and ./{}/ holds no dataset (point {env} at a data root; .ci/run uses ../shared/data)",
+                        "{env} is not set and ./{}/ holds no dataset (point {env} at a data root; CI exports its offline mirror)",
                         default.display(),
                         env = catalog::DATA_DIR_ENV,
                     ),
@@ -92,7 +92,7 @@ pub fn models_root(test: &str) -> Option<PathBuf> {
         skip(
             test,
             &format!(
-                "{MODELS_DIR_ENV} is not set (point it at a models root of <org>/<name>/ checkpoints; .ci/run uses ../shared/models)"
+                "{MODELS_DIR_ENV} is not set (point it at a models root of <org>/<name>/ checkpoints; CI exports its offline mirror)"
             ),
         )
     })

@@ -1,4 +1,4 @@
-//! The training loops of the real-data protocol (PAPER.md §3), with the Trainer's conventions:
+//! The training loops of the real-data protocol (docs/protocol.md §3), with the Trainer's conventions:
 //! shuffled mini-batches of `batch_size` (the last one smaller), one optimizer step each, and the
 //! epoch's logged loss the mean of its batch losses.
 
@@ -35,8 +35,11 @@ pub fn train_classifier(
 ) -> Result<()> {
     let targets = Tensor::from_slice(labels, labels.len(), features.device())?;
     let batch = |rows: &[usize]| -> Result<(Tensor, Tensor)> {
-        let rows = crate::model::last_layer::row_indices(rows, features.device())?;
-        Ok((features.index_select(&rows, 0)?, targets.index_select(&rows, 0)?))
+        let rows = crate::model::attend::row_indices(rows, features.device())?;
+        Ok((
+            features.index_select(&rows, 0)?,
+            targets.index_select(&rows, 0)?,
+        ))
     };
     train_classifier_on(classifier, labels.len(), &batch, schedule, on_epoch)
 }
@@ -60,7 +63,10 @@ pub fn train_classifier_on_tokens(
             targets.extend(std::iter::repeat_n(labels[row], len));
         }
         let count = targets.len();
-        Ok((Tensor::cat(&kept, 0)?, Tensor::from_vec(targets, count, device)?))
+        Ok((
+            Tensor::cat(&kept, 0)?,
+            Tensor::from_vec(targets, count, device)?,
+        ))
     };
     train_classifier_on(classifier, labels.len(), &batch, schedule, on_epoch)
 }
@@ -265,7 +271,7 @@ pub fn train_phase2(
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
         for batch in order.chunks(batch_size) {
             let (logits, _) = forward(Set::Finetune, batch)?;
-            let rows = crate::model::last_layer::row_indices(batch, targets.device())?;
+            let rows = crate::model::attend::row_indices(batch, targets.device())?;
             let batch_targets = targets.index_select(&rows, 0)?.to_device(logits.device())?;
             let loss = candle_nn::loss::cross_entropy(&logits, &batch_targets)?;
             let objective = match penalty {
@@ -415,8 +421,7 @@ mod tests {
                 optimizer: &config,
                 shuffle,
             };
-            train_classifier(&classifier, &features, &labels, &schedule, &mut |_, _| {})
-                .unwrap();
+            train_classifier(&classifier, &features, &labels, &schedule, &mut |_, _| {}).unwrap();
             classifier
         };
         let weights = |c: &Classifier| -> Vec<f32> {
@@ -443,7 +448,7 @@ mod tests {
         .unwrap();
         for e in 0..epochs {
             for rows in crate::rng::torch::randperm(n, seed + e as u64).chunks(batch) {
-                let rows = crate::model::last_layer::row_indices(rows, &Device::Cpu).unwrap();
+                let rows = crate::model::attend::row_indices(rows, &Device::Cpu).unwrap();
                 let logits = reference
                     .forward(&features.index_select(&rows, 0).unwrap())
                     .unwrap();
@@ -490,13 +495,9 @@ mod tests {
             optimizer: &config,
             shuffle: Shuffle::own(1),
         };
-        train_classifier(
-            &classifier,
-            &features,
-            &labels,
-            &schedule,
-            &mut |_, l| losses.push(l),
-        )
+        train_classifier(&classifier, &features, &labels, &schedule, &mut |_, l| {
+            losses.push(l)
+        })
         .unwrap();
         assert_eq!(losses.len(), 20);
         assert!(losses[19] < losses[0] * 0.5, "{losses:?}");

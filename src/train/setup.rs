@@ -1,0 +1,440 @@
+//! Set-up of a run, before any training: its data, backbone, split and noisy labels, and the
+//! features both phases read from the cache (docs/protocol.md §3).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use candle_core::{Device, Tensor};
+
+use super::progress::Progress;
+use super::run::{FinetuneJob, HeadClassifier, Places, RunConfig, RunFolder};
+use crate::data::catalog::{Completeness, Modality};
+use crate::data::prepare::{NoiseSpec, PreparedData, prepare};
+use crate::data::split::{SplitPlan, TrainSource};
+use crate::data::{self, DatasetName};
+use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
+use crate::encoder::layer_rows::{LayerBatch, LayerRows, RowsBuilder};
+use crate::encoder::{Backbone, Model, TextOptions, resolve};
+use crate::rng::RngChoice;
+
+pub(super) fn device_name(device: &Device) -> &'static str {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu",
+        candle_core::DeviceLocation::Cuda { .. } => "cuda",
+        candle_core::DeviceLocation::Metal { .. } => "metal",
+    }
+}
+
+/// What computes the run's floats: the CPU's kernels, or the device beside the host's.
+pub(super) fn float_kernels(device: &Device) -> String {
+    let host = crate::runtime::float_kernels();
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => host.to_string(),
+        _ => format!("{} (host: {host})", device_name(device)),
+    }
+}
+
+/// Writes the resolved configuration into the run folder (the first file a run leaves).
+pub(super) fn write_config(out: &Path, config: &RunConfig) -> Result<()> {
+    crate::io::ensure_dir(out)?;
+    crate::io::write_json(&RunFolder(out.to_path_buf()).config(), config)
+}
+
+/// What a run needs before any feature: its data, backbone and split.
+pub(super) struct Setup {
+    pub(super) root: PathBuf,
+    pub(super) dataset: data::Dataset,
+    pub(super) completeness: Completeness,
+    pub(super) backbone: Backbone,
+    pub(super) device: Device,
+    pub(super) cache: FeatureCache,
+    pub(super) plan: SplitPlan,
+    pub(super) deviations: Vec<String>,
+    /// [`crate::runtime::float_kernels`], and on resume those of the earlier sittings.
+    pub(super) float_kernels: String,
+}
+
+pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
+    job.validate()?;
+    let config = &job.config;
+    let device = config.device.device()?;
+    // An unwritable cache is found now, not after the backbone work.
+    let cache = FeatureCache::open(cache_root(job.places.cache_dir.as_deref()))?;
+    let root = data::data_root(job.places.data_dir.as_deref());
+    let dataset = data::fetch::load_or_fetch(&config.dataset, &root)?;
+    let completeness = Completeness::of(&dataset);
+    let (backbone, mut deviations) = load_backbone(config, &job.places, &device)?;
+    let (plan, notes) = split_plan(config, &dataset, &completeness)?;
+    deviations.extend(notes);
+    deviations.extend(unofficial_files(&config.dataset, &root)?);
+    let float_kernels = float_kernels(&device);
+    Ok(Setup {
+        root,
+        dataset,
+        completeness,
+        backbone,
+        device,
+        cache,
+        plan,
+        deviations,
+        float_kernels,
+    })
+}
+
+/// One deviation per data file that is present but is not the official release (PneumoniaMNIST's
+/// offline file is a third-party derivative); partial files are recorded by the completeness.
+pub(super) fn unofficial_files(dataset: &DatasetName, root: &Path) -> Result<Vec<String>> {
+    let Some(manifest) = dataset.manifest() else {
+        return Ok(Vec::new());
+    };
+    Ok(data::catalog::verify(&manifest, root)?
+        .into_iter()
+        .filter_map(|(path, status)| match status {
+            data::catalog::FileStatus::Mismatch(why) => Some(format!(
+                "{} is not the official release file ({why}): its samples may differ from the paper's",
+                path.strip_prefix(root).unwrap_or(&path).display()
+            )),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The first backbone of the run's preference list that loads, checked against the modality;
+/// the paper's backbones that did not load are returned as a deviation.
+pub(super) fn load_backbone(
+    config: &RunConfig,
+    places: &Places,
+    device: &Device,
+) -> Result<(Backbone, Vec<String>)> {
+    let text = TextOptions {
+        special_tokens: config.special_tokens,
+        ..Default::default()
+    };
+    let mut skipped = Vec::new();
+    let mut loaded = None;
+    for id in &config.backbones {
+        match resolve(id, places.models_dir.as_deref())
+            .and_then(|files| Backbone::load(files, device, text))
+        {
+            Ok(backbone) => {
+                loaded = Some(backbone);
+                break;
+            }
+            Err(err) => skipped.push(format!("{id}: {err:#}")),
+        }
+    }
+    let Some(backbone) = loaded else {
+        bail!("no backbone could be loaded; tried {}", skipped.join(" | "));
+    };
+    let deviations = config
+        .backbones
+        .first()
+        .filter(|paper| !skipped.is_empty() && **paper != backbone.files.id)
+        .map(|paper| {
+            format!(
+                "backbone {} used instead of the paper's {paper} ({})",
+                backbone.files.id,
+                skipped[0].split_once(": ").map_or("", |(_, why)| why)
+            )
+        })
+        .into_iter()
+        .collect();
+    let wanted = if config.dataset.modality() == Modality::Image {
+        "vit"
+    } else {
+        "bert"
+    };
+    match (&backbone.model, wanted) {
+        (Model::Vit(_), "vit") | (Model::Bert(_), "bert") => Ok((backbone, deviations)),
+        _ => bail!(
+            "{}: a {wanted} backbone is needed for {}",
+            backbone.files.id,
+            config.dataset
+        ),
+    }
+}
+
+/// The split of a run; pretrain_n shrinks to fit partial data (a deviation), except for the
+/// authors' split, which draws the official sizes from the official rows or refuses.
+pub(super) fn split_plan(
+    config: &RunConfig,
+    dataset: &data::Dataset,
+    completeness: &Completeness,
+) -> Result<(SplitPlan, Vec<String>)> {
+    let mut deviations = Vec::new();
+    if config.rng == RngChoice::Authors {
+        deviations.push(AUTHORS_RNG_DEVIATION.to_string());
+    }
+    let plan = SplitPlan {
+        pretrain_n: config.pretrain_n,
+        n: config.n,
+        test_n: config.test_n,
+        seed: config.seed,
+        carve_train_from_test: config.carve_train_from_test,
+        rng: config.rng,
+    };
+    if config.rng == RngChoice::Authors && config.carve_train_from_test.is_none() {
+        return Ok((plan, deviations));
+    }
+    let n = config.n;
+    let pool = match (config.carve_train_from_test, &dataset.train) {
+        (Some(f), _) => (f * dataset.test.len() as f64).round() as usize,
+        (None, Some(train)) => train.len(),
+        (None, None) => 0,
+    };
+    if pool > 0 && n >= pool {
+        bail!(
+            "--n {n} exceeds the {} of {}'s {pool} training samples that phase 1 leaves (it needs at least one)",
+            pool - 1,
+            config.dataset
+        );
+    }
+    let mut pretrain_n = config.pretrain_n;
+    if pool > 0 && pretrain_n + n > pool {
+        let shrunk = pool - n;
+        deviations.push(format!(
+            "pretrain_n shrunk from {pretrain_n} to {shrunk}: the training pool holds {pool} samples ({})",
+            completeness.line()
+        ));
+        pretrain_n = shrunk;
+    }
+    Ok((SplitPlan { pretrain_n, ..plan }, deviations))
+}
+
+/// What `--rng authors` leaves ours, recorded with every such run.
+pub const AUTHORS_RNG_DEVIATION: &str = "--rng authors: the split, the symmetric label noise and \
+    both phases' batch orders are the authors' numpy and torch draws, but the classifier \
+    initialisation and the query/key reset (or the head) come from this crate's ChaCha8 stream \
+    (the authors' come from torch's CPU stream and from CUDA), and float sums differ in order";
+
+/// The split, the label noise and the three sets.
+pub(super) fn prepare_data(setup: &Setup, job: &FinetuneJob) -> Result<PreparedData> {
+    let noise = NoiseSpec {
+        model: job.config.noise,
+        eta: job.config.eta,
+        seed: job.config.seed,
+    };
+    Ok(prepare(&setup.dataset, &setup.plan, &noise, &setup.root)?)
+}
+
+/// The split the training samples come from, by name (the cache keys on it).
+pub(super) fn train_source(
+    dataset: &data::Dataset,
+    source: TrainSource,
+) -> Result<(&'static str, &data::Split)> {
+    Ok(match source {
+        TrainSource::Train => (
+            "train",
+            dataset
+                .train
+                .as_ref()
+                .context("the partition found no training split")?,
+        ),
+        TrainSource::Test => ("test", &dataset.test),
+    })
+}
+
+/// Features of `positions` of one split through the cache, with a progress stage.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn fetch(
+    cache: &FeatureCache,
+    backbone: &Backbone,
+    dataset: &DatasetName,
+    (split_name, split): (&str, &data::Split),
+    positions: &[usize],
+    contents: Contents,
+    encode_batch: usize,
+    (what, progress): (&str, &dyn Progress),
+) -> Result<Features> {
+    progress.stage(what, positions.len());
+    let (features, stats) = cache.features(
+        backbone,
+        dataset.id(),
+        split_name,
+        split,
+        positions,
+        contents,
+        encode_batch,
+        &mut |k| progress.advance(k),
+    )?;
+    progress.advance(stats.from_cache);
+    for warning in stats.warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok(features)
+}
+
+/// The features of the three sets of a run.
+pub(super) struct RunFeatures {
+    pub(super) pretrain: Features,
+    pub(super) finetune: Features,
+    pub(super) test: Features,
+}
+
+/// Features: each sample through the backbone at most once, whatever ran before.
+pub(super) fn run_features(
+    setup: &Setup,
+    prepared: &PreparedData,
+    job: &FinetuneJob,
+    progress: &dyn Progress,
+) -> Result<RunFeatures> {
+    let source = train_source(&setup.dataset, prepared.partition.train_source)?;
+    let get = |what: &str, split, positions: &[usize], contents| {
+        fetch(
+            &setup.cache,
+            &setup.backbone,
+            &job.config.dataset,
+            split,
+            positions,
+            contents,
+            job.encode_batch,
+            (what, progress),
+        )
+    };
+    Ok(RunFeatures {
+        pretrain: get(
+            "pretrain features",
+            source,
+            &prepared.partition.pretrain,
+            pretrain_contents(&job.config),
+        )?,
+        finetune: get(
+            "fine-tune features",
+            source,
+            &prepared.partition.finetune,
+            Contents::Full,
+        )?,
+        test: get(
+            "test features",
+            ("test", &setup.dataset.test),
+            &prepared.partition.test,
+            Contents::Full,
+        )?,
+    })
+}
+
+/// What phase 1 reads of the pretrain set: the CLS and mean features, or for head mode's
+/// `tokens` classifier every token, from the last layer's inputs.
+pub(super) fn pretrain_contents(config: &RunConfig) -> Contents {
+    match config.head_classifier {
+        Some(HeadClassifier::Tokens) => Contents::Full,
+        _ => Contents::Cls,
+    }
+}
+
+/// Fills the feature cache for every run of `jobs` (any datasets) at once, so that each sample
+/// passes through its backbone once and the runs themselves only read the cache.
+pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
+    // Runs that read the same backbone over the same data share one pass.
+    let mut groups: Vec<Vec<&FinetuneJob>> = Vec::new();
+    let group_key = |j: &FinetuneJob| {
+        let c = &j.config;
+        (
+            c.dataset.clone(),
+            c.backbones.clone(),
+            c.carve_train_from_test.map(f64::to_bits),
+            c.special_tokens,
+            c.device,
+        )
+    };
+    for job in jobs {
+        match groups
+            .iter_mut()
+            .find(|g| group_key(g[0]) == group_key(job))
+        {
+            Some(group) => group.push(job),
+            None => groups.push(vec![job]),
+        }
+    }
+    for group in groups {
+        let setup = setup(group[0])?;
+        // Positions by split: full features (fine-tune and test sets) and CLS only (pretrain).
+        let mut wanted: BTreeMap<(&str, Contents), BTreeSet<usize>> = BTreeMap::new();
+        for job in &group {
+            let (plan, _) = split_plan(&job.config, &setup.dataset, &setup.completeness)?;
+            let partition = data::split::partition(&setup.dataset, &plan)?;
+            let (source, _) = train_source(&setup.dataset, partition.train_source)?;
+            let full = wanted.entry((source, Contents::Full)).or_default();
+            full.extend(&partition.finetune);
+            wanted
+                .entry(("test", Contents::Full))
+                .or_default()
+                .extend(&partition.test);
+            wanted
+                .entry((source, pretrain_contents(&job.config)))
+                .or_default()
+                .extend(&partition.pretrain);
+        }
+        let first = group[0];
+        for ((split_name, contents), positions) in &wanted {
+            // Samples that also need full features get them (which hold the CLS too).
+            let full = wanted.get(&(*split_name, Contents::Full));
+            let positions: Vec<usize> = positions
+                .iter()
+                .copied()
+                .filter(|p| *contents == Contents::Full || !full.is_some_and(|f| f.contains(p)))
+                .collect();
+            if positions.is_empty() {
+                continue;
+            }
+            let source = match *split_name {
+                "train" => TrainSource::Train,
+                _ => TrainSource::Test,
+            };
+            let split = train_source(&setup.dataset, source)?;
+            let what = format!("{} {split_name} features", first.config.dataset);
+            fetch(
+                &setup.cache,
+                &setup.backbone,
+                &first.config.dataset,
+                split,
+                &positions,
+                *contents,
+                first.encode_batch,
+                (&what, progress),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn layer_inputs(features: &Features) -> Result<&LayerRows> {
+    features
+        .layer_inputs
+        .as_ref()
+        .context("full features (the last layer's inputs) expected")
+}
+
+/// The padding mask of a text batch, on its device (ViT attends to every token: none).
+pub(super) fn text_mask(model: &Model, batch: &LayerBatch) -> Result<Option<Tensor>> {
+    Ok(match model {
+        Model::Vit(_) => None,
+        Model::Bert(_) => Some(batch.mask()?),
+    })
+}
+
+/// Final tokens from the last layer's inputs, through the frozen last layer on `device`, 64
+/// samples at a time: in memory, or in a temporary file under `spill_dir`.
+pub(super) fn final_tokens(
+    model: &Model,
+    inputs: &LayerRows,
+    device: &Device,
+    spill_dir: Option<&Path>,
+) -> Result<LayerRows> {
+    let (tokens, dim) = (inputs.tokens(), inputs.dim());
+    let mut out = match spill_dir {
+        Some(dir) => RowsBuilder::on_disk(dir, tokens, dim)?,
+        None => RowsBuilder::in_memory(tokens, dim),
+    };
+    let rows: Vec<usize> = (0..inputs.len()).collect();
+    for chunk in rows.chunks(64) {
+        let batch = inputs.batch(chunk, device)?;
+        let finished = match model {
+            Model::Vit(vit) => vit.finish(&batch.inputs)?,
+            Model::Bert(bert) => bert.finish(&batch.inputs, &batch.mask()?)?,
+        };
+        out.push(&finished, &batch.lengths)?;
+    }
+    Ok(out.finish())
+}
