@@ -109,6 +109,7 @@ fn medmnist_labels_outside_the_classes_are_refused_at_load() {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn empty_text_files_are_refused_at_load_naming_the_file() {
     let test = "bad_input::empty_text_files_are_refused_at_load_naming_the_file";
     let Some(data) = common::data_root_with(test, &["trec"]) else {

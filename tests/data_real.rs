@@ -277,6 +277,7 @@ fn check_counts(dataset: &data::Dataset, root: &Path) {
 // ---- Loaders ----
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn mnist_counts_and_class_histogram() {
     let test = "data_real::mnist_counts_and_class_histogram";
     let Some(root) = common::data_root_with(test, &["mnist"]) else {
@@ -311,6 +312,7 @@ fn mnist_counts_and_class_histogram() {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn cifar10_loads_every_record_present_and_warns_of_partial_files() {
     let test = "data_real::cifar10_loads_every_record_present_and_warns_of_partial_files";
     let Some(root) = common::data_root_with(test, &["cifar10"]) else {
@@ -363,6 +365,7 @@ fn cifar10_loads_every_record_present_and_warns_of_partial_files() {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn trec_counts_and_latin1() {
     let test = "data_real::trec_counts_and_latin1";
     let Some(root) = common::data_root_with(test, &["trec"]) else {
@@ -402,6 +405,7 @@ fn trec_counts_and_latin1() {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn ag_news_splits_match_the_files() {
     let test = "data_real::ag_news_splits_match_the_files";
     let Some(root) = common::data_root_with(test, &["ag_news"]) else {
@@ -447,6 +451,7 @@ fn ag_news_splits_match_the_files() {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn medmnist_splits() {
     let test = "data_real::medmnist_splits";
     let Some(root) = common::data_root_with(test, &["medmnist"]) else {
@@ -488,6 +493,7 @@ fn medmnist_splits() {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn cifar10n_clean_labels_match_the_cifar_release() {
     let test = "data_real::cifar10n_clean_labels_match_the_cifar_release";
     let Some(root) = common::data_root_with(test, &["cifar10", "cifar10n"]) else {
@@ -517,6 +523,7 @@ fn cifar10n_clean_labels_match_the_cifar_release() {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn paper_split_with_real_human_noise() {
     let test = "data_real::paper_split_with_real_human_noise";
     let Some(root) = common::data_root_with(test, &["cifar10", "cifar10n"]) else {
@@ -568,6 +575,7 @@ fn paper_split_with_real_human_noise() {
 /// AG-news: the training split when the copy has one, else only an explicit carve of the test
 /// split, recorded as a deviation.
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn ag_news_split_needs_a_training_split_or_an_explicit_carve() {
     let test = "data_real::ag_news_split_needs_a_training_split_or_an_explicit_carve";
     let Some(root) = common::data_root_with(test, &["ag_news"]) else {
@@ -660,6 +668,7 @@ fn list_line(name: &DatasetName, counts: &[(&str, usize)]) -> String {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn data_list_reports_completeness() {
     let test = "data_real::data_list_reports_completeness";
     let Some(root) = common::data_root(test) else {
@@ -713,6 +722,7 @@ fn data_list_reports_completeness() {
 /// (computed here), partial when it is shorter than the release, and exits 1 iff any file is
 /// missing or differs.
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn data_verify_says_ok_iff_the_checksums_are_official() {
     let test = "data_real::data_verify_says_ok_iff_the_checksums_are_official";
     let Some(root) = common::data_root(test) else {
@@ -773,6 +783,7 @@ fn data_verify_says_ok_iff_the_checksums_are_official() {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn data_split_prints_a_summary() {
     let test = "data_real::data_split_prints_a_summary";
     let Some(root) = common::data_root_with(test, &["trec"]) else {
@@ -812,6 +823,7 @@ fn data_split_prints_a_summary() {
 }
 
 #[test]
+#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
 fn a_truncated_real_gzip_is_an_error_naming_the_file() {
     let test = "data_real::a_truncated_real_gzip_is_an_error_naming_the_file";
     let Some(root) = common::data_root_with(test, &["mnist"]) else {

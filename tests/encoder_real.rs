@@ -38,6 +38,7 @@ fn cosine(a: &Tensor, b: &Tensor) -> f32 {
 /// MANIFEST.md's sanity values: mean-pooled, normalised sentence embeddings with the
 /// sentence-transformers convention (special tokens on).
 #[test]
+#[cfg_attr(benign_no_models, ignore = "needs real checkpoints: BENIGN_MODELS_DIR is not set")]
 fn minilm_sentence_similarities() {
     let Some(models) = common::models_root("encoder_real::minilm_sentence_similarities") else {
         return;
@@ -77,6 +78,10 @@ fn minilm_sentence_similarities() {
 /// A 10-nearest-neighbour classifier (cosine) on the final-LN CLS feature of ViT-Ti/16 with its
 /// own preprocessing: ≥ 0.80 on CIFAR-10 (random weights give ≈ 0.2).
 #[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
 fn vit_tiny_cls_features_classify_cifar10() {
     let test = "encoder_real::vit_tiny_cls_features_classify_cifar10";
     let Some((root, models)) = common::data_and_models_roots(test, &["cifar10"]) else {
@@ -137,6 +142,7 @@ fn vit_tiny_cls_features_classify_cifar10() {
 /// A checkpoint folder with config.json but no weights (the paper's bert-base-uncased in the
 /// offline mirror) is one clear error; with its weights it resolves.
 #[test]
+#[cfg_attr(benign_no_models, ignore = "needs real checkpoints: BENIGN_MODELS_DIR is not set")]
 fn the_papers_bert_without_weights_is_one_clear_error() {
     let test = "encoder_real::the_papers_bert_without_weights_is_one_clear_error";
     let Some(models) = common::models_root(test) else {

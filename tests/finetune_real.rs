@@ -30,6 +30,10 @@ const SMALL: [&str; 12] = [
 ];
 
 #[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
 fn both_modes_run_and_write_summary_and_metrics() {
     let test = "finetune_real::both_modes_run_and_write_summary_and_metrics";
     let Some((_, models)) = common::data_and_models_roots(test, &["trec"]) else {
@@ -122,6 +126,10 @@ fn both_modes_run_and_write_summary_and_metrics() {
 }
 
 #[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
 fn bad_input_is_one_line_and_exit_2() {
     let test = "finetune_real::bad_input_is_one_line_and_exit_2";
     let Some(_) = common::data_and_models_roots(test, &["trec"]) else {
@@ -217,6 +225,10 @@ fn outcome(dir: &std::path::Path) -> (serde_json::Value, String) {
 /// A run killed (SIGKILL) after a mid-phase-2 checkpoint and resumed ends exactly where an
 /// uninterrupted run ends: same summary, same per-epoch metrics.
 #[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
 fn killed_and_resumed_run_matches_an_uninterrupted_one() {
     use benign_attention::train::checkpoint;
     let test = "finetune_real::killed_and_resumed_run_matches_an_uninterrupted_one";
@@ -343,6 +355,10 @@ fn killed_and_resumed_run_matches_an_uninterrupted_one() {
 /// Phase 1 is shared between runs only when it would be the same: another η reuses it, other
 /// labels for the same sentences retrain it.
 #[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
 fn phase_one_is_reused_only_with_the_same_labels() {
     let test = "finetune_real::phase_one_is_reused_only_with_the_same_labels";
     let Some((root, _)) = common::data_and_models_roots(test, &["trec"]) else {
@@ -409,6 +425,10 @@ fn phase_one_is_reused_only_with_the_same_labels() {
 /// A data file that is not the official release (the offline PneumoniaMNIST is a derivative) is
 /// a recorded deviation of the run, exactly when `data verify` says it differs.
 #[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
 fn an_unofficial_data_file_is_a_recorded_deviation() {
     let test = "finetune_real::an_unofficial_data_file_is_a_recorded_deviation";
     let Some((root, _)) = common::data_and_models_roots(test, &["medmnist"]) else {
@@ -471,6 +491,10 @@ fn an_unofficial_data_file_is_a_recorded_deviation() {
 /// that record (phase 1 only, or written before the maps existed), measured again on the reset
 /// parameters, before the checkpoint's trained ones replace them.
 #[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
 fn attention_maps_are_drawn_and_a_resumed_run_draws_the_same() {
     use benign_attention::train::checkpoint;
     let test = "finetune_real::attention_maps_are_drawn_and_a_resumed_run_draws_the_same";

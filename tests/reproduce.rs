@@ -54,6 +54,10 @@ fn report_body(dir: &Path) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
 fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() {
     let test =
         "reproduce::shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing";
