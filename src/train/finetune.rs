@@ -4,6 +4,7 @@
 //! clean data, shared between runs) → phase 2 (the last layer's query/key, or the card's
 //! token-selection head, on the noisy samples) → summary.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -197,8 +198,13 @@ fn summarize(
 ) -> Result<FinetuneRun> {
     let log = log.epochs;
     let last = log.last().context("phase 2 ran no epoch")?.clone();
-    let mut deviations = setup.deviations;
-    deviations.extend(prepared.partition.deviations.iter().cloned());
+    let roots = portable_roots(&job.places, &setup);
+    let deviations = setup
+        .deviations
+        .iter()
+        .chain(&prepared.partition.deviations)
+        .map(|line| portable(line, &roots))
+        .collect();
     let summary = FinetuneSummary {
         config: job.config.clone(),
         resolved: Resolved {
@@ -223,4 +229,52 @@ fn summarize(
         epochs: log,
         attention_maps,
     })
+}
+
+/// The folders a run read, each with the name a user sets it by: summaries and the reports made
+/// from them are kept and shared, so they name `$BENIGN_MODELS_DIR/...`, not this machine's path.
+fn portable_roots(places: &Places, setup: &Setup) -> Vec<(PathBuf, &'static str)> {
+    let mut roots = vec![
+        (setup.root.clone(), "$BENIGN_DATA_DIR"),
+        (setup.cache.root().to_path_buf(), "$BENIGN_CACHE_DIR"),
+        (hf_hub::Cache::from_env().path().clone(), "$HF_HOME/hub"),
+    ];
+    if let Some(models) = crate::encoder::hub::models_root(places.models_dir.as_deref()) {
+        roots.push((models, "$BENIGN_MODELS_DIR"));
+    }
+    // The longest first, so that a root inside another is named by its own variable.
+    roots.sort_by_key(|(path, _)| std::cmp::Reverse(path.as_os_str().len()));
+    roots
+}
+
+/// `line` with every absolute root of `roots` written as its variable (a relative one, such as
+/// the default `datasets`, is already portable).
+fn portable(line: &str, roots: &[(PathBuf, &str)]) -> String {
+    roots.iter().fold(line.to_string(), |line, (path, name)| {
+        match path.to_str().filter(|p| path.is_absolute() && p.len() > 1) {
+            Some(path) => line.replace(path.trim_end_matches('/'), name),
+            None => line,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deviations_name_roots_by_their_variables() {
+        let roots = vec![
+            (PathBuf::from("/data/models/"), "$BENIGN_MODELS_DIR"),
+            (PathBuf::from("/data"), "$BENIGN_DATA_DIR"),
+            (PathBuf::from("datasets"), "$BENIGN_DATA_DIR"),
+        ];
+        assert_eq!(
+            portable(
+                "x: /data/models/org/name has no config.json; /data/trec; datasets",
+                &roots
+            ),
+            "x: $BENIGN_MODELS_DIR/org/name has no config.json; $BENIGN_DATA_DIR/trec; datasets"
+        );
+    }
 }
