@@ -150,10 +150,18 @@ pub fn flatten_json(value: &serde_json::Value) -> Vec<(String, serde_json::Value
 pub fn json_digest(value: &impl Serialize) -> Result<String> {
     use sha2::Digest;
     let json = serde_json::to_vec(value).context("serialising a key")?;
-    Ok(sha2::Sha256::digest(&json)
+    Ok(hex(&sha2::Sha256::digest(&json)))
+}
+
+/// Lower-case hex of `bytes`, as digests are written everywhere in the crate.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
         .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+        .fold(String::with_capacity(2 * bytes.len()), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
 }
 
 #[cfg(test)]

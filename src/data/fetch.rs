@@ -59,7 +59,7 @@ fn download(
         tmp.write_all(&buf[..read])?;
     }
     tmp.flush()?;
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let hex = crate::io::hex;
     Ok((tmp, hex(&md5.finalize()), hex(&sha.finalize())))
 }
 

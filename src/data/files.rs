@@ -88,18 +88,14 @@ pub fn digests(path: &Path) -> Result<Digests> {
         bytes += read as u64;
     }
     Ok(Digests {
-        sha256: hex(&sha.finalize()),
-        md5: hex(&md5.finalize()),
+        sha256: crate::io::hex(&sha.finalize()),
+        md5: crate::io::hex(&md5.finalize()),
         bytes,
     })
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::io::hex(&Sha256::digest(bytes))
 }
 
 #[cfg(test)]

@@ -67,10 +67,7 @@ impl Inputs {
             }
             Inputs::Texts(texts) => hasher.update(texts[i].as_bytes()),
         }
-        hasher.finalize()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        crate::io::hex(&hasher.finalize()[..8])
     }
 
     pub fn len(&self) -> usize {

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use candle_core::{DType, Device, DeviceLocation, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -589,34 +589,36 @@ fn read_sidecars(dir: &Path) -> Vec<(PathBuf, Sidecar)> {
 }
 
 /// A tensor's place in a safetensors file.
-#[derive(Deserialize)]
 struct TensorInfo {
-    dtype: String,
+    dtype: safetensors::Dtype,
     shape: Vec<usize>,
     data_offsets: (u64, u64),
 }
 
-/// The header of a safetensors file: its tensors by name, and where their data starts.
+/// The header of a safetensors file, read by the safetensors crate: its tensors by name, and
+/// where their data starts. The crate reads it over a map of the whole file, which also proves the
+/// data section as long as the header says (a truncated shard is refused here); the tensors' bytes
+/// are read only where they are checked.
 fn safetensors_header(file: &std::fs::File) -> Result<(HashMap<String, TensorInfo>, u64)> {
-    use std::os::unix::fs::FileExt;
-    let mut size = [0u8; 8];
-    file.read_exact_at(&mut size, 0)
-        .context("no safetensors header")?;
-    let size = u64::from_le_bytes(size);
-    if size > 100 << 20 {
-        bail!("a safetensors header of {size} bytes");
-    }
-    let mut header = vec![0u8; size as usize];
-    file.read_exact_at(&mut header, 8)
-        .context("truncated header")?;
-    let mut entries: HashMap<String, serde_json::Value> =
-        serde_json::from_slice(&header).context("unreadable header")?;
-    entries.remove("__metadata__");
-    let infos = entries
+    // SAFETY: shards are written once, to a temporary name renamed into place, and never
+    // modified after; the map lives only while the header is parsed.
+    let map = unsafe { memmap2::Mmap::map(file) }.context("unmappable")?;
+    let (size, metadata) = safetensors::SafeTensors::read_metadata(&map)
+        .map_err(|e| anyhow!("not a safetensors file: {e}"))?;
+    let infos = metadata
+        .tensors()
         .into_iter()
-        .map(|(name, value)| Ok((name, serde_json::from_value(value)?)))
-        .collect::<Result<_>>()?;
-    Ok((infos, 8 + size))
+        .map(|(name, info)| {
+            let (begin, end) = info.data_offsets;
+            let info = TensorInfo {
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                data_offsets: (begin as u64, end as u64),
+            };
+            (name, info)
+        })
+        .collect();
+    Ok((infos, 8 + size as u64))
 }
 
 /// Opens a shard checked against its sidecar: each small tensor's sha256, shapes and finite
@@ -644,9 +646,9 @@ fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
                 &expected_sha[..12.min(expected_sha.len())]
             );
         }
-        let dtype = match info.dtype.as_str() {
-            "F32" => DType::F32,
-            "U32" => DType::U32,
+        let dtype = match info.dtype {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::U32 => DType::U32,
             other => bail!("{name}: unexpected dtype {other}"),
         };
         let tensor = Tensor::from_raw_buffer(&bytes, dtype, &info.shape, &Device::Cpu)?;
@@ -680,7 +682,7 @@ fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
             .map(|l| l as usize)
             .collect();
         let total: usize = lengths.iter().sum();
-        if info.dtype != "F32"
+        if info.dtype != safetensors::Dtype::F32
             || info.shape != [total, hidden]
             || lengths.len() != n
             || sidecar.row_digest.len() != n

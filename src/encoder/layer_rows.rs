@@ -118,10 +118,7 @@ pub fn rows_digest(values: &[f32]) -> String {
         }
         hasher.update(&bytes[..piece.len() * 4]);
     }
-    hasher.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::io::hex(&hasher.finalize()[..8])
 }
 
 impl LayerRows {
@@ -225,11 +222,7 @@ impl LayerRows {
             };
             hasher.update(digest.as_bytes());
         }
-        hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        crate::io::hex(&hasher.finalize())
     }
 
     /// Every sample read into memory once (the fine-tune set), checked as it is read.
@@ -511,7 +504,7 @@ mod tests {
             let values: Vec<f32> = (0..len).map(|v| (v as f32).sin() * 1e3).collect();
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             let whole = sha2::Sha256::digest(&bytes);
-            let expected: String = whole[..8].iter().map(|b| format!("{b:02x}")).collect();
+            let expected = crate::io::hex(&whole[..8]);
             assert_eq!(rows_digest(&values), expected, "{len} values");
         }
     }

@@ -68,11 +68,7 @@ pub(super) fn tensors_sha256(tensors: &[&Tensor]) -> Result<String> {
             hasher.update(v.to_le_bytes());
         }
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(crate::io::hex(&hasher.finalize()))
 }
 
 /// One lock per phase-1 file, so that concurrent runs of a grid compute it once. A run that
