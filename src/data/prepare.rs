@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::files::{DataError, Result};
 use super::noise::{NoiseModel, NoisyLabels, authors_only_symmetric, corrupt, human};
-use super::split::{Partition, SplitPlan, TrainSource, partition};
+use super::split::{Partition, SplitName, SplitPlan, partition};
 use super::{Dataset, Split, cifar10n};
 use crate::rng::RngChoice;
 
@@ -44,21 +44,21 @@ pub fn prepare(
     }
     let partition = partition(dataset, plan)?;
     let source = match partition.train_source {
-        TrainSource::Train => dataset
+        SplitName::Train => dataset
             .train
             .as_ref()
             .ok_or_else(|| DataError::Unavailable {
                 dataset: dataset.name.to_string(),
                 problem: "the partition drew from a training split that is absent".into(),
             })?,
-        TrainSource::Test => &dataset.test,
+        SplitName::Test => &dataset.test,
     };
     let pretrain = source.subset(&partition.pretrain);
     let mut finetune = source.subset(&partition.finetune);
     let labels = match noise.model {
         NoiseModel::Cifar10n(kind) => {
             if dataset.name != super::DatasetName::Cifar10
-                || partition.train_source != TrainSource::Train
+                || partition.train_source != SplitName::Train
             {
                 return Err(DataError::Unavailable {
                     dataset: dataset.name.to_string(),

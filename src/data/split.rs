@@ -36,18 +36,28 @@ pub struct SplitPlan {
     pub rng: RngChoice,
 }
 
-/// Which split the pretrain and fine-tune indices point into.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// A dataset's split, e.g. the one the pretrain and fine-tune indices point into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum TrainSource {
+pub enum SplitName {
     Train,
-    /// Carved out of the test split; disjoint from the test indices.
+    /// The test split; as a training source, carved out of it and disjoint from the test indices.
     Test,
+}
+
+impl SplitName {
+    /// The name the feature cache files the split under.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Train => "train",
+            Self::Test => "test",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Partition {
-    pub train_source: TrainSource,
+    pub train_source: SplitName,
     /// Indices into the training source, phase 1 (with `--rng authors`, in draw order).
     pub pretrain: Vec<usize>,
     /// Indices into the training source, phase 2 (with `--rng authors`, in draw order).
@@ -70,7 +80,7 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
     let test_len = dataset.test.len();
     let mut deviations = Vec::new();
 
-    let (train_source, train_pool, test_pool): (TrainSource, Vec<usize>, Vec<usize>) = match (
+    let (train_source, train_pool, test_pool): (SplitName, Vec<usize>, Vec<usize>) = match (
         plan.carve_train_from_test,
         &dataset.train,
     ) {
@@ -90,10 +100,10 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
                     plan.seed,
                     test_pool.len()
                 ));
-            (TrainSource::Test, order, test_pool)
+            (SplitName::Test, order, test_pool)
         }
         (None, Some(train)) => (
-            TrainSource::Train,
+            SplitName::Train,
             (0..train.len()).collect(),
             (0..test_len).collect(),
         ),
@@ -149,7 +159,7 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
             let pretrain = order[order.len() - plan.pretrain_n..].to_vec();
             (pretrain, finetune)
         }
-        (RngChoice::Authors, Some(train), TrainSource::Train) => {
+        (RngChoice::Authors, Some(train), SplitName::Train) => {
             let drawn = authors_rows(dataset, train, plan, &mut deviations)
                 .map_err(|problem| unavailable(format!("--rng authors: {problem}")))?;
             (
@@ -444,7 +454,7 @@ mod tests {
         let to_release = |rows: &[usize]| rows.iter().map(|&k| release[k]).collect::<Vec<_>>();
         assert_eq!(to_release(&p.pretrain), drawn[..10]);
         assert_eq!(to_release(&p.finetune), drawn[10..]);
-        assert_eq!(p.train_source, TrainSource::Train);
+        assert_eq!(p.train_source, SplitName::Train);
         assert_eq!(p.deviations.len(), 1, "{:?}", p.deviations);
         assert!(
             p.deviations[0].contains("all 30 rows"),
@@ -549,7 +559,7 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(carved.train_source, TrainSource::Test);
+        assert_eq!(carved.train_source, SplitName::Test);
         assert_eq!(carved.test.len(), 3800);
         let train: std::collections::HashSet<_> =
             carved.pretrain.iter().chain(&carved.finetune).collect();

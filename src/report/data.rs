@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::data::prepare::{NoiseSpec, PreparedData};
-use crate::data::split::{SplitPlan, TrainSource};
+use crate::data::split::{SplitName, SplitPlan};
 use crate::data::{Dataset, Split};
 use crate::rng::RngChoice;
 
@@ -27,7 +27,7 @@ struct SplitSummary<'a> {
     dataset: String,
     class_names: &'a [String],
     rng: RngChoice,
-    train_source: TrainSource,
+    train_source: SplitName,
     pretrain: Part,
     /// Counts by *noisy* label.
     finetune: Part,
@@ -71,7 +71,7 @@ pub struct DrawnRows<'a> {
     rng: RngChoice,
     seed: u64,
     /// The split the indices point into (`test` when carved from it).
-    train_source: TrainSource,
+    train_source: SplitName,
     /// Release indices of the pretrain rows, in the split's order (draw order for `authors`).
     pretrain_indices: &'a [usize],
     /// Release indices of the fine-tune rows, likewise.

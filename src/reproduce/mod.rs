@@ -320,7 +320,7 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
     };
     let pending: Vec<&(String, FinetuneJob)> = runs.iter().filter(|(_, r)| !finished(r)).collect();
     let skipped = runs.len() - pending.len();
-    eprintln!(
+    progress.line(&format!(
         "{} runs in this {}, {} already finished",
         runs.len(),
         options.shard.map_or("grid".to_string(), |s| format!(
@@ -328,7 +328,7 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
             s.index, s.count
         )),
         skipped
-    );
+    ));
 
     // Every pending run's samples through the backbones first, with all cores.
     for dataset in &grid.datasets {
@@ -340,7 +340,7 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         if !group.is_empty()
             && let Err(err) = prefetch(&group, progress)
         {
-            eprintln!("warning: {dataset}: features not prefetched: {err:#}");
+            progress.warn(&format!("{dataset}: features not prefetched: {err:#}"));
         }
     }
 
@@ -373,13 +373,16 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
                     });
                     let count = done.fetch_add(1, Ordering::SeqCst) + 1;
                     match result {
-                        Ok(line) => eprintln!(
+                        Ok(line) => progress.line(&format!(
                             "[{count}/{}] {id}: {line} ({:.0} s)",
                             pending.len(),
                             started.elapsed().as_secs_f64()
-                        ),
+                        )),
                         Err(err) => {
-                            eprintln!("[{count}/{}] {id}: FAILED: {err:#}", pending.len());
+                            progress.line(&format!(
+                                "[{count}/{}] {id}: FAILED: {err:#}",
+                                pending.len()
+                            ));
                             failed
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())

@@ -113,7 +113,7 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             pretrain_n: setup.plan.pretrain_n,
             test_n: prepared.test.len(),
         };
-        let resumed = resumed_checkpoint(job, &identity, &setup.device)?;
+        let resumed = resumed_checkpoint(job, &identity, &setup.device, progress)?;
         if let Some(saved) = &resumed {
             record_resumed_kernels(&mut setup, saved);
         }

@@ -247,7 +247,7 @@ fn phase1_key(
         version: 2,
         config: config.phase1_view(),
         backbone_sha256: setup.backbone.weights_sha256.clone(),
-        train_source: source_name.to_string(),
+        train_source: source_name.name().to_string(),
         pretrain: release_indices(source, &prepared.partition.pretrain),
         test: release_indices(&setup.dataset.test, &prepared.partition.test),
         labels_sha256: crate::io::json_digest(&labels)?,

@@ -3,13 +3,23 @@
 
 use super::loops::EpochMetrics;
 
-/// Progress callbacks (the CLI draws bars; tests pass no-ops).
+/// Progress callbacks: every message of the library goes through them (the CLI draws bars; tests
+/// pass `()`). Lines and warnings reach stderr unless an implementation sends them elsewhere: a
+/// warning is never dropped.
 pub trait Progress: Sync {
     fn stage(&self, _what: &str, _total: usize) {}
     fn advance(&self, _by: usize) {}
     fn epoch(&self, _metrics: &EpochMetrics) {}
     /// A remark about the run, made once (e.g. which steps stay on the host).
     fn note(&self, _line: &str) {}
+    /// A line of a driver's log (a grid's count of runs, one line per finished run).
+    fn line(&self, line: &str) {
+        eprintln!("{line}");
+    }
+    /// Something the user should know that does not stop the run.
+    fn warn(&self, line: &str) {
+        eprintln!("warning: {line}");
+    }
 }
 
 /// What a run off the CPU still computes on the host: small, or without a GPU kernel in candle.

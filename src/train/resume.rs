@@ -12,6 +12,7 @@ use super::checkpoint::{self, Checkpoint, RunIdentity, RunState};
 use super::loops::EpochMetrics;
 use super::optim::AdamW;
 use super::phase1::PhaseOne;
+use super::progress::Progress;
 use super::run::FinetuneJob;
 use super::setup::Setup;
 
@@ -20,6 +21,7 @@ pub(super) fn resumed_checkpoint(
     job: &FinetuneJob,
     identity: &RunIdentity,
     device: &Device,
+    progress: &dyn Progress,
 ) -> Result<Option<Checkpoint>> {
     let (Some(dir), true) = (&job.out, job.resume) else {
         return Ok(None);
@@ -30,10 +32,10 @@ pub(super) fn resumed_checkpoint(
             Ok(Some(saved))
         }
         None => {
-            eprintln!(
-                "note: --resume: no checkpoint in {}, starting from the beginning",
+            progress.note(&format!(
+                "--resume: no checkpoint in {}, starting from the beginning",
                 dir.display()
-            );
+            ));
             Ok(None)
         }
     }

@@ -209,7 +209,9 @@ impl RunConfig {
             bail!("--backbone: no backbone to try");
         }
         match (self.mode, self.head_classifier) {
-            (Mode::Head, None) => bail!("--mode head needs --head-classifier (mean, cls or tokens)"),
+            (Mode::Head, None) => {
+                bail!("--mode head needs --head-classifier (mean, cls or tokens)")
+            }
             (Mode::LastLayer, Some(_)) => {
                 bail!("--head-classifier applies to --mode head only")
             }
@@ -475,7 +477,10 @@ mod tests {
         .with_noise_draw();
         noisy.validate().unwrap();
         let json = serde_json::to_string(&noisy).unwrap();
-        assert!(json.contains("\"authors_noise_draw\":\"float32\""), "{json}");
+        assert!(
+            json.contains("\"authors_noise_draw\":\"float32\""),
+            "{json}"
+        );
         // A config.json from before the float32 draw: another folder name, refused to run.
         let before: RunConfig =
             serde_json::from_str(&json.replace(",\"authors_noise_draw\":\"float32\"", "")).unwrap();
@@ -485,11 +490,23 @@ mod tests {
         // No draw, no version: η = 0 and own-stream runs keep the names they always had, and
         // phase 1 (which sees no noise) is shared across draws.
         for quiet in [
-            RunConfig { eta: 0.0, ..noisy.clone() }.with_noise_draw(),
-            RunConfig { rng: RngChoice::Own, ..noisy.clone() }.with_noise_draw(),
+            RunConfig {
+                eta: 0.0,
+                ..noisy.clone()
+            }
+            .with_noise_draw(),
+            RunConfig {
+                rng: RngChoice::Own,
+                ..noisy.clone()
+            }
+            .with_noise_draw(),
         ] {
             assert_eq!(quiet.authors_noise_draw, None);
-            assert!(!serde_json::to_string(&quiet).unwrap().contains("authors_noise_draw"));
+            assert!(
+                !serde_json::to_string(&quiet)
+                    .unwrap()
+                    .contains("authors_noise_draw")
+            );
         }
         assert_eq!(noisy.phase1_view(), before.phase1_view());
         assert_eq!(

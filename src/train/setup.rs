@@ -11,7 +11,7 @@ use super::progress::Progress;
 use super::run::{FinetuneJob, HeadClassifier, Places, RunConfig, RunFolder};
 use crate::data::catalog::{Completeness, Modality};
 use crate::data::prepare::{NoiseSpec, PreparedData, prepare};
-use crate::data::split::{SplitPlan, TrainSource};
+use crate::data::split::{SplitName, SplitPlan};
 use crate::data::{self, DatasetName};
 use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
 use crate::encoder::layer_rows::{LayerBatch, LayerRows, RowsBuilder};
@@ -218,20 +218,20 @@ pub(super) fn prepare_data(setup: &Setup, job: &FinetuneJob) -> Result<PreparedD
     Ok(prepare(&setup.dataset, &setup.plan, &noise, &setup.root)?)
 }
 
-/// The split the training samples come from, by name (the cache keys on it).
+/// The split `source` names, with its name (the cache keys on it).
 pub(super) fn train_source(
     dataset: &data::Dataset,
-    source: TrainSource,
-) -> Result<(&'static str, &data::Split)> {
+    source: SplitName,
+) -> Result<(SplitName, &data::Split)> {
     Ok(match source {
-        TrainSource::Train => (
-            "train",
+        SplitName::Train => (
+            source,
             dataset
                 .train
                 .as_ref()
                 .context("the partition found no training split")?,
         ),
-        TrainSource::Test => ("test", &dataset.test),
+        SplitName::Test => (source, &dataset.test),
     })
 }
 
@@ -241,7 +241,7 @@ pub(super) fn fetch(
     cache: &FeatureCache,
     backbone: &Backbone,
     dataset: &DatasetName,
-    (split_name, split): (&str, &data::Split),
+    (split_name, split): (SplitName, &data::Split),
     positions: &[usize],
     contents: Contents,
     encode_batch: usize,
@@ -251,7 +251,7 @@ pub(super) fn fetch(
     let (features, stats) = cache.features(
         backbone,
         dataset.id(),
-        split_name,
+        split_name.name(),
         split,
         positions,
         contents,
@@ -260,7 +260,7 @@ pub(super) fn fetch(
     )?;
     progress.advance(stats.from_cache);
     for warning in stats.warnings {
-        eprintln!("warning: {warning}");
+        progress.warn(&warning);
     }
     Ok(features)
 }
@@ -307,7 +307,7 @@ pub(super) fn run_features(
         )?,
         test: get(
             "test features",
-            ("test", &setup.dataset.test),
+            (SplitName::Test, &setup.dataset.test),
             &prepared.partition.test,
             Contents::Full,
         )?,
@@ -350,7 +350,7 @@ pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
     for group in groups {
         let setup = setup(group[0])?;
         // Positions by split: full features (fine-tune and test sets) and CLS only (pretrain).
-        let mut wanted: BTreeMap<(&str, Contents), BTreeSet<usize>> = BTreeMap::new();
+        let mut wanted: BTreeMap<(SplitName, Contents), BTreeSet<usize>> = BTreeMap::new();
         for job in &group {
             let (plan, _) = split_plan(&job.config, &setup.dataset, &setup.completeness)?;
             let partition = data::split::partition(&setup.dataset, &plan)?;
@@ -358,7 +358,7 @@ pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
             let full = wanted.entry((source, Contents::Full)).or_default();
             full.extend(&partition.finetune);
             wanted
-                .entry(("test", Contents::Full))
+                .entry((SplitName::Test, Contents::Full))
                 .or_default()
                 .extend(&partition.test);
             wanted
@@ -378,12 +378,8 @@ pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
             if positions.is_empty() {
                 continue;
             }
-            let source = match *split_name {
-                "train" => TrainSource::Train,
-                _ => TrainSource::Test,
-            };
-            let split = train_source(&setup.dataset, source)?;
-            let what = format!("{} {split_name} features", first.config.dataset);
+            let split = train_source(&setup.dataset, *split_name)?;
+            let what = format!("{} {} features", first.config.dataset, split_name.name());
             fetch(
                 &setup.cache,
                 &setup.backbone,
