@@ -10,6 +10,7 @@ pub mod diagnostics;
 pub mod encoder;
 pub mod io;
 pub mod kernels;
+pub mod progress_bar;
 pub mod model;
 pub mod report;
 pub mod reproduce;

@@ -151,7 +151,7 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
         DataCommand::Fetch(args) => {
             let root = data::data_root(args.root.data_dir.as_deref());
             for (name, manifest) in manifests(&args.datasets)? {
-                let report = data::fetch::fetch(&manifest, &root)?;
+                let report = data::fetch::fetch(&manifest, &root, args.root.mirror().as_deref())?;
                 println!(
                     "{name}: {} downloaded, {} already present",
                     report.downloaded.len(),

@@ -11,7 +11,6 @@ use crate::encoder::{
     self,
     cache::{Contents, FeatureCache, cache_root},
 };
-use crate::report;
 use crate::runtime::DeviceKind;
 
 #[derive(Args, Debug)]
@@ -87,7 +86,7 @@ pub fn run(args: ExtractArgs) -> Result<()> {
     }
     // An unwritable cache is found before any backbone work.
     let cache = FeatureCache::open(cache_root(args.backbone.cache_dir.as_deref()))?;
-    let dataset = data::fetch::load_or_fetch(&args.dataset, &root)?;
+    let dataset = data::fetch::load_or_fetch(&args.dataset, &root, args.root.mirror().as_deref())?;
     for warning in &dataset.warnings {
         eprintln!("warning: {warning}");
     }
@@ -111,7 +110,7 @@ pub fn run(args: ExtractArgs) -> Result<()> {
     for (name, split) in splits {
         let count = args.limit.map_or(split.len(), |l| l.min(split.len()));
         let positions: Vec<usize> = (0..count).collect();
-        let bar = report::progress::bar(count as u64, "samples");
+        let bar = crate::progress_bar::bar(count as u64, "samples");
         let started = std::time::Instant::now();
         let (_, stats) = cache.features(
             &backbone,

@@ -69,6 +69,7 @@ impl Places {
     pub fn places(&self) -> crate::train::run::Places {
         crate::train::run::Places {
             data_dir: self.root.data_dir.clone(),
+            data_mirror: self.root.mirror(),
             models_dir: self.models_dir.clone(),
             cache_dir: self.cache_dir.clone(),
         }
@@ -80,6 +81,17 @@ pub struct DataDirArg {
     /// Folder holding one folder per dataset [default: $BENIGN_DATA_DIR, else ./datasets]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Base URL tried before a dataset's canonical URLs when a file must be downloaded, laid out
+    /// as a data root (<URL>/<dataset folder>/<file>) [default: $BENIGN_DATA_MIRROR]
+    #[arg(long, value_name = "URL")]
+    pub data_mirror: Option<String>,
+}
+
+impl DataDirArg {
+    /// The mirror of the flag, else of `$BENIGN_DATA_MIRROR`.
+    pub fn mirror(&self) -> Option<String> {
+        crate::data::fetch::mirror(self.data_mirror.as_deref())
+    }
 }
 
 pub fn main() -> ExitCode {

@@ -186,6 +186,10 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
                 ("BENIGN_DATA_DIR", args.grid.places.root.data_dir.clone()),
                 ("BENIGN_MODELS_DIR", args.grid.places.models_dir.clone()),
                 ("BENIGN_CACHE_DIR", args.grid.places.cache_dir.clone()),
+                (
+                    crate::data::fetch::MIRROR_ENV,
+                    args.grid.places.root.data_mirror.clone().map(PathBuf::from),
+                ),
             ]
             .into_iter()
             .filter_map(|(k, flag)| {
@@ -242,7 +246,10 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
     // A missing GPU or CUDA build is one line now, not a failure of every run.
     if !options.device.device()?.is_cpu() {
         // Said once here: the runs of the grid report no progress of their own.
-        eprintln!("note: --device cuda: {}", crate::train::finetune::HOST_STEPS);
+        eprintln!(
+            "note: --device cuda: {}",
+            crate::train::finetune::HOST_STEPS
+        );
     }
     let started = std::time::Instant::now();
     let outcome = {

@@ -140,7 +140,7 @@ pub fn run(args: SyntheticArgs) -> Result<()> {
         config.signal_norm = norm;
     }
     config.validate_for(args.shared.engine)?;
-    let bar = report::progress::bar(config.num_steps as u64 + 1, "steps");
+    let bar = crate::progress_bar::bar(config.num_steps as u64 + 1, "steps");
     let run = synthetic::run(&config, args.shared.engine, Trace::Full, &mut |_| {
         bar.inc(1)
     })?;
@@ -196,7 +196,7 @@ fn run_grid(
     }
     let pool = pool.build().context("cannot start the worker threads")?;
     let cells = (grid.embed_dims().len() * grid.signal_norms().len()) as u64;
-    let bar = report::progress::bar(cells, "runs");
+    let bar = crate::progress_bar::bar(cells, "runs");
     let started = std::time::Instant::now();
     let rows =
         pool.install(|| synthetic::sweep(&base, grid, shared.engine, trace, &|| bar.inc(1)))?;

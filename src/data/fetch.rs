@@ -2,16 +2,24 @@
 //! and move them into place. Without a network it fails within seconds and says where to put the
 //! files by hand.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use md5::Md5;
-use sha2::{Digest, Sha256};
 
 use super::Dataset;
 use super::catalog::{DatasetName, Manifest, ManifestFile, check_file};
+use super::download::{self, agent, download};
+
+/// A base URL tried before the canonical ones, laid out as a data root
+/// (`<mirror>/<dataset folder>/<file>`), as torchvision's mirrors are tried first.
+pub const MIRROR_ENV: &str = "BENIGN_DATA_MIRROR";
+
+/// The mirror of `--data-mirror`, else of [`MIRROR_ENV`].
+pub fn mirror(flag: Option<&str>) -> Option<String> {
+    flag.map(str::to_string)
+        .or_else(|| std::env::var(MIRROR_ENV).ok())
+        .filter(|m| !m.trim().is_empty())
+}
 
 /// What a fetch did, file by file.
 #[derive(Debug, Default)]
@@ -20,47 +28,23 @@ pub struct FetchReport {
     pub already_present: Vec<PathBuf>,
 }
 
-fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        // Offline, name resolution or connection fails at once; a dead route times out quickly.
-        .timeout_connect(Duration::from_secs(5))
-        .timeout_read(Duration::from_secs(60))
-        .build()
-}
-
 /// A file of the manifest already in place with the official checksums.
 fn verified(path: &Path, file: &ManifestFile) -> bool {
     check_file(path, file).is_ok_and(|status| status.is_ok())
 }
 
-/// Streams `url` into a temporary file in `dir`, returning it with its md5 and sha256.
-fn download(
-    agent: &ureq::Agent,
-    url: &str,
-    dir: &Path,
-) -> Result<(tempfile::NamedTempFile, String, String)> {
-    // ureq's errors name the URL already.
-    let response = agent.get(url).call().map_err(|e| anyhow!("{e}"))?;
-    let mut reader = response.into_reader();
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".download-")
-        .tempfile_in(dir)?;
-    let (mut sha, mut md5) = (Sha256::new(), Md5::new());
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let read = reader
-            .read(&mut buf)
-            .with_context(|| format!("{url}: download interrupted"))?;
-        if read == 0 {
-            break;
-        }
-        sha.update(&buf[..read]);
-        md5.update(&buf[..read]);
-        tmp.write_all(&buf[..read])?;
-    }
-    tmp.flush()?;
-    let hex = crate::io::hex;
-    Ok((tmp, hex(&md5.finalize()), hex(&sha.finalize())))
+/// The URLs of `path` (a file of the manifest, or its archive's name): the mirror's first.
+fn urls(
+    manifest: &Manifest,
+    mirror: Option<&str>,
+    path: &str,
+    canonical: &[String],
+) -> Vec<String> {
+    mirror
+        .map(|m| format!("{}/{}/{path}", m.trim_end_matches('/'), manifest.folder))
+        .into_iter()
+        .chain(canonical.iter().cloned())
+        .collect()
 }
 
 /// Where the files go and what the manifest lists, for the offline message.
@@ -83,35 +67,62 @@ fn by_hand(manifest: &Manifest, dir: &Path) -> String {
     )
 }
 
-/// Downloads every missing or wrong file of `manifest` into `root/<folder>`. A failed fetch
-/// leaves no temporary file, and no folder it created.
-/// [`super::load`], fetching the dataset first when its folder is absent (checksummed, as
-/// `data fetch` does), the way `load_dataset` users expect; without a network the load's own
-/// error stays, with the download's reason beside it.
-pub fn load_or_fetch(name: &DatasetName, root: &Path) -> Result<Dataset> {
-    let absent = !super::catalog::dataset_dir(name, root).is_dir();
-    let manifest = name.manifest();
-    if let (true, Some(manifest)) = (absent, manifest) {
-        eprintln!(
-            "{name}: no copy under {}; downloading the official files",
-            root.display()
-        );
-        if let Err(download) = fetch(&manifest, root) {
-            let missing = super::load(name, root)
-                .err()
-                .map_or(String::new(), |e| format!("{e}; "));
-            bail!("{missing}the download failed too: {download:#}");
+/// [`super::load`], after fetching the files of the dataset that are missing (sibling MedMNIST
+/// tasks included), checksummed as `data fetch` does. Files present but not official (partial or
+/// third-party copies) are used as they are, and recorded by the run; `data fetch` replaces them.
+/// Without a network the load's own error stays, with the download's reason beside it.
+pub fn load_or_fetch(name: &DatasetName, root: &Path, mirror: Option<&str>) -> Result<Dataset> {
+    if let Some(manifest) = name.manifest() {
+        let dir = root.join(&manifest.folder);
+        let missing = manifest
+            .files
+            .iter()
+            .any(|f| !f.derived && !dir.join(&f.path).is_file());
+        if missing {
+            eprintln!(
+                "{name}: files missing under {}; downloading the official ones",
+                root.display()
+            );
+            if let Err(download) = fetch_files(&manifest, root, mirror, Wanted::Missing) {
+                let missing = super::load(name, root)
+                    .err()
+                    .map_or(String::new(), |e| format!("{e}; "));
+                bail!("{missing}download failed: {download:#}");
+            }
         }
     }
     Ok(super::load(name, root)?)
 }
 
-pub fn fetch(manifest: &Manifest, root: &Path) -> Result<FetchReport> {
+/// Downloads every missing or wrong file of `manifest` into `root/<folder>`. A failed fetch
+/// leaves no folder it created; a partial file it keeps is resumed by the next fetch.
+pub fn fetch(manifest: &Manifest, root: &Path, mirror: Option<&str>) -> Result<FetchReport> {
+    fetch_files(manifest, root, mirror, Wanted::NotOfficial)
+}
+
+/// Which files a fetch replaces.
+#[derive(Clone, Copy, PartialEq)]
+enum Wanted {
+    /// Absent ones only.
+    Missing,
+    /// Every one that does not match the manifest.
+    NotOfficial,
+}
+
+fn fetch_files(
+    manifest: &Manifest,
+    root: &Path,
+    mirror: Option<&str>,
+    wanted: Wanted,
+) -> Result<FetchReport> {
     let dir = root.join(&manifest.folder);
     let created = !dir.exists();
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("{}: cannot create the dataset folder", dir.display()))?;
-    let result = fetch_into(manifest, &dir);
+    let result = download::lock_dir(&dir).and_then(|_lock| {
+        download::sweep(&dir)?;
+        fetch_into(manifest, &dir, mirror, wanted)
+    });
     if result.is_err() && created {
         // Only succeeds if the folder is still empty.
         let _ = std::fs::remove_dir(&dir);
@@ -119,105 +130,100 @@ pub fn fetch(manifest: &Manifest, root: &Path) -> Result<FetchReport> {
     result
 }
 
-fn fetch_into(manifest: &Manifest, dir: &Path) -> Result<FetchReport> {
-    let dir = dir.to_path_buf();
+fn fetch_into(
+    manifest: &Manifest,
+    dir: &Path,
+    mirror: Option<&str>,
+    wanted: Wanted,
+) -> Result<FetchReport> {
     let agent = agent();
     let mut report = FetchReport::default();
-    let unreachable = |err: anyhow::Error| {
+    let failed = |what: &str, outcomes: Vec<String>| {
         anyhow!(
-            "{}: cannot download ({err:#}); {}",
+            "{}: {what}: {}; {}",
             manifest.name,
-            by_hand(manifest, &dir)
+            outcomes.join("; "),
+            by_hand(manifest, dir)
         )
+    };
+    let needed = |file: &ManifestFile| match wanted {
+        Wanted::Missing => !dir.join(&file.path).is_file(),
+        Wanted::NotOfficial => !verified(&dir.join(&file.path), file),
     };
 
     if let Some(archive) = &manifest.archive {
-        let missing: Vec<&ManifestFile> = manifest
-            .files
-            .iter()
-            .filter(|f| !verified(&dir.join(&f.path), f))
-            .collect();
-        if missing.is_empty() {
+        if !manifest.files.iter().any(needed) {
             report
                 .already_present
                 .extend(manifest.files.iter().map(|f| dir.join(&f.path)));
             return Ok(report);
         }
-        let (tmp, md5, _) = download(&agent, &archive.url, &dir).map_err(unreachable)?;
-        if md5 != archive.md5 {
-            bail!(
-                "{}: md5 {md5}, expected {} (download corrupt or release changed)",
-                archive.url,
-                archive.md5
-            );
-        }
-        // Unpack beside the final folder, then move each file into place.
-        let staging = tempfile::Builder::new()
-            .prefix(".unpack-")
-            .tempdir_in(&dir)?;
-        let gz = flate2::read::GzDecoder::new(std::fs::File::open(tmp.path())?);
-        tar::Archive::new(gz)
-            .unpack(staging.path())
-            .with_context(|| format!("{}: cannot unpack", archive.url))?;
-        for file in &manifest.files {
-            let target = dir.join(&file.path);
-            let unpacked = staging.path().join(&file.path);
-            if !verified(&unpacked, file) {
-                bail!(
-                    "{}: {} in the archive does not match datasets/{}.toml",
-                    archive.url,
-                    file.path,
-                    manifest.name
-                );
-            }
-            if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            std::fs::rename(&unpacked, &target)
-                .with_context(|| format!("{}: cannot move into place", target.display()))?;
-            report.downloaded.push(target);
-        }
+        let name = archive.url.rsplit('/').next().unwrap_or("archive");
+        let as_file = ManifestFile {
+            path: name.to_string(),
+            urls: Vec::new(),
+            md5: Some(archive.md5.clone()),
+            sha256: None,
+            bytes: None,
+            derived: false,
+        };
+        let archive_path = dir.join(format!(".{name}"));
+        let all = urls(manifest, mirror, name, std::slice::from_ref(&archive.url));
+        download(&agent, &all, &as_file, &archive_path).map_err(|o| failed(name, o))?;
+        let unpacked = unpack(manifest, dir, &archive_path, &archive.url);
+        let _ = std::fs::remove_file(&archive_path);
+        report.downloaded.extend(unpacked?);
         return Ok(report);
     }
 
     for file in manifest.files.iter().filter(|f| !f.derived) {
         let target = dir.join(&file.path);
-        if verified(&target, file) {
+        if !needed(file) {
             report.already_present.push(target);
             continue;
         }
-        let mut last_error = None;
-        for url in &file.urls {
-            match download(&agent, url, &dir) {
-                Ok((tmp, md5, sha256)) => {
-                    let md5_ok = file.md5.as_ref().is_none_or(|m| *m == md5);
-                    let sha_ok = file.sha256.as_ref().is_none_or(|s| *s == sha256);
-                    if !(md5_ok && sha_ok) {
-                        last_error = Some(anyhow!(
-                            "{url}: checksum mismatch (md5 {md5}, sha256 {sha256})"
-                        ));
-                        continue;
-                    }
-                    tmp.persist(&target)
-                        .with_context(|| format!("{}: cannot move into place", target.display()))?;
-                    report.downloaded.push(target.clone());
-                    last_error = None;
-                    break;
-                }
-                Err(err) => last_error = Some(err),
-            }
-        }
-        if let Some(err) = last_error {
-            return Err(unreachable(err));
-        }
+        let all = urls(manifest, mirror, &file.path, &file.urls);
+        download(&agent, &all, file, &target).map_err(|o| failed(&file.path, o))?;
+        report.downloaded.push(target);
     }
     Ok(report)
+}
+
+/// Unpacks a downloaded archive beside the final folder, then moves each file into place.
+fn unpack(manifest: &Manifest, dir: &Path, archive: &Path, url: &str) -> Result<Vec<PathBuf>> {
+    let staging = tempfile::Builder::new()
+        .prefix(".unpack-")
+        .tempdir_in(dir)?;
+    let gz = flate2::read::GzDecoder::new(std::fs::File::open(archive)?);
+    tar::Archive::new(gz)
+        .unpack(staging.path())
+        .with_context(|| format!("{url}: cannot unpack"))?;
+    let mut moved = Vec::new();
+    for file in &manifest.files {
+        let target = dir.join(&file.path);
+        let unpacked = staging.path().join(&file.path);
+        if !verified(&unpacked, file) {
+            bail!(
+                "{url}: {} in the archive does not match datasets/{}.toml",
+                file.path,
+                manifest.name
+            );
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::rename(&unpacked, &target)
+            .with_context(|| format!("{}: cannot move into place", target.display()))?;
+        moved.push(target);
+    }
+    Ok(moved)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::data::catalog::manifest;
+    use std::time::Duration;
 
     #[test]
     fn offline_fetch_fails_fast_and_says_where_files_go() {
@@ -228,18 +234,20 @@ mod tests {
             file.urls = vec!["http://127.0.0.1:9/train_5500.label".into()];
         }
         let started = std::time::Instant::now();
-        let err = format!("{:#}", fetch(&m, dir.path()).unwrap_err());
+        let err = format!("{:#}", fetch(&m, dir.path(), None).unwrap_err());
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "took {:?}",
             started.elapsed()
         );
-        assert!(err.starts_with("trec: cannot download"), "{err}");
+        assert!(err.starts_with("trec: "), "{err}");
+        assert!(err.contains("unreachable"), "{err}");
         assert!(
             err.contains("train_5500.label")
                 && err.contains(&dir.path().join("trec").display().to_string()),
             "{err}"
         );
+        assert_eq!(err.lines().count(), 1, "{err}");
         // Nothing half-written: no temporary download left in the folder.
         assert!(
             !dir.path().join("trec").exists(),

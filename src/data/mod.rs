@@ -7,6 +7,7 @@
 
 pub mod agnews;
 pub mod catalog;
+pub mod download;
 pub mod cifar;
 pub mod cifar10n;
 pub mod fetch;

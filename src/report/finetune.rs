@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use anyhow::Result;
 
-use super::progress::Bar;
+use crate::progress_bar::Bar;
 use crate::io::{ensure_dir, write_json, write_json_lines};
 use crate::train::finetune::{FinetuneRun, Progress, RunFolder};
 use crate::train::loops::EpochMetrics;
@@ -53,7 +53,7 @@ impl Progress for Bars {
         if let Some(old) = bar.take() {
             old.finish_and_clear();
         }
-        *bar = Some(super::progress::bar(total as u64, what));
+        *bar = Some(crate::progress_bar::bar(total as u64, what));
     }
 
     fn advance(&self, by: usize) {

@@ -6,7 +6,6 @@ pub mod finetune;
 pub mod kept;
 pub mod paper;
 pub mod plot;
-pub mod progress;
 pub mod reproduce;
 pub mod results;
 pub mod synthetic;

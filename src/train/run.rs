@@ -286,6 +286,8 @@ impl RunConfig {
 pub struct Places {
     /// [default: $BENIGN_DATA_DIR, else ./datasets]
     pub data_dir: Option<PathBuf>,
+    /// Base URL tried first for files that must be downloaded [default: $BENIGN_DATA_MIRROR]
+    pub data_mirror: Option<String>,
     /// [default: $BENIGN_MODELS_DIR]
     pub models_dir: Option<PathBuf>,
     /// [default: $BENIGN_CACHE_DIR, else the platform cache folder]

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test crate uses its own subset
 
+pub mod http;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! Progress on stderr. On a terminal, an indicatif bar. Elsewhere (Slurm, nohup, a pipe), where a
+//! Progress on stderr, for every layer of the crate (downloads, extraction, training). On a terminal, an indicatif bar. Elsewhere (Slurm, nohup, a pipe), where a
 //! bar would hide itself, plain lines with the numbers the bar shows: one when the stage starts
 //! (printed when it first reports work, so that a stage whose set-up fails prints nothing before
 //! the error), at most one every 30 s while it runs ([`EVERY_SECS_ENV`] changes the interval), and
@@ -27,6 +27,8 @@ enum Draw {
 struct Lines {
     out: Box<dyn Write + Send>,
     unit: String,
+    /// Counts are bytes: shown in MB, with the rate since the start.
+    bytes: bool,
     len: u64,
     pos: u64,
     message: String,
@@ -51,6 +53,27 @@ pub fn bar(len: u64, unit: &str) -> Bar {
     }
 }
 
+/// A bar of `len` bytes of `what` (a file being downloaded), with the transfer rate: drawn on a
+/// terminal, printed as lines elsewhere ("[00:00:31] 12.0/45.6 MB at 0.39 MB/s mnist/train…").
+pub fn byte_bar(len: u64, what: &str) -> Bar {
+    if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(len);
+        let template = format!(
+            "{{elapsed_precise}} [{{bar:40}}] {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}) {what}"
+        );
+        if let Ok(style) = ProgressStyle::with_template(&template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        Bar(Draw::Terminal(bar))
+    } else {
+        let bar = Bar::lines(len, what, every(), Box::new(std::io::stderr()));
+        if let Draw::Lines(lines) = &bar.0 {
+            lock(lines).bytes = true;
+        }
+        bar
+    }
+}
+
 /// The interval of [`EVERY_SECS_ENV`], else 30 s.
 fn every() -> Duration {
     std::env::var(EVERY_SECS_ENV)
@@ -67,6 +90,7 @@ impl Bar {
         Bar(Draw::Lines(Mutex::new(Lines {
             out,
             unit: unit.to_string(),
+            bytes: false,
             len,
             pos: 0,
             message: String::new(),
@@ -138,14 +162,24 @@ impl Lines {
 
     /// "[00:01:05] 57/201 steps train 0.9 (done)": elapsed, position/length, unit, message, note.
     fn print(&mut self, note: &str) {
-        let secs = self.created.elapsed().as_secs();
+        let elapsed = self.created.elapsed();
+        let secs = elapsed.as_secs();
+        let counts = if self.bytes {
+            let mb = |b: u64| b as f64 / 1e6;
+            format!(
+                "{:.1}/{:.1} MB at {:.2} MB/s",
+                mb(self.pos),
+                mb(self.len),
+                mb(self.pos) / elapsed.as_secs_f64().max(1e-3)
+            )
+        } else {
+            format!("{}/{}", self.pos, self.len)
+        };
         let mut line = format!(
-            "[{:02}:{:02}:{:02}] {}/{} {}",
+            "[{:02}:{:02}:{:02}] {counts} {}",
             secs / 3600,
             secs / 60 % 60,
             secs % 60,
-            self.pos,
-            self.len,
             self.unit
         );
         for part in [self.message.as_str(), note] {
