@@ -210,7 +210,7 @@ fn summarize(
         resolved: Resolved {
             backbone: setup.backbone.files.id.clone(),
             backbone_sha256: setup.backbone.weights_sha256.clone(),
-            backbone_source: setup.backbone.files.source.clone(),
+            backbone_source: portable(&setup.backbone.files.source, &roots),
             pretrain_n: setup.plan.pretrain_n,
             test_n: prepared.test.len(),
             realised_eta: prepared.labels.rate(),
