@@ -219,13 +219,7 @@ fn new_classifier(
         _ => None,
     };
     let (hidden, classes) = (setup.backbone.hidden_size(), setup.dataset.num_classes());
-    Ok(Classifier::new(
-        hidden,
-        classes,
-        pooler,
-        init_rng,
-        &setup.device,
-    )?)
+    Classifier::new(hidden, classes, pooler, init_rng, &setup.device)
 }
 
 /// What this phase 1's result depends on, as the shared cache files it.
