@@ -34,12 +34,20 @@ fn stall() -> Duration {
 }
 
 pub fn agent() -> ureq::Agent {
+    builder().build()
+}
+
+/// [`agent`] without following redirects (to read a redirect's own headers).
+pub fn agent_without_redirects() -> ureq::Agent {
+    builder().redirects(0).build()
+}
+
+fn builder() -> ureq::AgentBuilder {
     ureq::AgentBuilder::new()
         // Offline, name resolution or connection fails at once; a dead route times out quickly.
         .timeout_connect(Duration::from_secs(10))
         // Each read, the response head included: the first-byte and the stall timeout.
         .timeout_read(stall())
-        .build()
 }
 
 /// The partial download of `target`: `<dir>/.<name>.part`.

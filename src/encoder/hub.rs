@@ -1,11 +1,12 @@
 //! Finds a backbone's files for a hub id, in order: a plain directory path; the models folder
 //! (`--models-dir`, else `BENIGN_MODELS_DIR`) as `<org>/<name>/`; the Hugging Face cache through
-//! hf-hub; a download through hf-hub. When nothing is found, one error lists every place searched.
+//! hf-hub (an incomplete entry is completed); a download from the hub (`HF_ENDPOINT`), into the
+//! same cache, resumable and with timeouts; none with `HF_HUB_OFFLINE`. A file the hub does not
+//! have is "not found"; any other failure is "download failed", with its cause once.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 
 pub const MODELS_DIR_ENV: &str = "BENIGN_MODELS_DIR";
 
@@ -73,20 +74,48 @@ fn from_dir(id: &str, dir: &Path, source: String) -> Result<BackboneFiles> {
     })
 }
 
-/// Whether the hub answers at all (a HEAD with a short timeout), so that offline runs fail in
-/// seconds instead of waiting on hf-hub's defaults.
-fn hub_reachable(endpoint: &str) -> Result<()> {
-    let agent = ureq::AgentBuilder::new()
-        .timeout_connect(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10))
-        .build();
-    match agent.head(endpoint).call() {
-        Ok(_) | Err(ureq::Error::Status(..)) => Ok(()),
-        Err(e) => Err(anyhow!("{e}")),
+/// Where and whether the hub is asked, from the environment the Hugging Face tools share:
+/// `HF_ENDPOINT`, `HF_HOME` (its `hub/` folder is the cache) and `HF_HUB_OFFLINE`.
+#[derive(Clone, Debug)]
+pub struct HubSettings {
+    pub endpoint: String,
+    pub cache: hf_hub::Cache,
+    /// No request at all.
+    pub offline: bool,
+}
+
+impl HubSettings {
+    pub fn from_env() -> Self {
+        Self {
+            endpoint: std::env::var("HF_ENDPOINT")
+                .ok()
+                .filter(|e| !e.trim().is_empty())
+                .unwrap_or_else(|| "https://huggingface.co".into()),
+            cache: hf_hub::Cache::from_env(),
+            offline: std::env::var("HF_HUB_OFFLINE")
+                .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true")),
+        }
     }
 }
 
+/// The checkpoint's files, required first.
+const HUB_FILES: [(&str, bool); 4] = [
+    ("config.json", true),
+    (WEIGHTS, true),
+    ("preprocessor_config.json", false),
+    ("tokenizer.json", false),
+];
+
+/// Finds the backbone `id` (see the module's order) with the hub settings of the environment.
 pub fn resolve(id: &str, models_dir: Option<&Path>) -> Result<BackboneFiles> {
+    resolve_with(id, models_dir, &HubSettings::from_env())
+}
+
+pub fn resolve_with(
+    id: &str,
+    models_dir: Option<&Path>,
+    hub: &HubSettings,
+) -> Result<BackboneFiles> {
     let mut searched = Vec::new();
     let as_path = Path::new(id);
     if as_path.is_dir() {
@@ -105,65 +134,173 @@ pub fn resolve(id: &str, models_dir: Option<&Path>) -> Result<BackboneFiles> {
             "no models folder (--models-dir / {MODELS_DIR_ENV} unset)"
         )),
     }
-
-    let cache = hf_hub::Cache::from_env();
-    let cached = cache.model(repo_id.to_string());
-    if let Some(config) = cached.get("config.json") {
-        let dir = config
-            .parent()
-            .expect("a cached file has a folder")
-            .to_path_buf();
-        let weights = cached.get(WEIGHTS).ok_or_else(|| {
-            anyhow!(
-                "{id}: the Hugging Face cache has config.json ({}) but no {WEIGHTS}",
-                config.display()
-            )
-        })?;
+    // A complete cache entry; an incomplete one (a download cut short) is completed below.
+    let cached = hub.cache.model(repo_id.to_string());
+    if let (Some(config), Some(weights)) = (cached.get("config.json"), cached.get(WEIGHTS)) {
+        let folder = config.parent().map_or_else(PathBuf::new, Path::to_path_buf);
         return Ok(BackboneFiles {
             id: id.to_string(),
             config,
             weights,
             preprocessor: cached.get("preprocessor_config.json"),
             tokenizer: cached.get("tokenizer.json"),
-            source: format!("Hugging Face cache {}", dir.display()),
+            source: format!("Hugging Face cache {}", folder.display()),
         });
     }
-    searched.push(format!("{} (Hugging Face cache)", cache.path().display()));
-
-    let offline =
-        std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
-    let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
-    let download = if offline {
-        Err(anyhow!("HF_HUB_OFFLINE is set"))
-    } else {
-        hub_reachable(&endpoint).and_then(|()| {
-            let api = hf_hub::api::sync::ApiBuilder::from_env()
-                .with_progress(true)
-                .build()?;
-            let repo = api.model(repo_id.to_string());
-            let config = repo.get("config.json")?;
-            let weights = repo.get(WEIGHTS)?;
-            Ok(BackboneFiles {
-                id: id.to_string(),
-                config,
-                weights,
-                preprocessor: repo.get("preprocessor_config.json").ok(),
-                tokenizer: repo.get("tokenizer.json").ok(),
-                source: format!("downloaded from {endpoint}"),
-            })
-        })
-    };
-    match download {
-        Ok(files) => Ok(files),
-        Err(e) => {
-            searched.push(format!("{endpoint} ({e:#})"));
-            bail!(
-                "{id}: backbone not found; searched {}. Put the checkpoint folder (config.json, {WEIGHTS}, \
-                 preprocessor_config.json or tokenizer.json) under the models folder as {repo_id}/",
+    searched.push(format!(
+        "{} (Hugging Face cache)",
+        hub.cache.path().display()
+    ));
+    if hub.offline {
+        bail!(
+            "{id}: backbone not found and HF_HUB_OFFLINE is set, so the hub was not asked; searched {}. \
+             Put the checkpoint folder under the models folder as {repo_id}/, or unset HF_HUB_OFFLINE",
+            searched.join("; ")
+        );
+    }
+    let mut found = Vec::new();
+    for (name, required) in HUB_FILES {
+        match hub_file(hub, repo_id, name) {
+            Ok(path) => found.push(Some(path)),
+            Err(HubError::NotFound) if !required => found.push(None),
+            Err(HubError::NotFound) => bail!(
+                "{id}: not found: {}/{repo_id} has no {name} (HTTP 404); searched {}",
+                hub.endpoint,
                 searched.join("; ")
-            )
+            ),
+            Err(HubError::Failed(why)) => bail!("{id}: download failed: {name}: {why}"),
         }
     }
+    let [config, weights, preprocessor, tokenizer] = <[Option<PathBuf>; 4]>::try_from(found)
+        .map_err(|_| anyhow!("{id}: internal: four files expected"))?;
+    Ok(BackboneFiles {
+        id: id.to_string(),
+        config: config.context("config.json")?,
+        weights: weights.context(WEIGHTS)?,
+        preprocessor,
+        tokenizer,
+        source: format!("downloaded from {}", hub.endpoint),
+    })
+}
+
+/// Why a file did not come from the hub.
+enum HubError {
+    /// HTTP 404: the repository or the file is not there.
+    NotFound,
+    /// Anything else, said once.
+    Failed(String),
+}
+
+/// What the hub says of one file before it is fetched (hf-hub's protocol: a ranged request for
+/// byte 0 of `resolve/main/<file>`, relative redirects followed, the commit and etag from the
+/// headers, the size from `Content-Range`, through the CDN for a large file).
+struct HubMetadata {
+    commit: String,
+    etag: String,
+    size: u64,
+}
+
+fn hub_metadata(agent: &ureq::Agent, url: &str) -> std::result::Result<HubMetadata, HubError> {
+    let no_redirects = crate::data::download::agent_without_redirects();
+    let ask = |agent: &ureq::Agent, url: &str| match agent.get(url).set("Range", "bytes=0-0").call()
+    {
+        Ok(r) => Ok(r),
+        Err(ureq::Error::Status(404, _)) => Err(HubError::NotFound),
+        Err(ureq::Error::Status(code, r)) if (300..400).contains(&code) => Ok(r),
+        Err(e) => Err(HubError::Failed(e.to_string())),
+    };
+    let mut response = ask(&no_redirects, url)?;
+    let mut url = url.to_string();
+    for _ in 0..5 {
+        let Some(location) = response
+            .header("Location")
+            .filter(|_| (300..400).contains(&response.status()))
+            .map(str::to_string)
+        else {
+            break;
+        };
+        if location.starts_with('/') {
+            let origin = url.splitn(4, '/').take(3).collect::<Vec<_>>().join("/");
+            url = format!("{origin}{location}");
+            response = ask(&no_redirects, &url)?;
+        } else {
+            break;
+        }
+    }
+    let header = |name: &str| response.header(name).map(|v| v.replace('"', ""));
+    let etag = header("x-linked-etag")
+        .or_else(|| header("etag"))
+        .ok_or_else(|| HubError::Failed(format!("{url}: no etag header")))?;
+    let commit = header("x-repo-commit")
+        .ok_or_else(|| HubError::Failed(format!("{url}: no x-repo-commit header")))?;
+    // A redirect to the CDN: the size comes from there.
+    let sized = match response.header("Location") {
+        Some(location) if (300..400).contains(&response.status()) => ask(agent, location)?,
+        _ => response,
+    };
+    let size = sized
+        .header("Content-Range")
+        .and_then(|r| r.rsplit('/').next())
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| HubError::Failed(format!("{url}: no Content-Range header")))?;
+    Ok(HubMetadata { commit, etag, size })
+}
+
+/// One file of `repo_id` into the Hugging Face cache, laid out as hf-hub lays it (blobs/<etag>,
+/// snapshots/<commit>/<file> linking it, refs/main), so that hf-hub and the Python tools read it
+/// too; resumed after a cut transfer or a killed process, with timeouts (data::download).
+fn hub_file(
+    hub: &HubSettings,
+    repo_id: &str,
+    name: &str,
+) -> std::result::Result<PathBuf, HubError> {
+    let agent = crate::data::download::agent();
+    let url = format!(
+        "{}/{repo_id}/resolve/main/{name}",
+        hub.endpoint.trim_end_matches('/')
+    );
+    let meta = hub_metadata(&agent, &url)?;
+    let failed = |e: std::io::Error| HubError::Failed(e.to_string());
+    let repo = hub.cache.model(repo_id.to_string());
+    let blob = hub
+        .cache
+        .path()
+        .join(format!("models--{}", repo_id.replace('/', "--")))
+        .join("blobs")
+        .join(&meta.etag);
+    std::fs::create_dir_all(blob.parent().unwrap_or(Path::new("."))).map_err(failed)?;
+    // LFS files' etag is their sha256: the download is checked against it.
+    let is_sha256 = meta.etag.len() == 64 && meta.etag.bytes().all(|b| b.is_ascii_hexdigit());
+    let expected = crate::data::catalog::ManifestFile {
+        path: name.to_string(),
+        urls: Vec::new(),
+        md5: None,
+        sha256: is_sha256.then(|| meta.etag.clone()),
+        bytes: Some(meta.size),
+        derived: false,
+    };
+    if !crate::data::catalog::check_file(&blob, &expected).is_ok_and(|s| s.is_ok()) {
+        eprintln!(
+            "{repo_id}: downloading {name} ({:.1} MB) from {}",
+            meta.size as f64 / 1e6,
+            hub.endpoint
+        );
+        crate::data::download::download(&agent, &[url.clone()], &expected, &blob)
+            .map_err(|outcomes| HubError::Failed(outcomes.join("; ")))?;
+    }
+    let pointer = blob
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."))
+        .join("snapshots")
+        .join(&meta.commit)
+        .join(name);
+    std::fs::create_dir_all(pointer.parent().unwrap_or(Path::new("."))).map_err(failed)?;
+    let _ = std::fs::remove_file(&pointer);
+    std::os::unix::fs::symlink(Path::new("../../blobs").join(&meta.etag), &pointer)
+        .map_err(failed)?;
+    repo.create_ref(&meta.commit).map_err(failed)?;
+    Ok(pointer)
 }
 
 #[cfg(test)]

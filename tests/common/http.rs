@@ -21,12 +21,26 @@ pub enum Fault {
     Unavailable(usize),
     /// The file with one byte flipped in the middle.
     Corrupt,
-    /// The first request's body is cut after this many bytes (the connection closed).
+    /// The first body longer than this many bytes is cut there (the connection closed).
     CloseAfter(u64),
     /// Accepts the request and never answers.
     Stall,
     /// The body at about this many bytes per second.
     Throttle(u64),
+}
+
+/// A path answered otherwise than from the folder: a redirect (with headers), or a file from
+/// elsewhere with extra headers (how the hub emulator of `tests/hub.rs` speaks hf-hub's protocol).
+#[derive(Clone, Debug)]
+pub enum Route {
+    Redirect {
+        location: String,
+        headers: Vec<(String, String)>,
+    },
+    File {
+        path: PathBuf,
+        headers: Vec<(String, String)>,
+    },
 }
 
 /// One request as the server saw it: the path and the `Range` header, if any.
@@ -41,6 +55,7 @@ pub struct Server {
     pub url: String,
     pub log: Arc<Mutex<Vec<Request>>>,
     faults: Arc<Mutex<HashMap<String, Fault>>>,
+    routes: Arc<Mutex<HashMap<String, Route>>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -52,23 +67,33 @@ impl Server {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let log = Arc::new(Mutex::new(Vec::new()));
         let faults: Arc<Mutex<HashMap<String, Fault>>> = Arc::default();
+        let routes: Arc<Mutex<HashMap<String, Route>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
-        let (log2, faults2, stop2) = (log.clone(), faults.clone(), stop.clone());
+        let (log2, faults2, routes2, stop2) =
+            (log.clone(), faults.clone(), routes.clone(), stop.clone());
         std::thread::spawn(move || {
             let started = Instant::now();
             let served: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
             while !stop2.load(Ordering::SeqCst) && started.elapsed() < LIFETIME {
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let (root, log, faults, served, stop) = (
+                        let (root, log, faults, routes, served, stop) = (
                             root.clone(),
                             log2.clone(),
                             faults2.clone(),
+                            routes2.clone(),
                             served.clone(),
                             stop2.clone(),
                         );
                         std::thread::spawn(move || {
-                            let _ = handle(stream, &root, &log, &faults, &served, &stop);
+                            let shared = Shared {
+                                log: &log,
+                                faults: &faults,
+                                routes: &routes,
+                                served: &served,
+                                stop: &stop,
+                            };
+                            let _ = handle(stream, &root, &shared);
                         });
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
@@ -79,8 +104,13 @@ impl Server {
             url,
             log,
             faults,
+            routes,
             stop,
         }
+    }
+
+    pub fn route(&self, path: &str, route: Route) {
+        self.routes.lock().unwrap().insert(path.to_string(), route);
     }
 
     pub fn fault(&self, path: &str, fault: Fault) {
@@ -102,14 +132,23 @@ impl Drop for Server {
     }
 }
 
-fn handle(
-    stream: TcpStream,
-    root: &std::path::Path,
-    log: &Mutex<Vec<Request>>,
-    faults: &Mutex<HashMap<String, Fault>>,
-    served: &Mutex<HashMap<String, usize>>,
-    stop: &AtomicBool,
-) -> std::io::Result<()> {
+/// The server's state, as a connection's thread sees it.
+struct Shared<'a> {
+    log: &'a Mutex<Vec<Request>>,
+    faults: &'a Mutex<HashMap<String, Fault>>,
+    routes: &'a Mutex<HashMap<String, Route>>,
+    served: &'a Mutex<HashMap<String, usize>>,
+    stop: &'a AtomicBool,
+}
+
+fn handle(stream: TcpStream, root: &std::path::Path, shared: &Shared) -> std::io::Result<()> {
+    let Shared {
+        log,
+        faults,
+        routes,
+        served,
+        stop,
+    } = *shared;
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut reader = BufReader::new(stream.try_clone()?);
@@ -166,34 +205,61 @@ fn handle(
         }
         _ => {}
     }
-    let Ok(mut body) = std::fs::read(root.join(&path)) else {
+    let route = routes.lock().unwrap().get(&path).cloned();
+    let (file, extra) = match route {
+        Some(Route::Redirect { location, headers }) => {
+            let extra: String = headers
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}\r\n"))
+                .collect();
+            return write!(
+                out,
+                "HTTP/1.1 302 Found\r\nLocation: {location}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        }
+        Some(Route::File { path, headers }) => (path, headers),
+        None => (root.join(&path), Vec::new()),
+    };
+    let Ok(mut body) = std::fs::read(file) else {
         return status(&mut out, "404 Not Found");
     };
     if matches!(fault, Some(Fault::Corrupt)) {
         let middle = body.len() / 2;
         body[middle] ^= 0xff;
     }
-    let start = range
+    // "bytes=N-" or "bytes=N-M".
+    let bounds = range
         .as_deref()
         .and_then(|r| r.strip_prefix("bytes="))
-        .and_then(|r| r.trim_end_matches('-').parse::<u64>().ok());
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok())));
     let total = body.len() as u64;
-    let head = match start {
-        Some(s) if s >= total => return status(&mut out, "416 Range Not Satisfiable"),
-        Some(s) => format!(
-            "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {s}-{}/{total}\r\n",
-            total - s,
-            total - 1
+    let (start, end) = match bounds {
+        Some((s, _)) if s >= total => return status(&mut out, "416 Range Not Satisfiable"),
+        Some((s, e)) => (s, e.map_or(total, |e| (e + 1).min(total))),
+        None => (0, total),
+    };
+    let head = match bounds {
+        Some(_) => format!(
+            "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{}/{total}\r\n",
+            end - start,
+            end - 1
         ),
         None => format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n"),
     };
-    write!(out, "{head}ETag: \"{total}\"\r\nConnection: close\r\n\r\n")?;
+    let extra: String = extra.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    let etag = if extra.to_ascii_lowercase().contains("etag") {
+        String::new()
+    } else {
+        format!("ETag: \"{total}\"\r\n")
+    };
+    write!(out, "{head}{etag}{extra}Connection: close\r\n\r\n")?;
     if method == "HEAD" {
         return Ok(());
     }
-    let body = &body[start.unwrap_or(0) as usize..];
+    let body = &body[start as usize..end as usize];
     match fault {
-        Some(Fault::CloseAfter(n)) if count == 1 => {
+        Some(Fault::CloseAfter(n)) if body.len() as u64 > n && first_cut(served, &path) => {
             out.write_all(&body[..(n as usize).min(body.len())])?;
             out.flush()?;
             out.shutdown(std::net::Shutdown::Both)
@@ -211,4 +277,12 @@ fn handle(
         }
         _ => out.write_all(body),
     }
+}
+
+/// True the first time a body of `path` is cut.
+fn first_cut(served: &Mutex<HashMap<String, usize>>, path: &str) -> bool {
+    let mut served = served.lock().unwrap();
+    let cuts = served.entry(format!("cut:{path}")).or_default();
+    *cuts += 1;
+    *cuts == 1
 }
