@@ -37,6 +37,40 @@ fn tiny_vit_matches_every_hidden_state() {
     assert!(diff < 1e-4, "last hidden state: max |Δ| = {diff}");
 }
 
+/// A checkpoint in timm's own format (scripts/timm_fixtures.py: real timm, random weights) loads
+/// natively, tensor names mapped and the fused qkv split at load time, and matches timm's own
+/// forward pass block for block.
+#[test]
+fn a_timm_format_vit_loads_natively_and_matches_timm() {
+    use benign_attention::encoder::hub::BackboneFiles;
+    use benign_attention::encoder::{Backbone, Model, TextOptions};
+    let device = test_device();
+    let folder = fixtures().join("tiny_timm_vit");
+    let files = BackboneFiles {
+        id: "timm/tiny-fixture".into(),
+        config: folder.join("config.json"),
+        weights: folder.join("model.safetensors"),
+        preprocessor: None,
+        tokenizer: None,
+        source: "fixture".into(),
+    };
+    let backbone = Backbone::load(files, &device, TextOptions::default()).unwrap();
+    let Model::Vit(vit) = &backbone.model else {
+        panic!("a ViT was expected")
+    };
+    let io = load("tiny_timm_vit_io.safetensors");
+    let pixels = &io["pixel_values"].to_device(&device).unwrap();
+    let states = vit.hidden_states(pixels).unwrap();
+    assert_eq!(states.len(), 3);
+    for (i, state) in states.iter().enumerate() {
+        let diff = max_abs_diff(state, &io[&format!("hidden_states.{i}")]);
+        assert!(diff < 1e-4, "hidden state {i}: max |Δ| = {diff}");
+    }
+    let last = vit.finish(&vit.last_layer_input(pixels).unwrap()).unwrap();
+    let diff = max_abs_diff(&last, &io["last_hidden_state"]);
+    assert!(diff < 1e-4, "last hidden state: max |Δ| = {diff}");
+}
+
 #[test]
 fn tiny_bert_matches_every_hidden_state_and_the_pooler() {
     let device = test_device();

@@ -82,13 +82,27 @@ impl Backbone {
             .with_context(|| format!("{}: cannot read", files.config.display()))?;
         let bad_config = |e: String| anyhow!("{}: {e}", files.config.display());
         let parse_error = |e: serde_json::Error| bad_config(super::json_error(&config_text, &e));
+        let weights_sha256 = digests(&files.weights)?.sha256;
+        if super::timm::is_timm(&config_text) {
+            let (config, vb, preprocessor) =
+                super::timm::load(&config_text, &files.weights, device)
+                    .with_context(|| format!("{}: a timm checkpoint", files.id))?;
+            let model = Vit::load(vb, &config)
+                .with_context(|| format!("{}: weights do not fit their shapes", files.id))?;
+            return Ok(Self::assemble(
+                files,
+                &config_text,
+                weights_sha256,
+                (Model::Vit(model), Preprocessing::Image(preprocessor)),
+                device,
+            ));
+        }
         let kind: ModelType = serde_json::from_str(&config_text).map_err(|e| {
             bad_config(format!(
                 "not a JSON config: {}",
                 super::json_error(&config_text, &e)
             ))
         })?;
-        let weights_sha256 = digests(&files.weights)?.sha256;
         // SAFETY: the weights file is read-only for the life of the map; candle copies tensors out.
         let vb =
             unsafe { VarBuilder::from_mmaped_safetensors(&[&files.weights], DType::F32, device) }
@@ -145,7 +159,23 @@ impl Backbone {
                 files.config.display()
             ),
         };
-        Ok(Self {
+        Ok(Self::assemble(
+            files,
+            &config_text,
+            weights_sha256,
+            (model, preprocessing),
+            device,
+        ))
+    }
+
+    fn assemble(
+        files: BackboneFiles,
+        config_text: &str,
+        weights_sha256: String,
+        (model, preprocessing): (Model, Preprocessing),
+        device: &Device,
+    ) -> Self {
+        Self {
             config_sha256: crate::data::files::sha256_hex(config_text.as_bytes()),
             files,
             weights_sha256,
@@ -153,7 +183,7 @@ impl Backbone {
             preprocessing,
             device: device.clone(),
             forward_batches: AtomicUsize::new(0),
-        })
+        }
     }
 
     pub fn hidden_size(&self) -> usize {

@@ -12,6 +12,7 @@ pub mod layer_rows;
 pub mod layers;
 pub mod preprocess;
 pub mod text;
+pub mod timm;
 pub mod vit;
 
 pub use backbone::{Backbone, Encoded, Model, TextOptions};
