@@ -176,7 +176,10 @@ struct TokenFixture {
 /// The paper's tokenizer (bert-base-uncased, from the model mirror): ids identical to HF's, with
 /// special tokens off (the authors' setting) and on.
 #[test]
-#[cfg_attr(benign_no_models, ignore = "needs real checkpoints: BENIGN_MODELS_DIR is not set")]
+#[cfg_attr(
+    benign_no_models,
+    ignore = "needs real checkpoints: BENIGN_MODELS_DIR is not set"
+)]
 fn tokenization_matches_bert_base_uncased() {
     let Some(root) = common::models_root("encoder_parity::tokenization_matches_bert_base_uncased")
     else {

@@ -186,3 +186,172 @@ fn a_silent_hub_costs_the_stall_timeout() {
     );
     assert!(err.contains("download failed"), "{err}");
 }
+
+/// The mirror's ViT-Ti written back in timm's hub format (timm names, fused qkv, timm's
+/// config.json), into `dir`.
+fn as_timm_checkpoint(hf_folder: &Path, dir: &Path) {
+    use candle_core::Tensor;
+    let hf = candle_core::safetensors::load(
+        hf_folder.join("model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let mut timm = std::collections::HashMap::new();
+    let mut put = |to: &str, from: &str| {
+        timm.insert(to.to_string(), hf[from].clone());
+    };
+    put("cls_token", "embeddings.cls_token");
+    put("pos_embed", "embeddings.position_embeddings");
+    let layers = (0..)
+        .take_while(|i| hf.contains_key(&format!("encoder.layer.{i}.layernorm_before.weight")))
+        .count();
+    for p in ["weight", "bias"] {
+        put(
+            &format!("patch_embed.proj.{p}"),
+            &format!("embeddings.patch_embeddings.projection.{p}"),
+        );
+        put(&format!("norm.{p}"), &format!("layernorm.{p}"));
+        put(&format!("head.{p}"), &format!("classifier.{p}"));
+        for i in 0..layers {
+            for (to, from) in [
+                ("norm1", "layernorm_before"),
+                ("attn.proj", "attention.output.dense"),
+                ("norm2", "layernorm_after"),
+                ("mlp.fc1", "intermediate.dense"),
+                ("mlp.fc2", "output.dense"),
+            ] {
+                put(
+                    &format!("blocks.{i}.{to}.{p}"),
+                    &format!("encoder.layer.{i}.{from}.{p}"),
+                );
+            }
+        }
+    }
+    for i in 0..layers {
+        for p in ["weight", "bias"] {
+            let parts: Vec<Tensor> = ["query", "key", "value"]
+                .iter()
+                .map(|n| hf[&format!("encoder.layer.{i}.attention.attention.{n}.{p}")].clone())
+                .collect();
+            timm.insert(
+                format!("blocks.{i}.attn.qkv.{p}"),
+                Tensor::cat(&parts, 0).unwrap(),
+            );
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    candle_core::safetensors::save(&timm, dir.join("model.safetensors")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architecture": "vit_tiny_patch16_224", "num_classes": 1000, "num_features": 192,
+            "global_pool": "token", "pretrained_cfg": {"tag": "augreg_in21k_ft_in1k",
+            "input_size": [3, 224, 224], "interpolation": "bicubic", "crop_pct": 0.9,
+            "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "num_classes": 1000}}"#,
+    )
+    .unwrap();
+}
+
+/// With an empty Hugging Face cache and `HF_ENDPOINT` at a hub holding ViT-Ti in timm's format,
+/// `extract` downloads it, loads it and computes the features of the mirror's converted copy.
+#[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
+fn extract_downloads_a_timm_format_vit_and_computes_the_mirrors_features() {
+    use benign_attention::encoder::hub::{BackboneFiles, resolve};
+    use benign_attention::encoder::{Backbone, TextOptions};
+    short_stall();
+    let Some((data, models)) = common::data_and_models_roots(
+        "hub::extract_downloads_a_timm_format_vit_and_computes_the_mirrors_features",
+        &["medmnist"],
+    ) else {
+        return;
+    };
+    let repo = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k";
+    let mirror = models.join(repo);
+    let work = tempfile::tempdir().unwrap();
+    let timm_dir = work.path().join("timm-format");
+    as_timm_checkpoint(&mirror, &timm_dir);
+    let server = Server::start(work.path().join("nothing"));
+    let commit = ("x-repo-commit".to_string(), COMMIT.to_string());
+    server.route(
+        &format!("{repo}/resolve/main/config.json"),
+        Route::File {
+            path: timm_dir.join("config.json"),
+            headers: vec![commit.clone(), ("ETag".into(), "\"c0ffee\"".into())],
+        },
+    );
+    let sha = sha256(&timm_dir.join("model.safetensors"));
+    server.route(
+        &format!("{repo}/resolve/main/model.safetensors"),
+        Route::Redirect {
+            location: format!("{}/cdn/{sha}", server.url),
+            headers: vec![commit, ("x-linked-etag".into(), format!("\"{sha}\""))],
+        },
+    );
+    server.route(
+        &format!("cdn/{sha}"),
+        Route::File {
+            path: timm_dir.join("model.safetensors"),
+            headers: Vec::new(),
+        },
+    );
+    let hf_home = work.path().join("hf");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args([
+            "extract",
+            "--dataset",
+            "breastmnist",
+            "--split",
+            "test",
+            "--limit",
+            "4",
+        ])
+        .args(["--backbone", repo, "--data-dir"])
+        .arg(&data)
+        .arg("--cache-dir")
+        .arg(work.path().join("cache"))
+        .env_remove("BENIGN_MODELS_DIR")
+        .env_remove("HF_HUB_OFFLINE")
+        .env("HF_ENDPOINT", &server.url)
+        .env("HF_HOME", &hf_home)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("downloading model.safetensors"), "{stderr}");
+
+    // The downloaded timm checkpoint and the mirror's Hugging Face copy give the same features.
+    let downloaded = hf_hub::Cache::new(hf_home.join("hub")).model(repo.into());
+    let timm_files = BackboneFiles {
+        id: repo.into(),
+        config: downloaded.get("config.json").unwrap(),
+        weights: downloaded.get("model.safetensors").unwrap(),
+        preprocessor: None,
+        tokenizer: None,
+        source: "downloaded".into(),
+    };
+    let device = candle_core::Device::Cpu;
+    let timm = Backbone::load(timm_files, &device, TextOptions::default()).unwrap();
+    let hf = Backbone::load(
+        resolve(mirror.to_str().unwrap(), None).unwrap(),
+        &device,
+        TextOptions::default(),
+    )
+    .unwrap();
+    let dataset =
+        benign_attention::data::load(&benign_attention::data::DatasetName::BreastMnist, &data)
+            .unwrap();
+    let (a, b) = (
+        timm.encode(&dataset.test.inputs, &[0, 1, 2, 3]).unwrap(),
+        hf.encode(&dataset.test.inputs, &[0, 1, 2, 3]).unwrap(),
+    );
+    for (name, x, y) in [
+        ("cls", &a.cls, &b.cls),
+        ("layer inputs", &a.layer_inputs, &b.layer_inputs),
+    ] {
+        let diff = common::max_abs_diff(x, y);
+        assert!(diff < 1e-5, "{name}: max |Δ| = {diff}");
+    }
+}

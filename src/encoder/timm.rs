@@ -77,9 +77,12 @@ pub fn load(
     let tensors = candle_core::safetensors::load(weights, &Device::Cpu)
         .with_context(|| format!("{}: cannot read the weights", weights.display()))?;
     let get = |name: &str| {
-        tensors
-            .get(name)
-            .with_context(|| format!("{}: no tensor {name} (a timm ViT has one)", weights.display()))
+        tensors.get(name).with_context(|| {
+            format!(
+                "{}: no tensor {name} (a timm ViT has one)",
+                weights.display()
+            )
+        })
     };
     let (_, _, hidden) = get("cls_token")?.dims3()?;
     let (_, tokens, _) = get("pos_embed")?.dims3()?;
@@ -91,14 +94,15 @@ pub fn load(
     let heads = match timm.model_args.get("num_heads").and_then(|v| v.as_u64()) {
         Some(h) => h as usize,
         None => heads_of(&timm.architecture).with_context(|| {
-            format!("{}: no model_args.num_heads and an unknown size", timm.architecture)
+            format!(
+                "{}: no model_args.num_heads and an unknown size",
+                timm.architecture
+            )
         })?,
     };
     let side = timm.pretrained_cfg.input_size[1];
     if (side / patch) * (side / patch) + 1 != tokens {
-        bail!(
-            "pos_embed has {tokens} positions, not 1 + ({side}/{patch})² for input_size {side}"
-        );
+        bail!("pos_embed has {tokens} positions, not 1 + ({side}/{patch})² for input_size {side}");
     }
     let config = VitConfig {
         hidden_size: hidden,
@@ -189,8 +193,12 @@ mod tests {
 
     #[test]
     fn timm_configs_are_told_from_hugging_faces() {
-        assert!(is_timm(r#"{"architecture": "vit_tiny_patch16_224", "num_classes": 1000}"#));
-        assert!(!is_timm(r#"{"model_type": "vit", "architectures": ["ViTModel"]}"#));
+        assert!(is_timm(
+            r#"{"architecture": "vit_tiny_patch16_224", "num_classes": 1000}"#
+        ));
+        assert!(!is_timm(
+            r#"{"model_type": "vit", "architectures": ["ViTModel"]}"#
+        ));
         assert!(!is_timm("not json"));
         assert_eq!(heads_of("vit_base_patch16_224"), Some(12));
         assert_eq!(heads_of("vit_tiny_patch16_224"), Some(3));
