@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write tests/fixtures/tiny_timm_vit/ and tests/fixtures/tiny_timm_vit_io.safetensors from REAL timm.
+"""Write tests/fixtures/tiny_timm_vit/ and tiny_timm_vit_io.safetensors from REAL timm, and
+tests/fixtures/tiny_vit_bin/pytorch_model.bin from real torch.
 
 A tiny ViT with random weights (32x32 input, 16x16 patches, width 24, 2 blocks, 3 heads), saved in
 timm's own hub format: config.json as timm writes it for the hub (architecture, num_classes,
@@ -71,3 +72,14 @@ with torch.no_grad():
 save_file({k: v.contiguous() for k, v in outputs.items()}, os.path.join(OUT, "tiny_timm_vit_io.safetensors"),
           metadata={"timm": timm.__version__, "torch": torch.__version__})
 print("wrote tests/fixtures/tiny_timm_vit/ and tiny_timm_vit_io.safetensors with timm", timm.__version__)
+
+# tiny_vit's Hugging Face weights as an older checkpoint holds them: pytorch_model.bin, written by
+# torch.save (a zip of the tensors and a pickle), for the test that such weights load and give the
+# same hidden states (tests/encoder_parity.rs).
+from safetensors.torch import load_file
+
+state = load_file(os.path.join(OUT, "tiny_vit", "model.safetensors"))
+bin_folder = os.path.join(OUT, "tiny_vit_bin")
+os.makedirs(bin_folder, exist_ok=True)
+torch.save(state, os.path.join(bin_folder, "pytorch_model.bin"))
+print("wrote tests/fixtures/tiny_vit_bin/pytorch_model.bin with torch", torch.__version__)

@@ -37,6 +37,25 @@ fn tiny_vit_matches_every_hidden_state() {
     assert!(diff < 1e-4, "last hidden state: max |Δ| = {diff}");
 }
 
+/// The same tiny ViT's weights as `pytorch_model.bin` (torch.save, scripts/timm_fixtures.py), as
+/// an older checkpoint holds them, load through candle's pickle reader to the same hidden states.
+#[test]
+fn pytorch_model_bin_weights_load_to_the_same_hidden_states() {
+    let device = test_device();
+    let io = load("tiny_vit_io.safetensors");
+    let config: VitConfig = config("tiny_vit");
+    let vb = benign_attention::encoder::backbone::weights(
+        &fixtures().join("tiny_vit_bin/pytorch_model.bin"),
+        &device,
+    )
+    .unwrap();
+    let vit = Vit::load(vb, &config).unwrap();
+    let pixels = &io["pixel_values"].to_device(&device).unwrap();
+    let last = vit.finish(&vit.last_layer_input(pixels).unwrap()).unwrap();
+    let diff = max_abs_diff(&last, &io["last_hidden_state"]);
+    assert!(diff < 1e-4, "last hidden state: max |Δ| = {diff}");
+}
+
 /// A checkpoint in timm's own format (scripts/timm_fixtures.py: real timm, random weights) loads
 /// natively, tensor names mapped and the fused qkv split at load time, and matches timm's own
 /// forward pass block for block.

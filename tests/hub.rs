@@ -355,3 +355,44 @@ fn extract_downloads_a_timm_format_vit_and_computes_the_mirrors_features() {
         assert!(diff < 1e-5, "{name}: max |Δ| = {diff}");
     }
 }
+
+/// A repository whose main branch holds only `pytorch_model.bin` (no safetensors): its weights are
+/// downloaded and used.
+#[test]
+fn a_repository_with_only_pytorch_weights_is_downloaded() {
+    short_stall();
+    let empty = tempfile::tempdir().unwrap();
+    let server = Server::start(empty.path().into());
+    let commit = ("x-repo-commit".to_string(), COMMIT.to_string());
+    let repo = "org/old-vit";
+    server.route(
+        &format!("{repo}/resolve/main/config.json"),
+        Route::File {
+            path: fixture("config.json"),
+            headers: vec![commit.clone(), ("ETag".into(), "\"cfg\"".into())],
+        },
+    );
+    let bin =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_vit_bin/pytorch_model.bin");
+    server.route(
+        &format!("{repo}/resolve/main/pytorch_model.bin"),
+        Route::File {
+            path: bin.clone(),
+            headers: vec![commit, ("ETag".into(), "\"bin\"".into())],
+        },
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let files = resolve_with(repo, None, &settings(&server, cache.path(), false)).unwrap();
+    assert!(
+        files.weights.ends_with("pytorch_model.bin"),
+        "{}",
+        files.weights.display()
+    );
+    assert_eq!(sha256(&files.weights), sha256(&bin));
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("model.safetensors"))
+    );
+}

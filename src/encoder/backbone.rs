@@ -1,6 +1,7 @@
 //! A frozen backbone ready to encode dataset inputs: the architecture read from config.json, the
 //! weights memory-mapped from safetensors, and the matching preprocessing.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -76,6 +77,18 @@ struct ModelType {
     model_type: Option<String>,
 }
 
+/// The weights at `path`: safetensors (mapped), or a PyTorch `pytorch_model.bin` (a zip of
+/// tensors and a pickle, read by candle's pickle reader, which runs no pickled code) where a
+/// checkpoint has only that.
+pub fn weights(path: &Path, device: &Device) -> Result<VarBuilder<'static>> {
+    let read = |e: candle_core::Error| anyhow!("{}: cannot read the weights: {e}", path.display());
+    if path.extension().is_some_and(|e| e == "bin") {
+        return VarBuilder::from_pth(path, DType::F32, device).map_err(read);
+    }
+    // SAFETY: the weights file is read-only for the life of the map; candle copies tensors out.
+    unsafe { VarBuilder::from_mmaped_safetensors(&[path], DType::F32, device) }.map_err(read)
+}
+
 impl Backbone {
     pub fn load(files: BackboneFiles, device: &Device, text: TextOptions) -> Result<Self> {
         let config_text = std::fs::read_to_string(&files.config)
@@ -103,10 +116,7 @@ impl Backbone {
                 super::json_error(&config_text, &e)
             ))
         })?;
-        // SAFETY: the weights file is read-only for the life of the map; candle copies tensors out.
-        let vb =
-            unsafe { VarBuilder::from_mmaped_safetensors(&[&files.weights], DType::F32, device) }
-                .with_context(|| format!("{}: cannot read the weights", files.weights.display()))?;
+        let vb = weights(&files.weights, device)?;
         let (model, preprocessing) = match kind.model_type.as_deref() {
             Some("vit") => {
                 let config: VitConfig = serde_json::from_str(&config_text).map_err(parse_error)?;

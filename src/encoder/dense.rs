@@ -140,7 +140,11 @@ impl CustomOp1 for FrozenProduct {
     }
 
     /// x (rows, G·in) → y (rows, out).
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = contiguous_f32(storage, layout, self.name())?;
         let layer = &self.0;
         let (g, i, out) = (layer.groups, layer.in_dim, layer.out_dim);
@@ -249,7 +253,12 @@ mod tests {
         let weights = random(&[2, heads * dh], 6);
         let run = |forward: &dyn Fn(&Tensor) -> Tensor| {
             let y = forward(x.as_tensor());
-            let grads = (&y * &weights).unwrap().sum_all().unwrap().backward().unwrap();
+            let grads = (&y * &weights)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
             (y, grads.get(x.as_tensor()).unwrap().clone())
         };
         let (y, g) = run(&|x| layer.forward(x).unwrap());
@@ -264,7 +273,15 @@ mod tests {
             .unwrap()
             .squeeze(1)
             .unwrap()
-            .matmul(&layer.linear.weight().narrow(0, dh, dh).unwrap().t().unwrap())
+            .matmul(
+                &layer
+                    .linear
+                    .weight()
+                    .narrow(0, dh, dh)
+                    .unwrap()
+                    .t()
+                    .unwrap(),
+            )
             .unwrap()
             .broadcast_add(&layer.linear.bias().unwrap().narrow(0, dh, dh).unwrap())
             .unwrap();

@@ -44,6 +44,9 @@ fn canonical(id: &str) -> &str {
 }
 
 const WEIGHTS: &str = "model.safetensors";
+/// The weights of older checkpoints that hold no safetensors file; read only where `WEIGHTS` is
+/// absent.
+const PYTORCH_WEIGHTS: &str = "pytorch_model.bin";
 
 /// The files in a checkpoint folder; errors when config.json is there but no weights are.
 fn from_dir(id: &str, dir: &Path, source: String) -> Result<BackboneFiles> {
@@ -51,18 +54,17 @@ fn from_dir(id: &str, dir: &Path, source: String) -> Result<BackboneFiles> {
     if !config.is_file() {
         bail!("{id}: {} has no config.json", dir.display());
     }
-    let weights = dir.join(WEIGHTS);
-    if !weights.is_file() {
-        let hint = if dir.join("pytorch_model.bin").is_file() {
-            "only pytorch_model.bin is there; convert it to model.safetensors"
-        } else {
-            "the weights are missing; put the checkpoint's model.safetensors beside it"
-        };
+    let weights = [WEIGHTS, PYTORCH_WEIGHTS]
+        .iter()
+        .map(|name| dir.join(name))
+        .find(|p| p.is_file());
+    let Some(weights) = weights else {
         bail!(
-            "{id}: {} has config.json but no {WEIGHTS}: {hint}",
+            "{id}: {} has config.json but no {WEIGHTS} (nor {PYTORCH_WEIGHTS}): the weights are \
+             missing; put the checkpoint's {WEIGHTS} beside it",
             dir.display()
         );
-    }
+    };
     let optional = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
     Ok(BackboneFiles {
         id: id.to_string(),
@@ -136,7 +138,8 @@ pub fn resolve_with(
     }
     // A complete cache entry; an incomplete one (a download cut short) is completed below.
     let cached = hub.cache.model(repo_id.to_string());
-    if let (Some(config), Some(weights)) = (cached.get("config.json"), cached.get(WEIGHTS)) {
+    let cached_weights = cached.get(WEIGHTS).or_else(|| cached.get(PYTORCH_WEIGHTS));
+    if let (Some(config), Some(weights)) = (cached.get("config.json"), cached_weights) {
         let folder = config.parent().map_or_else(PathBuf::new, Path::to_path_buf);
         return Ok(BackboneFiles {
             id: id.to_string(),
@@ -160,7 +163,12 @@ pub fn resolve_with(
     }
     let mut found = Vec::new();
     for (name, required) in HUB_FILES {
-        match hub_file(hub, repo_id, name) {
+        let fetched = match hub_file(hub, repo_id, name) {
+            // An older repository may hold only PyTorch's weights.
+            Err(HubError::NotFound) if name == WEIGHTS => hub_file(hub, repo_id, PYTORCH_WEIGHTS),
+            other => other,
+        };
+        match fetched {
             Ok(path) => found.push(Some(path)),
             Err(HubError::NotFound) if !required => found.push(None),
             Err(HubError::NotFound) => bail!(

@@ -74,8 +74,12 @@ pub fn load(
             timm.architecture
         );
     }
-    let tensors = candle_core::safetensors::load(weights, &Device::Cpu)
-        .with_context(|| format!("{}: cannot read the weights", weights.display()))?;
+    let tensors: HashMap<String, Tensor> = if weights.extension().is_some_and(|e| e == "bin") {
+        candle_core::pickle::read_all(weights).map(|all| all.into_iter().collect())
+    } else {
+        candle_core::safetensors::load(weights, &Device::Cpu)
+    }
+    .with_context(|| format!("{}: cannot read the weights", weights.display()))?;
     let get = |name: &str| {
         tensors.get(name).with_context(|| {
             format!(
