@@ -335,3 +335,51 @@ fn finetune_downloads_from_the_mirror_and_resumes_after_a_kill() {
     }
     assert!(!PathBuf::from(&part).exists());
 }
+
+/// A second MedMNIST task beside a first one in `medmnist/` is fetched (the folder's existence
+/// does not stand for its files), from the mirror, and loads.
+#[test]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
+fn a_second_medmnist_task_is_fetched_beside_the_first() {
+    short_stall();
+    let Some(data) = common::data_root_with(
+        "download::a_second_medmnist_task_is_fetched_beside_the_first",
+        &["medmnist"],
+    ) else {
+        return;
+    };
+    let official = benign_attention::data::catalog::manifest("breastmnist").unwrap();
+    if !benign_attention::data::catalog::verify(&official, &data)
+        .unwrap()
+        .iter()
+        .all(|(_, s)| s.is_ok())
+    {
+        common::skip::<()>(
+            "download::a_second_medmnist_task…",
+            "the data root's BreastMNIST is not the official file",
+        );
+        return;
+    }
+    let server = Server::start(data.clone());
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("medmnist")).unwrap();
+    std::fs::write(
+        root.path().join("medmnist/pneumoniamnist.npz"),
+        b"another task",
+    )
+    .unwrap();
+    let dataset = benign_attention::data::fetch::load_or_fetch(
+        &benign_attention::data::DatasetName::BreastMnist,
+        root.path(),
+        Some(&server.url),
+    )
+    .unwrap();
+    assert_eq!(dataset.test.len(), 156);
+    assert_eq!(
+        names(&root.path().join("medmnist")),
+        ["breastmnist.npz", "pneumoniamnist.npz"]
+    );
+}
