@@ -131,6 +131,30 @@ pub fn write_csv(path: &Path, rows: &[ResultRow]) -> Result<()> {
 
 /// Finished runs under `<dir>/runs/*` of every result folder, each run once (the first folder
 /// that holds it wins), sorted by run name; also the run folders, for per-epoch metrics.
+/// Two finished folders of one run (two shards that both ran it) must hold the same results; which
+/// one a report kept would otherwise depend on the order of the folders. The wall time may differ.
+fn same_results(a: &ResultRow, a_dir: &Path, b: &ResultRow, b_dir: &Path) -> Result<()> {
+    let numbers = |row: &ResultRow| -> Result<serde_json::Value> {
+        let mut value = serde_json::to_value(&row.summary)?;
+        if let Some(object) = value.as_object_mut() {
+            object.remove("wall_seconds");
+        }
+        Ok(value)
+    };
+    if numbers(a)? != numbers(b)? {
+        anyhow::bail!(
+            "{}: {} and {} hold different results for this run (test accuracy {} and {}); \
+             keep one of the two folders",
+            a.run,
+            a_dir.display(),
+            b_dir.display(),
+            a.test_acc(),
+            b.test_acc()
+        );
+    }
+    Ok(())
+}
+
 pub fn collect(result_dirs: &[PathBuf]) -> Result<Vec<(ResultRow, PathBuf)>> {
     let mut found: BTreeMap<String, (ResultRow, PathBuf)> = BTreeMap::new();
     for dir in result_dirs {
@@ -145,7 +169,12 @@ pub fn collect(result_dirs: &[PathBuf]) -> Result<Vec<(ResultRow, PathBuf)>> {
         run_dirs.sort();
         for run_dir in run_dirs {
             if let Some(row) = read_run(&run_dir)? {
-                found.entry(row.run.clone()).or_insert((row, run_dir));
+                match found.get(&row.run) {
+                    Some((kept, kept_dir)) => same_results(kept, kept_dir, &row, &run_dir)?,
+                    None => {
+                        found.insert(row.run.clone(), (row, run_dir));
+                    }
+                }
             }
         }
     }
@@ -312,6 +341,42 @@ pub(super) mod tests {
         ResultRow {
             run: run.into(),
             summary,
+        }
+    }
+
+    /// One run in two shards: equal results (another wall time) merge into one row; different
+    /// results are an error naming both folders, whatever their order.
+    #[test]
+    fn a_run_in_two_shards_merges_only_with_equal_results() {
+        let write = |root: &Path, row: &ResultRow| {
+            let dir = root.join(RUNS).join(&row.run);
+            std::fs::create_dir_all(&dir).unwrap();
+            crate::io::write_json(&RunFolder(dir).summary(), &row.summary).unwrap();
+        };
+        let (a, b, c) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let run = row("r", 0.2, 42, 0.8, 0.1, 1.0, 0.7);
+        let mut slower = run.clone();
+        slower.summary.wall_seconds = 9.0;
+        write(a.path(), &run);
+        write(b.path(), &slower);
+        let both = [a.path().to_path_buf(), b.path().to_path_buf()];
+        assert_eq!(collect(&both).unwrap().len(), 1);
+        write(c.path(), &row("r", 0.2, 42, 0.8, 0.1, 1.0, 0.6));
+        for dirs in [
+            [a.path().to_path_buf(), c.path().to_path_buf()],
+            [c.path().to_path_buf(), a.path().to_path_buf()],
+        ] {
+            let err = collect(&dirs).unwrap_err().to_string();
+            assert!(
+                err.starts_with("r: ")
+                    && err.contains("different results")
+                    && err.lines().count() == 1,
+                "{err}"
+            );
         }
     }
 
