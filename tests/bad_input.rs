@@ -109,7 +109,10 @@ fn medmnist_labels_outside_the_classes_are_refused_at_load() {
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn empty_text_files_are_refused_at_load_naming_the_file() {
     let test = "bad_input::empty_text_files_are_refused_at_load_naming_the_file";
     let Some(data) = common::data_root_with(test, &["trec"]) else {
@@ -316,7 +319,11 @@ fn extract_on_cuda_from_a_cpu_build_is_one_error_line() {
         "--device",
         "cuda",
     ]);
-    assert_one_error_line("extract --device cuda", &out, &["--device cuda", "--features cuda"]);
+    assert_one_error_line(
+        "extract --device cuda",
+        &out,
+        &["--device cuda", "--features cuda"],
+    );
 }
 
 #[test]
@@ -392,4 +399,45 @@ fn progress_is_printed_as_lines_when_stderr_is_not_a_terminal() {
     let lines = progress(&err);
     assert_eq!(lines.len(), 2, "{err}");
     assert!(lines[0].ends_with("0/201 steps started") && lines[1].ends_with("201/201 steps done"));
+}
+
+/// Input refused after set-up (here `--test-n` beyond the test set) leaves no run folder behind:
+/// the folder is written only once everything about the run has been checked.
+#[test]
+#[cfg_attr(
+    benign_no_models,
+    ignore = "needs real checkpoints: BENIGN_MODELS_DIR is not set"
+)]
+fn a_run_refused_after_set_up_writes_no_run_folder() {
+    let Some(models) =
+        common::models_root("bad_input::a_run_refused_after_set_up_writes_no_run_folder")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    tiny_breastmnist(dir.path());
+    let run = dir.path().join("run");
+    let out = benign(&[
+        "finetune",
+        "--dataset",
+        "breastmnist",
+        "--eta",
+        "0.2",
+        "--pretrain-n",
+        "10",
+        "--n",
+        "5",
+        "--test-n",
+        "50",
+        "--data-dir",
+        path_str(dir.path()),
+        "--models-dir",
+        path_str(&models),
+        "--cache-dir",
+        path_str(&dir.path().join("cache")),
+        "--out",
+        path_str(&run),
+    ]);
+    assert_one_error_line("--test-n", &out, &["--test-n"]);
+    assert!(!run.exists(), "a refused run left {}", run.display());
 }

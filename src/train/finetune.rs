@@ -95,9 +95,6 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             device_name(&setup.device)
         ));
     }
-    if let Some(out) = &job.out {
-        write_config(out, &job.config)?;
-    }
     let prepared = prepare_data(&setup, job)?;
     let features = run_features(&setup, &prepared, job, progress)?;
     // Both phases are chains of small ops: one thread each (by default) beats sharing cores,
@@ -116,6 +113,11 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
         let resumed = resumed_checkpoint(job, &identity, &setup.device, progress)?;
         if let Some(saved) = &resumed {
             record_resumed_kernels(&mut setup, saved);
+        }
+        // The run folder is written only once everything about the run has been checked: input
+        // refused at set-up, or a checkpoint of another run, leaves the folder as it was.
+        if let Some(out) = &job.out {
+            write_config(out, &job.config)?;
         }
         let clock = WallClock {
             started,
