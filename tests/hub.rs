@@ -396,3 +396,21 @@ fn a_repository_with_only_pytorch_weights_is_downloaded() {
             .any(|r| r.path.ends_with("model.safetensors"))
     );
 }
+
+/// The emulator speaks hf-hub's protocol as hf-hub itself reads it: hf-hub's own client
+/// downloads both files from it (so the emulator is not just our reading of the protocol).
+#[test]
+fn hf_hubs_own_client_downloads_from_the_emulator() {
+    let (server, _root) = hub();
+    let cache = tempfile::tempdir().unwrap();
+    let api = hf_hub::api::sync::ApiBuilder::from_cache(hf_hub::Cache::new(cache.path().into()))
+        .with_endpoint(server.url.clone())
+        .with_progress(false)
+        .build()
+        .unwrap();
+    let repo = api.model(REPO.into());
+    let config = repo.get("config.json").unwrap();
+    let weights = repo.get("model.safetensors").unwrap();
+    assert_eq!(sha256(&config), sha256(&fixture("config.json")));
+    assert_eq!(sha256(&weights), sha256(&fixture("model.safetensors")));
+}
