@@ -38,6 +38,59 @@ pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut dyn Write) -> Result<()>
     Ok(())
 }
 
+/// An exclusive `flock(2)` on a lock file, held while the value lives. The kernel drops it when
+/// the process dies however it dies (no stale locks), and on NFS v4 the server arbitrates it
+/// between hosts. The file stays: removing a lock file that another process may be opening would
+/// let two processes hold "the" lock at once.
+pub struct FileLock {
+    _file: std::fs::File,
+}
+
+impl FileLock {
+    fn open(path: &Path) -> Result<std::fs::File> {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .with_context(|| format!("{}: cannot open the lock file", path.display()))
+    }
+
+    /// Blocks until this process holds the lock.
+    pub fn wait(path: &Path) -> Result<Self> {
+        let file = Self::open(path)?;
+        file.lock()
+            .with_context(|| format!("{}: cannot lock", path.display()))?;
+        Ok(Self { _file: file })
+    }
+
+    /// The lock, or `None` while another process holds it.
+    pub fn try_take(path: &Path) -> Result<Option<Self>> {
+        let file = Self::open(path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(Self { _file: file })),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => {
+                Err(e).with_context(|| format!("{}: cannot lock", path.display()))
+            }
+        }
+    }
+}
+
+/// Removes the temporary files that [`write_atomic`] and [`produce_atomic`] name `.tmp-*` (and
+/// any other `.tmp*`) from `dir`: left by writers killed mid-write. Only for a caller holding the
+/// folder's [`FileLock`], which makes every such file stale.
+pub fn sweep_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Pretty JSON, atomically.
 pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     write_atomic(path, |w| {

@@ -108,6 +108,83 @@ fn medmnist_labels_outside_the_classes_are_refused_at_load() {
     assert!(out.stdout.is_empty());
 }
 
+/// Fewer labels than images is a count mismatch, said as such (not blamed on multi-label tasks).
+#[test]
+fn medmnist_label_count_mismatch_is_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let labels: Vec<u8> = (0..20).map(|k| k % 2).collect();
+    let npz = write_medmnist(
+        dir.path(),
+        "breastmnist",
+        &[("train", &labels), ("val", &[0, 1]), ("test", &[1, 0, 1])],
+    );
+    // Rewrite the archive with 19 train labels for its 20 train images.
+    let mut arrays = Tensor::read_npz(&npz).unwrap();
+    for (name, tensor) in &mut arrays {
+        if name == "train_labels" {
+            *tensor = tensor.narrow(0, 0, 19).unwrap();
+        }
+    }
+    let named: Vec<(&str, Tensor)> = arrays
+        .iter()
+        .map(|(k, t)| (k.as_str(), t.clone()))
+        .collect();
+    Tensor::write_npz(&named, &npz).unwrap();
+    let out = benign(&[
+        "data",
+        "split",
+        "--dataset",
+        "breastmnist",
+        "--pretrain-n",
+        "10",
+        "--n",
+        "5",
+        "--data-dir",
+        path_str(dir.path()),
+    ]);
+    assert_one_error_line(
+        "19 labels for 20 images",
+        &out,
+        &[
+            path_str(&npz),
+            "train_labels has shape [19, 1] for 20 images",
+            "one label per image",
+        ],
+    );
+    assert!(!stderr(&out).contains("multi-label"), "{}", stderr(&out));
+}
+
+/// A grid whose every n exceeds the data (BreastMNIST has 546 training images) is refused naming
+/// --ns, before any backbone is loaded, and writes nothing.
+#[test]
+fn a_grid_no_run_of_which_fits_the_data_names_ns() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_breastmnist(dir.path());
+    let out_dir = dir.path().join("grid");
+    let out = benign(&[
+        "reproduce",
+        "table2",
+        "--datasets",
+        "breastmnist",
+        "--ns",
+        "2000",
+        "--data-dir",
+        path_str(dir.path()),
+        "--out",
+        path_str(&out_dir),
+    ]);
+    assert_one_error_line(
+        "--ns 2000",
+        &out,
+        &["--ns", "no run of the grid fits", "breastmnist n = 2000"],
+    );
+    assert!(
+        !out_dir.exists(),
+        "a refused grid left {}",
+        out_dir.display()
+    );
+}
+
 #[test]
 #[cfg_attr(
     benign_no_data,
@@ -271,6 +348,7 @@ fn backbone_configs_the_forward_cannot_run_are_refused_naming_file_and_field() {
         ("tiny_bert", "intermediate_size", json!(0), "intermediate_size is 0"),
         ("tiny_bert", "vocab_size", json!(0), "vocab_size is 0"),
         ("tiny_bert", "max_position_embeddings", json!(0), "max_position_embeddings is 0"),
+        ("tiny_bert", "max_position_embeddings", json!(16), "max_position_embeddings 16 is below the 128 tokens"),
     ];
     for (k, (name, key, value, field)) in config_cases.into_iter().enumerate() {
         let place = dir.path().join(format!("config-{k}"));

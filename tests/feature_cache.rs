@@ -492,17 +492,3 @@ fn tampered_layer_inputs_are_an_error_when_read() {
     let err = rows.batch(&[11], &Device::Cpu).err().unwrap().to_string();
     assert!(err.contains("digest"), "{err}");
 }
-
-#[test]
-fn row_files_of_dead_processes_are_swept_when_the_cache_opens() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("cache");
-    std::fs::create_dir_all(&root).unwrap();
-    // pid_max is at most 2^22: this process cannot exist.
-    let dead = root.join(".tmp-rows-4194305-abc");
-    let alive = root.join(format!(".tmp-rows-{}-abc", std::process::id()));
-    std::fs::write(&dead, b"rows").unwrap();
-    std::fs::write(&alive, b"rows").unwrap();
-    FeatureCache::open(root.clone()).unwrap();
-    assert!(!dead.exists() && alive.exists());
-}

@@ -30,7 +30,12 @@ pub fn read_split(path: &Path, split: &str, num_classes: Option<usize>) -> Resul
         return Err(DataError::format(
             path,
             format!(
-                "{split}_labels has shape {label_shape:?} for {count} images (multi-label tasks are not supported)"
+                "{split}_labels has shape {label_shape:?} for {count} images: expected ({count},) or ({count}, 1), one label per image{}",
+                if label_shape.first() == Some(&count) {
+                    " (several labels per image: multi-label tasks are not supported)"
+                } else {
+                    ""
+                }
             ),
         ));
     }

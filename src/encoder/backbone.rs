@@ -145,19 +145,21 @@ impl Backbone {
             Some("bert") => {
                 let config: BertConfig = serde_json::from_str(&config_text).map_err(parse_error)?;
                 config.check().map_err(bad_config)?;
+                if text.max_length > config.max_position_embeddings {
+                    bail!(
+                        "{}: max_position_embeddings {} is below the {} tokens a sentence is padded to (the authors' max_length); a BERT backbone needs at least {}",
+                        files.config.display(),
+                        config.max_position_embeddings,
+                        text.max_length,
+                        text.max_length
+                    );
+                }
                 let path = files.tokenizer.as_ref().ok_or_else(|| {
                     anyhow!(
                         "{}: a BERT backbone needs tokenizer.json beside config.json",
                         files.id
                     )
                 })?;
-                if text.max_length > config.max_position_embeddings {
-                    bail!(
-                        "max length {} exceeds the model's {} positions",
-                        text.max_length,
-                        config.max_position_embeddings
-                    );
-                }
                 let model = Bert::load(vb, &config)
                     .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
                 let tokenizer =

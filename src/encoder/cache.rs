@@ -140,49 +140,25 @@ fn slug(text: &str) -> String {
 }
 
 /// The exclusive lock of a shard folder, held while samples are computed and written.
-struct FolderLock(std::fs::File);
+struct FolderLock {
+    _held: crate::io::FileLock,
+}
 
 impl FolderLock {
     /// Blocks until no other process writes into `dir`.
     fn acquire(dir: &Path) -> Result<Self> {
-        let file = Self::file(dir)?;
-        file.lock()
-            .with_context(|| format!("{}: cannot lock the cache folder", dir.display()))?;
-        Ok(Self(file))
+        crate::io::FileLock::wait(&dir.join(LOCK)).map(|held| Self { _held: held })
     }
 
     /// The lock if no other process holds it.
     fn try_acquire(dir: &Path) -> Result<Option<Self>> {
-        let file = Self::file(dir)?;
-        Ok(file.try_lock().ok().map(|()| Self(file)))
-    }
-
-    fn file(dir: &Path) -> Result<std::fs::File> {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(LOCK))
-            .with_context(|| format!("{}: cannot open the cache lock", dir.display()))
+        Ok(crate::io::FileLock::try_take(&dir.join(LOCK))?.map(|held| Self { _held: held }))
     }
 
     /// Removes the temporary files of writers that were killed: whoever holds the lock is the
     /// only writer, so every temporary file present is stale.
     fn sweep(&self, dir: &Path) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(".tmp") {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-    }
-}
-
-impl Drop for FolderLock {
-    fn drop(&mut self) {
-        let _ = self.0.unlock();
+        crate::io::sweep_temporaries(dir);
     }
 }
 
@@ -201,7 +177,6 @@ impl FeatureCache {
             .prefix(".tmp-probe-")
             .tempfile_in(&root)
             .map_err(unwritable)?;
-        super::layer_rows::sweep_spills(&root);
         Ok(Self { root })
     }
 
@@ -287,6 +262,8 @@ impl FeatureCache {
             for part in missing.chunks(shard_samples) {
                 let mut encoded: Vec<Encoded> = Vec::new();
                 for chunk in part.chunks(batch_size.max(1)) {
+                    // Stopping here loses this shard's batches only; the shards written stay.
+                    crate::interrupt::check()?;
                     encoded.push(backbone.encode(&data.inputs, chunk)?);
                     on_computed(chunk.len());
                 }

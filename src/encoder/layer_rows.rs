@@ -37,6 +37,14 @@ impl RowFile {
         })
     }
 
+    /// A file already open (one without a name); `path` only names it in messages.
+    fn held(path: PathBuf, file: std::fs::File) -> Arc<Self> {
+        Arc::new(Self {
+            path,
+            open: OnceLock::from(file),
+        })
+    }
+
     fn file(&self) -> Result<&std::fs::File> {
         if let Some(file) = self.open.get() {
             return Ok(file);
@@ -78,8 +86,6 @@ pub struct LayerRows {
     tokens: usize,
     dim: usize,
     storage: Storage,
-    /// A temporary file the rows live in, removed with the last copy of them.
-    _spill: Option<Arc<tempfile::TempPath>>,
 }
 
 /// A batch read back: (B, L, D) zero-padded to the batch's longest sample, and the lengths.
@@ -148,7 +154,6 @@ impl LayerRows {
             tokens,
             dim,
             storage: Storage::Disk(samples),
-            _spill: None,
         }
     }
 
@@ -180,7 +185,6 @@ impl LayerRows {
                 values: Arc::new(kept),
                 starts,
             },
-            _spill: None,
         })
     }
 
@@ -244,7 +248,6 @@ impl LayerRows {
                 values: Arc::new(values),
                 starts,
             },
-            _spill: None,
         })
     }
 
@@ -307,30 +310,6 @@ impl LayerRows {
     }
 }
 
-/// Temporary row files are named `<prefix><pid>-…`, so that files of killed processes can be
-/// told from those of running ones ([`sweep_spills`]).
-const SPILL_PREFIX: &str = ".tmp-rows-";
-
-/// Removes the temporary row files in `dir` whose process is gone (killed before it could).
-pub fn sweep_spills(dir: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(SPILL_PREFIX)
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
 /// Builds a [`LayerRows`] batch by batch (e.g. the final tokens of a set), in memory or in a
 /// temporary file that lives as long as the rows do.
 pub struct RowsBuilder {
@@ -351,27 +330,27 @@ impl RowsBuilder {
                     values: Arc::new(Vec::new()),
                     starts: Vec::new(),
                 },
-                _spill: None,
             },
             file: None,
         }
     }
 
-    /// Rows written to a temporary file in `dir`.
+    /// Rows written to a temporary file in `dir` that has no name: no other process (on this
+    /// host or another one sharing `dir`) can see or remove it, and the kernel frees it when the
+    /// last copy of the rows is dropped or the process dies, however it dies (SIGKILL included).
     pub fn on_disk(dir: &std::path::Path, tokens: usize, dim: usize) -> Result<Self> {
-        let (file, path) = tempfile::Builder::new()
-            .prefix(&format!("{SPILL_PREFIX}{}-", std::process::id()))
-            .tempfile_in(dir)
-            .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?
-            .into_parts();
-        let rows_file = RowFile::new(path.to_path_buf());
+        let file = tempfile::tempfile_in(dir)
+            .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?;
+        let reader = file
+            .try_clone()
+            .with_context(|| format!("{}: cannot reopen a temporary file", dir.display()))?;
+        let rows_file = RowFile::held(dir.join("(unnamed temporary file)"), reader);
         Ok(Self {
             rows: LayerRows {
                 lengths: Vec::new(),
                 tokens,
                 dim,
                 storage: Storage::Disk(Vec::new()),
-                _spill: Some(Arc::new(path)),
             },
             file: Some((file, rows_file, 0)),
         })
@@ -389,16 +368,17 @@ impl RowsBuilder {
         let values: Vec<f32> = batch.flatten_all()?.to_vec1()?;
         for (i, &len) in lengths.iter().enumerate() {
             let sample = &values[i * width * dim..(i * width + len) * dim];
-            match (&mut self.rows.storage, &mut self.file, &self.rows._spill) {
-                (Storage::Memory { values, starts }, _, _) => {
+            match (&mut self.rows.storage, &mut self.file) {
+                (Storage::Memory { values, starts }, _) => {
                     let values = Arc::make_mut(values);
                     starts.push(values.len() / dim);
                     values.extend_from_slice(sample);
                 }
-                (Storage::Disk(samples), Some((file, rows_file, offset)), Some(path)) => {
+                (Storage::Disk(samples), Some((file, rows_file, offset))) => {
                     let bytes: Vec<u8> = sample.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    file.write_all_at(&bytes, *offset)
-                        .with_context(|| format!("{}: cannot write rows", path.display()))?;
+                    file.write_all_at(&bytes, *offset).with_context(|| {
+                        format!("{}: cannot write rows", rows_file.path.display())
+                    })?;
                     samples.push(OnDisk {
                         file: Arc::clone(rows_file),
                         offset: *offset,
@@ -451,8 +431,12 @@ mod tests {
         (builder.finish(), padded.to_vec3().unwrap())
     }
 
-    fn spill_path(rows: &LayerRows) -> PathBuf {
-        rows._spill.as_ref().unwrap().to_path_buf()
+    /// The open temporary file spilled rows live in.
+    fn spill_file(rows: &LayerRows) -> std::fs::File {
+        let Storage::Disk(samples) = &rows.storage else {
+            panic!("rows in memory")
+        };
+        samples[0].file.file().unwrap().try_clone().unwrap()
     }
 
     /// The rows of `samples`, read as a batch.
@@ -466,10 +450,7 @@ mod tests {
     fn rows_that_differ_from_their_digest_are_refused_at_the_first_read() {
         let dir = tempfile::tempdir().unwrap();
         let (rows, _) = spilled(dir.path());
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(spill_path(&rows))
-            .unwrap();
+        let file = spill_file(&rows);
         file.write_all_at(&7f32.to_le_bytes(), 0).unwrap();
         let err = match rows.batch(&[0], &Device::Cpu) {
             Ok(_) => panic!("changed rows were read"),
@@ -479,16 +460,20 @@ mod tests {
         assert!(rows.batch(&[1], &Device::Cpu).is_ok());
     }
 
-    /// Once checked, a sample is read from the file that was checked: a new file renamed over
-    /// its path (as a cache writer replaces a shard) changes nothing a later read returns.
+    /// Spilled rows have no name in their folder: a process that removes every file there (a
+    /// job on another host or in another PID namespace sweeping a shared cache) cannot take them
+    /// from a running job, and a killed job leaves nothing behind.
     #[test]
-    fn later_reads_see_the_file_that_was_checked() {
+    fn spilled_rows_survive_anything_done_to_their_folder() {
         let dir = tempfile::tempdir().unwrap();
         let (rows, expected) = spilled(dir.path());
-        assert_eq!(read(&rows, &[0, 1]), expected);
-        let other = dir.path().join("other");
-        std::fs::write(&other, vec![0u8; 2 * 3 * 2 * 4]).unwrap();
-        std::fs::rename(&other, spill_path(&rows)).unwrap();
+        let names = |dir: &std::path::Path| std::fs::read_dir(dir).unwrap().count();
+        assert_eq!(
+            names(dir.path()),
+            0,
+            "spilled rows left a name in their folder"
+        );
+        std::fs::remove_dir_all(dir.path()).unwrap();
         assert_eq!(
             read(&rows, &[1, 0]),
             vec![expected[1].clone(), expected[0].clone()]

@@ -300,12 +300,27 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
     let carve_of = |d: &DatasetName| pools.iter().any(|p| p.0 == *d && p.2);
     let test_len_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.3);
     let (all, left_out) = jobs(grid, &pool_of);
+    if all.is_empty() {
+        bail!(
+            "--ns: no run of the grid fits the data ({} left out, e.g. {}); choose n below each dataset's training pool",
+            left_out.len(),
+            left_out.first().map_or("none", String::as_str)
+        );
+    }
+    let total = all.len();
     let mine: Vec<Job> = all
         .into_iter()
         .enumerate()
         .filter(|(k, _)| options.shard.is_none_or(|s| s.keeps(*k)))
         .map(|(_, j)| j)
         .collect();
+    if let (true, Some(shard)) = (mine.is_empty(), options.shard) {
+        bail!(
+            "--shard {}/{}: this shard holds none of the grid's {total} runs; use at most {total} shards",
+            shard.index,
+            shard.count
+        );
+    }
     let mut runs = Vec::new();
     for job in &mine {
         let config = options.run_config(job, carve_of(&job.dataset), test_len_of(&job.dataset))?;
@@ -353,6 +368,9 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         for _ in 0..workers {
             scope.spawn(|| {
                 loop {
+                    if crate::interrupt::requested().is_some() {
+                        break;
+                    }
                     let k = next.fetch_add(1, Ordering::SeqCst);
                     let Some((id, run)) = pending.get(k) else {
                         break;
@@ -394,6 +412,17 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         }
     });
 
+    if let Some(stop) = crate::interrupt::requested() {
+        let line = format!(
+            "{stop} after {} of {} runs; the same command continues the grid (a stopped run from its checkpoint)",
+            done.load(Ordering::SeqCst),
+            pending.len()
+        );
+        return Err(anyhow::Error::new(stop).context(line));
+    }
+    // A grid whose every run failed before writing its folder still gets its (empty) report, so
+    // the failures are what the user reads, not a missing folder.
+    crate::io::ensure_dir(&options.out)?;
     let runs = collect(std::slice::from_ref(&options.out))?;
     crate::report::reproduce::write_report(
         &options.out,

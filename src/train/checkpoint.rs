@@ -2,15 +2,17 @@
 //! classifier, the phase-2 parameters with their AdamW moments and step, and the metrics so far.
 //! The batch order needs no state: epoch k's order is drawn from its own seeded stream.
 //!
-//! One file, `checkpoint.safetensors`, replaced atomically: the tensors by name, and the run state
-//! as JSON in the u8 tensor `state.json` (so tensors and state can never disagree). The shared
-//! phase-1 results (`finetune::phase1`) use the same format.
+//! One file, `checkpoint.safetensors`, replaced atomically: the tensors by name, the run state as
+//! JSON in the u8 tensor `state.json` (so tensors and state can never disagree), and the SHA-256
+//! of every tensor and of the state in the u8 tensor `sha256.json`, verified on every load: a
+//! flipped byte or a hand-edited state is refused, never resumed. The shared phase-1 results
+//! (`finetune::phase1`) use the same format.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +22,7 @@ use super::run::RunConfig;
 use crate::io::produce_atomic;
 
 const STATE: &str = "state.json";
+const CHECKSUMS: &str = "sha256.json";
 
 /// What makes two runs the same run: a checkpoint is only resumed by an identical one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,6 +58,46 @@ pub struct RunState {
     pub wall_seconds: f64,
 }
 
+impl RunState {
+    /// A state that contradicts itself was edited by hand or written by a faulty build: refused.
+    /// Every phase-2 epoch is logged, 0 (right after the reset) included, and each takes
+    /// `steps_per_epoch` optimizer steps.
+    pub fn ensure_consistent(&self, steps_per_epoch: usize, file: &Path) -> Result<()> {
+        let logged: Vec<usize> = self.log.iter().map(|m| m.epoch).collect();
+        let whole_log = logged.iter().copied().eq(0..=self.epochs_done);
+        let problem = if self.epochs_done > self.identity.config.epochs {
+            Some(format!(
+                "epochs_done {} beyond the run's {} epochs",
+                self.epochs_done, self.identity.config.epochs
+            ))
+        } else if !(whole_log || (self.epochs_done == 0 && logged.is_empty())) {
+            Some(format!(
+                "epochs_done {} but its metrics log holds epochs {}",
+                self.epochs_done,
+                match (logged.first(), logged.last()) {
+                    (Some(first), Some(last)) =>
+                        format!("{first}..={last} ({} entries)", logged.len()),
+                    _ => "none".into(),
+                }
+            ))
+        } else if self.optimizer_step != self.epochs_done * steps_per_epoch {
+            Some(format!(
+                "optimizer step {} after {} epochs of {steps_per_epoch} steps",
+                self.optimizer_step, self.epochs_done
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some(problem) => bail!(
+                "--resume: {}: {problem}; the checkpoint contradicts itself, so it is not resumed (start again without --resume)",
+                file.display()
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
 pub struct Checkpoint {
     pub state: RunState,
     pub tensors: HashMap<String, Tensor>,
@@ -88,10 +131,19 @@ pub fn save_state(
         Tensor::from_vec(json.clone(), json.len(), &Device::Cpu)?,
     );
     // Safetensors on disk are host data.
-    let all: HashMap<String, Tensor> = all
+    let mut all: HashMap<String, Tensor> = all
         .into_iter()
         .map(|(k, t)| Ok((k, t.to_device(&Device::Cpu)?)))
         .collect::<Result<_>>()?;
+    let checksums = all
+        .iter()
+        .map(|(name, t)| Ok((name.clone(), tensor_sha256(t)?)))
+        .collect::<Result<BTreeMap<_, _>>>()?;
+    let checksums = serde_json::to_vec(&checksums)?;
+    all.insert(
+        CHECKSUMS.into(),
+        Tensor::from_vec(checksums.clone(), checksums.len(), &Device::Cpu)?,
+    );
     if let Some(parent) = file.parent() {
         crate::io::ensure_dir(parent)?;
     }
@@ -111,6 +163,7 @@ pub fn load_state<S: DeserializeOwned>(
     }
     let mut tensors = candle_core::safetensors::load(file, &Device::Cpu)
         .with_context(|| format!("{}: not a readable checkpoint", file.display()))?;
+    verify_checksums(file, &mut tensors)?;
     let json = tensors
         .remove(STATE)
         .with_context(|| format!("{}: no {STATE} in the checkpoint", file.display()))?
@@ -122,6 +175,65 @@ pub fn load_state<S: DeserializeOwned>(
         .map(|(k, t)| Ok((k, t.to_device(device)?)))
         .collect::<Result<_>>()?;
     Ok(Some((state, tensors)))
+}
+
+/// SHA-256 of a tensor's dtype, shape and values (little-endian bytes in row-major order).
+fn tensor_sha256(tensor: &Tensor) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(format!("{:?} {:?};", tensor.dtype(), tensor.dims()));
+    let flat = tensor.flatten_all()?;
+    match tensor.dtype() {
+        DType::U8 => hasher.update(flat.to_vec1::<u8>()?),
+        DType::U32 => flat
+            .to_vec1::<u32>()?
+            .iter()
+            .for_each(|v| hasher.update(v.to_le_bytes())),
+        DType::I64 => flat
+            .to_vec1::<i64>()?
+            .iter()
+            .for_each(|v| hasher.update(v.to_le_bytes())),
+        DType::F32 => flat
+            .to_vec1::<f32>()?
+            .iter()
+            .for_each(|v| hasher.update(v.to_le_bytes())),
+        DType::F64 => flat
+            .to_vec1::<f64>()?
+            .iter()
+            .for_each(|v| hasher.update(v.to_le_bytes())),
+        other => bail!("a checkpoint tensor of dtype {other:?}: not one a checkpoint holds"),
+    }
+    Ok(crate::io::hex(&hasher.finalize()))
+}
+
+/// Removes `sha256.json` from `tensors` and checks every tensor (the state included) against it:
+/// the same names, the same digests.
+fn verify_checksums(file: &Path, tensors: &mut HashMap<String, Tensor>) -> Result<()> {
+    let listed = tensors.remove(CHECKSUMS).with_context(|| {
+        format!(
+            "{}: no {CHECKSUMS} (written before checkpoints carried checksums), so it cannot be verified; start the run again without --resume",
+            file.display()
+        )
+    })?;
+    let listed: BTreeMap<String, String> = serde_json::from_slice(&listed.to_vec1::<u8>()?)
+        .with_context(|| format!("{}: unreadable {CHECKSUMS}", file.display()))?;
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    if !names.iter().copied().eq(listed.keys()) {
+        bail!(
+            "{}: its tensors are not those its {CHECKSUMS} lists (the file is corrupt)",
+            file.display()
+        );
+    }
+    for name in names {
+        if tensor_sha256(&tensors[name])? != listed[name] {
+            bail!(
+                "{}: tensor {name} does not match its checksum (the file is corrupt)",
+                file.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 impl RunIdentity {

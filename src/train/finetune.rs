@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::attention_maps::{self, AttentionMaps};
 use super::checkpoint::RunIdentity;
+use super::folder_lock::{FolderLock, ensure_no_other_run};
 use super::loops::EpochMetrics;
 use super::phase1::{PhaseOne, phase_one};
 use super::phase2::{Phase2Log, QkShape, phase_two};
@@ -78,6 +79,8 @@ impl FinetuneSummary {
 
 pub struct FinetuneRun {
     pub summary: FinetuneSummary,
+    /// The run folder's lock, held until the run (and so its files' writing) is dropped.
+    pub folder_lock: Option<FolderLock>,
     /// Phase-1 mean batch loss per epoch.
     pub pretrain_losses: Vec<f64>,
     pub epochs: Vec<EpochMetrics>,
@@ -88,6 +91,8 @@ pub struct FinetuneRun {
 /// The protocol, step by step.
 pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRun> {
     let started = Instant::now();
+    // Before the folder is read (its checkpoint, its config), so that no other process writes it.
+    let mut folder_lock = job.out.as_deref().map(FolderLock::acquire).transpose()?;
     let mut setup = setup(job)?;
     if !setup.device.is_cpu() {
         progress.note(&format!(
@@ -115,8 +120,10 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             record_resumed_kernels(&mut setup, saved);
         }
         // The run folder is written only once everything about the run has been checked: input
-        // refused at set-up, or a checkpoint of another run, leaves the folder as it was.
-        if let Some(out) = &job.out {
+        // refused at set-up, or a checkpoint or config of another run, leaves the folder as it was.
+        if let (Some(out), Some(lock)) = (&job.out, folder_lock.as_mut()) {
+            ensure_no_other_run(out, &job.config)?;
+            lock.create()?;
             write_config(out, &job.config)?;
         }
         let clock = WallClock {
@@ -154,7 +161,9 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             progress,
         )?;
         let maps = attention_maps(job, &setup, &prepared, &log)?;
-        summarize(job, setup, &prepared, phase1, log, maps, &clock)
+        let mut run = summarize(job, setup, &prepared, phase1, log, maps, &clock)?;
+        run.folder_lock = folder_lock.take();
+        Ok(run)
     })
 }
 
@@ -227,6 +236,7 @@ fn summarize(
     };
     Ok(FinetuneRun {
         summary,
+        folder_lock: None,
         pretrain_losses: phase1.pretrain_losses,
         epochs: log,
         attention_maps,

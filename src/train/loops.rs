@@ -99,6 +99,8 @@ fn train_classifier_on(
             losses.push(f64::from(loss.to_scalar::<f32>()?));
         }
         on_epoch(epoch, losses.iter().sum::<f64>() / losses.len() as f64);
+        // Phase 1 keeps no checkpoint of its own: a run stopped here starts it again.
+        crate::interrupt::check()?;
     }
     Ok(())
 }

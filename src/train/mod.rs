@@ -2,7 +2,8 @@
 //! description (`run`); its set-up, data to features (`setup`); phase 1, the clean classifier
 //! (`phase1`); phase 2, the noisy fine-tune (`phase2`); the loops both phases run (`loops`) with
 //! the optimizer of the authors' Trainer defaults (`optim`) and the metrics they report
-//! (`metrics`); checkpoints (`checkpoint`) and what carries a run across sittings (`resume`); the
+//! (`metrics`); checkpoints (`checkpoint`), what carries a run across sittings (`resume`) and the
+//! run folder's one writer (`folder_lock`); the
 //! samples whose token selection a run pictures (`attention_maps`). `finetune` strings the steps
 //! together.
 
@@ -10,6 +11,7 @@ pub mod attention_maps;
 pub mod checkpoint;
 pub mod config;
 pub mod finetune;
+pub mod folder_lock;
 pub mod loops;
 pub mod metrics;
 pub mod optim;

@@ -217,10 +217,14 @@ impl Phase2Run<'_> {
                 }
                 let epoch = m.epoch;
                 log.push(m);
-                if checkpoints.due(epoch) {
+                let stop = crate::interrupt::requested();
+                if checkpoints.due(epoch) || stop.is_some() {
                     checkpoints.save(epoch, Some(opt), &log, Some(&reset))?;
                 }
-                Ok(())
+                match stop {
+                    Some(stop) => Err(checkpoints.stopped_after(epoch, stop)),
+                    None => Ok(()),
+                }
             },
         )?;
         Ok(Phase2Log {

@@ -9,12 +9,13 @@ use candle_core::Device;
 
 use super::attention_maps::Snapshot;
 use super::checkpoint::{self, Checkpoint, RunIdentity, RunState};
-use super::loops::EpochMetrics;
+use super::loops::{EpochMetrics, steps_per_epoch};
 use super::optim::AdamW;
 use super::phase1::PhaseOne;
 use super::progress::Progress;
 use super::run::FinetuneJob;
 use super::setup::Setup;
+use crate::interrupt::Interrupted;
 
 /// The checkpoint of this very run, when resuming; an error when it belongs to another run.
 pub(super) fn resumed_checkpoint(
@@ -28,7 +29,12 @@ pub(super) fn resumed_checkpoint(
     };
     match checkpoint::load(dir, device)? {
         Some(saved) => {
-            identity.ensure_same(&saved.state.identity, &checkpoint::path(dir))?;
+            let file = checkpoint::path(dir);
+            identity.ensure_same(&saved.state.identity, &file)?;
+            let config = &identity.config;
+            saved
+                .state
+                .ensure_consistent(steps_per_epoch(config.n, config.batch_size), &file)?;
             Ok(Some(saved))
         }
         None => {
@@ -124,6 +130,19 @@ impl Checkpoints<'_> {
         }
         crate::io::ensure_dir(dir)?;
         checkpoint::save(dir, &state, &tensors)
+    }
+
+    /// The error of a run stopped by a signal after phase-2 epoch `epoch`, its checkpoint written.
+    pub(super) fn stopped_after(&self, epoch: usize, stop: Interrupted) -> anyhow::Error {
+        let kept = match &self.job.out {
+            Some(dir) if self.job.checkpoint_every > 0 => format!(
+                "its checkpoint is in {}: the same command with --resume continues it",
+                dir.display()
+            ),
+            _ => "nothing was kept (no --out, or --checkpoint-every 0)".into(),
+        };
+        let line = format!("{stop} after phase-2 epoch {epoch}; {kept}");
+        anyhow::Error::new(stop).context(line)
     }
 
     pub(super) fn due(&self, epoch: usize) -> bool {

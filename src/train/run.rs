@@ -357,6 +357,11 @@ impl RunFolder {
     pub fn attention_maps(&self) -> PathBuf {
         self.0.join("attention_maps.png")
     }
+
+    /// Held locked by the process writing the folder ([`super::folder_lock`]).
+    pub fn lock(&self) -> PathBuf {
+        self.0.join(".lock")
+    }
 }
 
 #[cfg(test)]
