@@ -8,6 +8,7 @@ pub mod cli;
 pub mod data;
 pub mod diagnostics;
 pub mod encoder;
+pub mod errors;
 pub mod interrupt;
 pub mod io;
 pub mod kernels;

@@ -383,3 +383,42 @@ fn a_second_medmnist_task_is_fetched_beside_the_first() {
         ["breastmnist.npz", "pneumoniamnist.npz"]
     );
 }
+
+/// A partial copy that loads without its missing files (AG-news's test file alone, which
+/// `--carve-train-from-test` splits into train and test pools) is used as it is when the missing
+/// files cannot be downloaded, instead of stopping every run offline.
+#[test]
+fn a_partial_copy_is_used_when_its_missing_files_cannot_be_fetched() {
+    use benign_attention::data::DatasetName;
+    short_stall();
+    let served = tempfile::tempdir().unwrap();
+    // Serves nothing: every file is a 404 (the canonical URLs are unreachable offline; online
+    // they would complete the copy, which this test allows).
+    let mirror = Server::start(served.path().into());
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ag_news");
+    std::fs::create_dir_all(&dir).unwrap();
+    let rows: String = (0..40)
+        .map(|k| format!("\"{}\",\"Title {k}\",\"Description {k}\"\n", k % 4 + 1))
+        .collect();
+    std::fs::write(dir.join("test.csv"), rows).unwrap();
+    std::fs::write(
+        dir.join("classes.txt"),
+        "World\nSports\nBusiness\nSci/Tech\n",
+    )
+    .unwrap();
+    let dataset = benign_attention::data::fetch::load_or_fetch(
+        &DatasetName::AgNews,
+        root.path(),
+        Some(&format!("{}/", mirror.url)),
+    )
+    .unwrap();
+    assert_eq!(dataset.test.len(), 40);
+    assert!(
+        mirror
+            .requests()
+            .iter()
+            .any(|r| r.path.contains("train.csv")),
+        "the missing train.csv was not asked for"
+    );
+}

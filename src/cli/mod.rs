@@ -125,7 +125,7 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {}", one_line(&err));
+            eprintln!("error: {}", crate::errors::one_line(&err));
             match err.downcast_ref::<crate::interrupt::Interrupted>() {
                 Some(stop) => ExitCode::from(stop.exit_code()),
                 None => ExitCode::from(2),
@@ -134,20 +134,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// An error and its causes on one line: each cause's first line only (candle appends a
-/// backtrace to its message when RUST_BACKTRACE is set), and a cause that an outer message
-/// already quotes is not repeated.
-pub fn one_line(err: &anyhow::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        let first = text.lines().next().unwrap_or_default().trim();
-        if !first.is_empty() && !parts.iter().any(|outer| outer.contains(first)) {
-            parts.push(first.to_string());
-        }
-    }
-    parts.join(": ")
-}
 
 /// Runs a parsed command; `Ok` carries the exit status of a command that ran to its end (0, or 1
 /// for a negative answer such as `data verify` finding a mismatch).
@@ -162,29 +148,5 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Extract(args) => extract::run(args).map(|()| ExitCode::SUCCESS),
         Command::Finetune(args) => finetune::run(args).map(|()| ExitCode::SUCCESS),
         Command::Reproduce(command) => reproduce::run(command),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::one_line;
-
-    /// A cause's backtrace (candle appends one when RUST_BACKTRACE is set) stays out of the line,
-    /// and a cause an outer message already quotes is said once.
-    #[test]
-    fn errors_print_as_one_line_without_backtraces_or_repeats() {
-        let io = std::io::Error::other("No space left on device (os error 28)");
-        let err = anyhow::Error::new(io)
-            .context("x.json: cannot write (No space left on device (os error 28))")
-            .context("writing the summary");
-        assert_eq!(
-            one_line(&err),
-            "writing the summary: x.json: cannot write (No space left on device (os error 28))"
-        );
-        let err = anyhow::anyhow!(
-            "shape mismatch in matmul\n   0: candle_core::error::Error::bt\n   1: main"
-        )
-        .context("phase 2");
-        assert_eq!(one_line(&err), "phase 2: shape mismatch in matmul");
     }
 }

@@ -70,7 +70,9 @@ fn by_hand(manifest: &Manifest, dir: &Path) -> String {
 /// [`super::load`], after fetching the files of the dataset that are missing (sibling MedMNIST
 /// tasks included), checksummed as `data fetch` does. Files present but not official (partial or
 /// third-party copies) are used as they are, and recorded by the run; `data fetch` replaces them.
-/// Without a network the load's own error stays, with the download's reason beside it.
+/// Without a network the load's own error stays, with the download's reason beside it; data that
+/// loads without the missing files (a partial copy, such as AG-news's test file alone, which
+/// `--carve-train-from-test` splits) is used as it is, with a warning.
 pub fn load_or_fetch(name: &DatasetName, root: &Path, mirror: Option<&str>) -> Result<Dataset> {
     if let Some(manifest) = name.manifest() {
         let dir = root.join(&manifest.folder);
@@ -84,10 +86,16 @@ pub fn load_or_fetch(name: &DatasetName, root: &Path, mirror: Option<&str>) -> R
                 root.display()
             );
             if let Err(download) = fetch_files(&manifest, root, mirror, Wanted::Missing) {
-                let missing = super::load(name, root)
-                    .err()
-                    .map_or(String::new(), |e| format!("{e}; "));
-                bail!("{missing}download failed: {download:#}");
+                return match super::load(name, root) {
+                    Ok(partial) => {
+                        eprintln!(
+                            "warning: {name}: the missing files could not be downloaded ({}); going on with the files present",
+                            crate::errors::one_line(&download)
+                        );
+                        Ok(partial)
+                    }
+                    Err(e) => bail!("{e}; download failed: {download:#}"),
+                };
             }
         }
     }
