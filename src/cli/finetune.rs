@@ -138,15 +138,22 @@ impl FinetuneArgs {
 
 pub fn run(args: FinetuneArgs) -> Result<()> {
     let job = args.job()?;
-    let run = {
-        let bars = report::finetune::Bars::default();
-        crate::train::finetune::finetune(&job, &bars)?
+    let bars = report::finetune::Bars::default();
+    // With --out, the run's TensorBoard events are written as it trains.
+    let events = job
+        .out
+        .as_deref()
+        .map(|out| report::tensorboard::TensorBoard::new(out, &bars));
+    let progress: &dyn crate::train::finetune::Progress = match &events {
+        Some(events) => events,
+        None => &bars,
     };
+    let run = crate::train::finetune::finetune(&job, progress)?;
     for deviation in &run.summary.deviations {
         eprintln!("note: {deviation}");
     }
     if let Some(out) = &job.out {
-        report::finetune::write_run(out, &run)?;
+        report::finetune::write_run(out, &run, events.as_ref())?;
     }
     println!("{}", serde_json::to_string(&run.summary)?);
     let s = &run.summary;

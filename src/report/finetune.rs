@@ -7,12 +7,17 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use anyhow::Result;
 
-use crate::progress_bar::Bar;
 use crate::io::{ensure_dir, write_json, write_json_lines};
+use crate::progress_bar::Bar;
 use crate::train::finetune::{FinetuneRun, Progress, RunFolder};
 use crate::train::loops::EpochMetrics;
 
-pub fn write_run(dir: &Path, run: &FinetuneRun) -> Result<()> {
+/// The run's files, once it has finished; with the run's event file, its attention maps join it.
+pub fn write_run(
+    dir: &Path,
+    run: &FinetuneRun,
+    events: Option<&super::tensorboard::TensorBoard>,
+) -> Result<()> {
     ensure_dir(dir)?;
     let pretrain: Vec<serde_json::Value> = run
         .pretrain_losses
@@ -22,10 +27,11 @@ pub fn write_run(dir: &Path, run: &FinetuneRun) -> Result<()> {
         .collect();
     write_json_lines(&dir.join("pretrain.jsonl"), &pretrain)?;
     write_json_lines(&dir.join("metrics.jsonl"), &run.epochs)?;
-    super::attention_maps::write(
-        &RunFolder(dir.to_path_buf()).attention_maps(),
-        &run.attention_maps,
-    )?;
+    let maps = RunFolder(dir.to_path_buf()).attention_maps();
+    super::attention_maps::write(&maps, &run.attention_maps)?;
+    if let Some(events) = events {
+        events.attention_maps(run.summary.config.epochs, &maps)?;
+    }
     write_json(&dir.join("summary.json"), &run.summary)
 }
 

@@ -1,4 +1,4 @@
-//! Everything a run leaves for a reader: JSON/CSV tables and PNG figures.
+//! Everything a run leaves for a reader: JSON/CSV tables, PNG figures and TensorBoard events.
 
 pub mod attention_maps;
 pub mod data;
@@ -9,4 +9,5 @@ pub mod plot;
 pub mod reproduce;
 pub mod results;
 pub mod synthetic;
+pub mod tensorboard;
 pub mod verdict;

@@ -439,9 +439,10 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
 
 /// One run, its outputs written; a one-line result.
 fn finetune_and_write(job: &FinetuneJob) -> Result<String> {
-    let run = finetune(job, &())?;
     let out = job.out.as_deref().context("grid runs have a folder")?;
-    crate::report::finetune::write_run(out, &run)?;
+    let events = crate::report::tensorboard::TensorBoard::new(out, &());
+    let run = finetune(job, &events)?;
+    crate::report::finetune::write_run(out, &run, Some(&events))?;
     let s = &run.summary;
     Ok(format!(
         "train loss {:.3}, memorization {:.3}, test {:.3}",

@@ -126,6 +126,12 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             lock.create()?;
             write_config(out, &job.config)?;
         }
+        match &resumed {
+            Some(saved) => {
+                progress.series_start(&job.config, &saved.state.pretrain_losses, &saved.state.log)
+            }
+            None => progress.series_start(&job.config, &[], &[]),
+        }
         let clock = WallClock {
             started,
             earlier_sittings: resumed.as_ref().map_or(0.0, |s| s.state.wall_seconds),
@@ -141,6 +147,7 @@ pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRu
             &mut init_rng,
             progress,
         )?;
+        progress.pretrain_done(&phase1.pretrain_losses);
         let checkpoints = Checkpoints {
             job,
             identity,

@@ -271,6 +271,7 @@ fn train_phase1(
     };
     let mut on_epoch = |_, loss| {
         losses.push(loss);
+        progress.pretrain_epoch(losses.len(), loss);
         progress.advance(1);
     };
     let labels = &prepared.pretrain.labels;

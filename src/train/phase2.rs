@@ -216,6 +216,7 @@ impl Phase2Run<'_> {
                     progress.epoch(&m);
                 }
                 let epoch = m.epoch;
+                progress.logged(&m);
                 log.push(m);
                 let stop = crate::interrupt::requested();
                 if checkpoints.due(epoch) || stop.is_some() {

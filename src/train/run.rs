@@ -358,6 +358,13 @@ impl RunFolder {
         self.0.join("attention_maps.png")
     }
 
+    /// TensorBoard's event file: the run's scalars, configuration and attention maps, written as
+    /// it trains (`report::tensorboard`). TensorBoard reads every file whose name holds
+    /// "tfevents"; the run keeps exactly one.
+    pub fn events(&self) -> PathBuf {
+        self.0.join("events.out.tfevents.benign-attention")
+    }
+
     /// Held locked by the process writing the folder ([`super::folder_lock`]).
     pub fn lock(&self) -> PathBuf {
         self.0.join(".lock")
