@@ -239,6 +239,26 @@ fn census(name: &DatasetName, root: &Path) -> Option<Vec<(&'static str, usize)>>
                 ("test", trec_lines(&dir.join("TREC_10.label"))?.len()),
             ]
         }
+        DatasetName::Stl10 => {
+            // Image bytes over 96×96×3; the files are independent of the loader under test.
+            let dir = root.join("stl10/stl10_binary");
+            let images = |split: &str| {
+                std::fs::metadata(dir.join(format!("{split}_X.bin")))
+                    .ok()
+                    .map(|m| m.len() as usize / (3 * 96 * 96))
+            };
+            vec![("train", images("train")?), ("test", images("test")?)]
+        }
+        DatasetName::Sst2 => {
+            // Lines after the header.
+            let dir = root.join("sst2/SST-2");
+            let rows = |file: &str| {
+                std::fs::read_to_string(dir.join(file))
+                    .ok()
+                    .map(|t| t.lines().skip(1).filter(|l| !l.is_empty()).count())
+            };
+            vec![("train", rows("train.tsv")?), ("test", rows("dev.tsv")?)]
+        }
         DatasetName::OtherMedMnist(_) => unreachable!(),
     })
 }
@@ -277,7 +297,10 @@ fn check_counts(dataset: &data::Dataset, root: &Path) {
 // ---- Loaders ----
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn mnist_counts_and_class_histogram() {
     let test = "data_real::mnist_counts_and_class_histogram";
     let Some(root) = common::data_root_with(test, &["mnist"]) else {
@@ -312,7 +335,10 @@ fn mnist_counts_and_class_histogram() {
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn cifar10_loads_every_record_present_and_warns_of_partial_files() {
     let test = "data_real::cifar10_loads_every_record_present_and_warns_of_partial_files";
     let Some(root) = common::data_root_with(test, &["cifar10"]) else {
@@ -365,7 +391,10 @@ fn cifar10_loads_every_record_present_and_warns_of_partial_files() {
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn trec_counts_and_latin1() {
     let test = "data_real::trec_counts_and_latin1";
     let Some(root) = common::data_root_with(test, &["trec"]) else {
@@ -405,7 +434,10 @@ fn trec_counts_and_latin1() {
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn ag_news_splits_match_the_files() {
     let test = "data_real::ag_news_splits_match_the_files";
     let Some(root) = common::data_root_with(test, &["ag_news"]) else {
@@ -451,7 +483,10 @@ fn ag_news_splits_match_the_files() {
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn medmnist_splits() {
     let test = "data_real::medmnist_splits";
     let Some(root) = common::data_root_with(test, &["medmnist"]) else {
@@ -493,7 +528,10 @@ fn medmnist_splits() {
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn cifar10n_clean_labels_match_the_cifar_release() {
     let test = "data_real::cifar10n_clean_labels_match_the_cifar_release";
     let Some(root) = common::data_root_with(test, &["cifar10", "cifar10n"]) else {
@@ -523,7 +561,10 @@ fn cifar10n_clean_labels_match_the_cifar_release() {
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn paper_split_with_real_human_noise() {
     let test = "data_real::paper_split_with_real_human_noise";
     let Some(root) = common::data_root_with(test, &["cifar10", "cifar10n"]) else {
@@ -575,7 +616,10 @@ fn paper_split_with_real_human_noise() {
 /// AG-news: the training split when the copy has one, else only an explicit carve of the test
 /// split, recorded as a deviation.
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn ag_news_split_needs_a_training_split_or_an_explicit_carve() {
     let test = "data_real::ag_news_split_needs_a_training_split_or_an_explicit_carve";
     let Some(root) = common::data_root_with(test, &["ag_news"]) else {
@@ -668,7 +712,10 @@ fn list_line(name: &DatasetName, counts: &[(&str, usize)]) -> String {
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn data_list_reports_completeness() {
     let test = "data_real::data_list_reports_completeness";
     let Some(root) = common::data_root(test) else {
@@ -682,7 +729,7 @@ fn data_list_reports_completeness() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     let has_line = |line: &str| text.lines().any(|l| l == line);
-    for name in DatasetName::paper() {
+    for name in DatasetName::all() {
         match census(&name, &root) {
             Some(counts) => {
                 let line = list_line(&name, &counts);
@@ -722,7 +769,10 @@ fn data_list_reports_completeness() {
 /// (computed here), partial when it is shorter than the release, and exits 1 iff any file is
 /// missing or differs.
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn data_verify_says_ok_iff_the_checksums_are_official() {
     let test = "data_real::data_verify_says_ok_iff_the_checksums_are_official";
     let Some(root) = common::data_root(test) else {
@@ -776,14 +826,16 @@ fn data_verify_says_ok_iff_the_checksums_are_official() {
     let expected_code = if differ > 0 { 1 } else { 0 };
     assert_eq!(out.status.code(), Some(expected_code), "{text}");
     if differ > 0 {
-        let summary =
-            format!("{differ} file(s) missing or differing from the official releases");
+        let summary = format!("{differ} file(s) missing or differing from the official releases");
         assert!(text.lines().any(|l| l == summary), "{text}");
     }
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn data_split_prints_a_summary() {
     let test = "data_real::data_split_prints_a_summary";
     let Some(root) = common::data_root_with(test, &["trec"]) else {
@@ -823,7 +875,10 @@ fn data_split_prints_a_summary() {
 }
 
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn a_truncated_real_gzip_is_an_error_naming_the_file() {
     let test = "data_real::a_truncated_real_gzip_is_an_error_naming_the_file";
     let Some(root) = common::data_root_with(test, &["mnist"]) else {

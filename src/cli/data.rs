@@ -114,7 +114,7 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
         DataCommand::List(args) => {
             let root = data::data_root(args.data_dir.as_deref());
             println!("data root: {}", root.display());
-            for name in DatasetName::paper() {
+            for name in DatasetName::all() {
                 match data::load(&name, &root) {
                     Ok(dataset) => println!("{}", data::catalog::Completeness::of(&dataset).line()),
                     Err(err) => println!("{name}: unavailable: {err}"),

@@ -14,7 +14,7 @@ use crate::train::finetune::{FinetuneJob, HeadClassifier, Mode, RunConfig};
 
 #[derive(Args, Debug)]
 pub struct FinetuneArgs {
-    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec)
+    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2)
     #[arg(long)]
     pub dataset: DatasetName,
     /// Label-noise rate η ∈ [0, 1) on the fine-tune set

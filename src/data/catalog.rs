@@ -10,7 +10,7 @@ use std::str::FromStr;
 use serde::Deserialize;
 
 use super::files::{DataError, Result};
-use super::{Dataset, agnews, cifar, medmnist, mnist, trec};
+use super::{Dataset, agnews, cifar, medmnist, mnist, sst2, stl10, trec};
 
 /// Environment variable naming the data root.
 pub const DATA_DIR_ENV: &str = "BENIGN_DATA_DIR";
@@ -34,6 +34,10 @@ pub enum DatasetName {
     BreastMnist,
     AgNews,
     Trec,
+    /// In the authors' code and their Table 6, not in the paper's Table 2.
+    Stl10,
+    /// In the authors' code and their Table 6, not in the paper's Table 2.
+    Sst2,
     /// Any other 2D MedMNIST task, by its file name (`dermamnist` → medmnist/dermamnist.npz).
     OtherMedMnist(String),
 }
@@ -51,6 +55,21 @@ impl DatasetName {
         [Mnist, Cifar10, PneumoniaMnist, BreastMnist, AgNews, Trec]
     }
 
+    /// Every dataset the authors' code fine-tunes on: Table 2's six, then STL-10 and SST-2.
+    pub const fn all() -> [DatasetName; 8] {
+        use DatasetName::*;
+        [
+            Mnist,
+            Cifar10,
+            PneumoniaMnist,
+            BreastMnist,
+            AgNews,
+            Trec,
+            Stl10,
+            Sst2,
+        ]
+    }
+
     pub fn id(&self) -> &str {
         match self {
             DatasetName::Mnist => "mnist",
@@ -59,13 +78,15 @@ impl DatasetName {
             DatasetName::BreastMnist => "breastmnist",
             DatasetName::AgNews => "ag_news",
             DatasetName::Trec => "trec",
+            DatasetName::Stl10 => "stl10",
+            DatasetName::Sst2 => "sst2",
             DatasetName::OtherMedMnist(task) => task,
         }
     }
 
     pub fn modality(&self) -> Modality {
         match self {
-            DatasetName::AgNews | DatasetName::Trec => Modality::Text,
+            DatasetName::AgNews | DatasetName::Trec | DatasetName::Sst2 => Modality::Text,
             _ => Modality::Image,
         }
     }
@@ -101,6 +122,8 @@ impl FromStr for DatasetName {
             "breastmnist" => DatasetName::BreastMnist,
             "ag_news" | "ag-news" | "agnews" => DatasetName::AgNews,
             "trec" => DatasetName::Trec,
+            "stl10" | "stl-10" => DatasetName::Stl10,
+            "sst2" | "sst-2" => DatasetName::Sst2,
             task if task.ends_with("mnist")
                 && task.len() > 5
                 && task.chars().all(|c| c.is_ascii_alphanumeric()) =>
@@ -109,7 +132,7 @@ impl FromStr for DatasetName {
             }
             _ => {
                 return Err(format!(
-                    "unknown dataset {s:?}: expected mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, or another \
+                    "unknown dataset {s:?}: expected mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2, or another \
                      2D MedMNIST task by name (e.g. dermamnist)"
                 ));
             }
@@ -135,7 +158,7 @@ pub struct Manifest {
     pub files: Vec<ManifestFile>,
 }
 
-/// A release shipped as one archive (CIFAR-10).
+/// A release shipped as one archive (CIFAR-10 and STL-10 as .tar.gz, SST-2 as .zip).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Archive {
@@ -158,7 +181,7 @@ pub struct ManifestFile {
     pub derived: bool,
 }
 
-const MANIFESTS: [(&str, &str); 7] = [
+const MANIFESTS: [(&str, &str); 9] = [
     ("mnist", include_str!("../../datasets/mnist.toml")),
     ("cifar10", include_str!("../../datasets/cifar10.toml")),
     (
@@ -171,16 +194,18 @@ const MANIFESTS: [(&str, &str); 7] = [
     ),
     ("ag_news", include_str!("../../datasets/ag_news.toml")),
     ("trec", include_str!("../../datasets/trec.toml")),
+    ("stl10", include_str!("../../datasets/stl10.toml")),
+    ("sst2", include_str!("../../datasets/sst2.toml")),
     ("cifar10n", include_str!("../../datasets/cifar10n.toml")),
 ];
 
-/// The manifest called `name` (the six datasets and `cifar10n`).
+/// The manifest called `name` (the eight datasets and `cifar10n`).
 pub fn manifest(name: &str) -> Option<Manifest> {
     let (_, text) = MANIFESTS.iter().find(|(n, _)| *n == name)?;
     Some(toml::from_str(text).unwrap_or_else(|e| panic!("datasets/{name}.toml is invalid: {e}")))
 }
 
-/// Names of every manifest, the six datasets first.
+/// Names of every manifest, the eight datasets first.
 pub fn manifest_names() -> impl Iterator<Item = &'static str> {
     MANIFESTS.iter().map(|(n, _)| *n)
 }
@@ -373,6 +398,29 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
             test: trec::load_file(&dir.join("TREC_10.label"))?,
             warnings,
         },
+        DatasetName::Stl10 => {
+            let release = dir.join(stl10::FOLDER);
+            Dataset {
+                name: name.clone(),
+                class_names: stl10::load_class_names(&release.join("class_names.txt"))?,
+                train: Some(stl10::load_split(&release, "train")?),
+                val: None,
+                test: stl10::load_split(&release, "test")?,
+                warnings,
+            }
+        }
+        DatasetName::Sst2 => {
+            let release = dir.join(sst2::FOLDER);
+            Dataset {
+                name: name.clone(),
+                class_names: names(&sst2::CLASS_NAMES),
+                train: Some(sst2::load_tsv(&release.join("train.tsv"))?),
+                val: None,
+                // GLUE's test file has no labels: the validation split is the test set.
+                test: sst2::load_tsv(&release.join("dev.tsv"))?,
+                warnings,
+            }
+        }
     };
     check_splits(&dataset)?;
     Ok(dataset)
@@ -523,15 +571,19 @@ mod tests {
             let m = manifest(name).unwrap();
             assert_eq!(m.name, name);
             assert!(!m.files.is_empty());
+            // A file without checksums of its own is checked through its archive's.
             for file in &m.files {
                 assert!(
-                    file.md5.is_some() || file.sha256.is_some() || file.bytes.is_some(),
+                    file.md5.is_some()
+                        || file.sha256.is_some()
+                        || file.bytes.is_some()
+                        || m.archive.is_some(),
                     "{name}: {}",
                     file.path
                 );
             }
         }
-        for dataset in DatasetName::paper() {
+        for dataset in DatasetName::all() {
             assert!(dataset.manifest().is_some(), "{dataset} has no manifest");
         }
     }

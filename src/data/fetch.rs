@@ -202,10 +202,16 @@ fn unpack(manifest: &Manifest, dir: &Path, archive: &Path, url: &str) -> Result<
     let staging = tempfile::Builder::new()
         .prefix(".unpack-")
         .tempdir_in(dir)?;
-    let gz = flate2::read::GzDecoder::new(std::fs::File::open(archive)?);
-    tar::Archive::new(gz)
-        .unpack(staging.path())
-        .with_context(|| format!("{url}: cannot unpack"))?;
+    let file = std::fs::File::open(archive)?;
+    if url.ends_with(".zip") {
+        zip::ZipArchive::new(file)
+            .and_then(|mut zip| zip.extract(staging.path()))
+            .with_context(|| format!("{url}: cannot unpack"))?;
+    } else {
+        tar::Archive::new(flate2::read::GzDecoder::new(file))
+            .unpack(staging.path())
+            .with_context(|| format!("{url}: cannot unpack"))?;
+    }
     let mut moved = Vec::new();
     for file in &manifest.files {
         let target = dir.join(&file.path);

@@ -2,7 +2,7 @@
 //! label-noised as the paper does (docs/protocol.md §3).
 //!
 //! Read in order: `files` (errors, gzip, checksums) → one loader per format (`mnist`, `cifar`,
-//! `medmnist`, `agnews`, `trec`, `cifar10n`) → `catalog` (dataset names, data root, manifests,
+//! `medmnist`, `agnews`, `trec`, `stl10`, `sst2`, `cifar10n`) → `catalog` (dataset names, data root, manifests,
 //! completeness) → `split` → `noise` → `fetch`.
 
 pub mod agnews;
@@ -18,6 +18,8 @@ pub mod noise;
 pub mod npz;
 pub mod prepare;
 pub mod split;
+pub mod sst2;
+pub mod stl10;
 pub mod trec;
 
 pub use catalog::{DatasetName, data_root, load};

@@ -18,7 +18,7 @@ use rand::seq::index::sample;
 use serde::Serialize;
 
 use super::files::{DataError, Result};
-use super::{Dataset, Split, catalog};
+use super::{Dataset, DatasetName, Split, catalog};
 use crate::rng::{RngChoice, Stream, numpy, stream};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -234,6 +234,18 @@ fn authors_rows(
     deviations: &mut Vec<String>,
 ) -> std::result::Result<Vec<usize>, String> {
     let wanted = plan.pretrain_n + plan.n;
+    if let Some(copy) = match dataset.name {
+        DatasetName::Stl10 => Some("tanganke/stl10"),
+        DatasetName::Sst2 => Some("nyu-mll/glue sst2"),
+        _ => None,
+    } {
+        // The authors' draw picks row numbers of the hub copy they loaded; that its rows are in
+        // the official files' order has not been checked against the copy itself here.
+        return Err(format!(
+            "{}: the authors drew row numbers of the hub copy {copy}, whose row order is not checked against the official files here; use --rng own",
+            dataset.name
+        ));
+    }
     if plan.seed > u64::from(u32::MAX) {
         return Err(format!(
             "--seed {} is not below 2^32, the only seeds numpy's draw is replicated for",

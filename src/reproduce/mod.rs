@@ -53,14 +53,9 @@ pub mod quick {
 /// (a recorded deviation) with this fraction.
 pub const CARVE_FRACTION: f64 = 0.5;
 
-pub const ALL_DATASETS: [DatasetName; 6] = [
-    DatasetName::Mnist,
-    DatasetName::Cifar10,
-    DatasetName::PneumoniaMnist,
-    DatasetName::BreastMnist,
-    DatasetName::AgNews,
-    DatasetName::Trec,
-];
+/// A grid's datasets unless `--datasets` names others: every dataset the authors fine-tuned on
+/// (those without data under the data root are left out, saying so).
+pub const ALL_DATASETS: [DatasetName; 8] = DatasetName::all();
 
 /// The grid of one experiment; `None` fields take the experiment's defaults.
 #[derive(Clone, Debug)]
@@ -186,7 +181,7 @@ pub fn jobs(grid: &Grid, pool: &dyn Fn(&DatasetName) -> Option<usize>) -> (Vec<J
                     };
                     match pool(dataset) {
                         Some(p) if n >= p => left_out.push(format!(
-                            "{} n = {n} η = {eta} seed {seed}: n does not fit the {p} training samples",
+                            "{} n = {n} η = {eta} seed {seed}: n (--ns) does not fit the {p} training samples",
                             dataset.id()
                         )),
                         _ => kept.push(job),
@@ -198,6 +193,7 @@ pub fn jobs(grid: &Grid, pool: &dyn Fn(&DatasetName) -> Option<usize>) -> (Vec<J
     (kept, left_out)
 }
 
+#[derive(Clone)]
 pub struct DriverOptions {
     pub grid: Grid,
     pub out: PathBuf,
@@ -294,15 +290,40 @@ fn pools(options: &DriverOptions) -> Vec<(DatasetName, Option<usize>, bool, Opti
 
 /// Runs the grid (or this shard of it) and writes the report into `out`.
 pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> {
-    let grid = &options.grid;
+    // Datasets without a folder under the data root are left out, said once each, and the grid
+    // goes on with the others.
+    let root = data::data_root(options.places.data_dir.as_deref());
+    let (present, absent): (Vec<DatasetName>, Vec<DatasetName>) = options
+        .grid
+        .datasets
+        .iter()
+        .cloned()
+        .partition(|d| data::catalog::dataset_dir(d, &root).is_dir());
+    let grid = &Grid {
+        datasets: present,
+        ..options.grid.clone()
+    };
+    let options = &DriverOptions {
+        grid: grid.clone(),
+        ..options.clone()
+    };
     let pools = pools(options);
     let pool_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.1);
     let carve_of = |d: &DatasetName| pools.iter().any(|p| p.0 == *d && p.2);
     let test_len_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.3);
-    let (all, left_out) = jobs(grid, &pool_of);
+    let (all, mut left_out) = jobs(grid, &pool_of);
+    left_out.splice(
+        0..0,
+        absent.iter().map(|d| {
+            format!(
+                "{d}: no data (no folder {}; `benign-attention data fetch {d}` downloads it)",
+                data::catalog::dataset_dir(d, &root).display()
+            )
+        }),
+    );
     if all.is_empty() {
         bail!(
-            "--ns: no run of the grid fits the data ({} left out, e.g. {}); choose n below each dataset's training pool",
+            "no run of the grid can be made ({} left out, e.g. {})",
             left_out.len(),
             left_out.first().map_or("none", String::as_str)
         );

@@ -24,7 +24,7 @@ pub struct DatasetConfig {
     pub optimizer: OptimizerConfig,
 }
 
-const CONFIGS: [(&str, &str); 6] = [
+const CONFIGS: [(&str, &str); 8] = [
     ("mnist", include_str!("../../configs/mnist.toml")),
     ("cifar10", include_str!("../../configs/cifar10.toml")),
     (
@@ -37,6 +37,8 @@ const CONFIGS: [(&str, &str); 6] = [
     ),
     ("ag_news", include_str!("../../configs/ag_news.toml")),
     ("trec", include_str!("../../configs/trec.toml")),
+    ("stl10", include_str!("../../configs/stl10.toml")),
+    ("sst2", include_str!("../../configs/sst2.toml")),
 ];
 
 /// The defaults of `dataset`; an error for datasets without a paper config.
@@ -67,6 +69,8 @@ mod tests {
             (DatasetName::BreastMnist, 2, 200),
             (DatasetName::AgNews, 4, 10_000),
             (DatasetName::Trec, 6, 3000),
+            (DatasetName::Stl10, 10, 3000),
+            (DatasetName::Sst2, 2, 10_000),
         ];
         for (name, classes, pretrain_n) in expected {
             let c = dataset_config(&name).unwrap();
