@@ -57,22 +57,9 @@ pub fn load_csv(path: &Path) -> Result<Split> {
     })
 }
 
-/// classes.txt: one class name per line.
+/// classes.txt: one class name per line, four of them.
 pub fn load_class_names(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
-    let names: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect();
-    if names.len() != NUM_CLASSES as usize {
-        return Err(DataError::format(
-            path,
-            format!("{} class names, expected 4", names.len()),
-        ));
-    }
-    Ok(names)
+    super::files::class_names(path, NUM_CLASSES as usize)
 }
 
 pub const DEFAULT_CLASS_NAMES: [&str; 4] = ["World", "Sports", "Business", "Sci/Tech"];

@@ -98,6 +98,24 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     crate::io::hex(&Sha256::digest(bytes))
 }
 
+/// A release's class-name file: one name per line (blank lines ignored), `expected` of them.
+pub fn class_names(path: &Path, expected: usize) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+    let names: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    if names.len() != expected {
+        return Err(DataError::format(
+            path,
+            format!("{} class names, expected {expected}", names.len()),
+        ));
+    }
+    Ok(names)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

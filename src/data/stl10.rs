@@ -89,20 +89,7 @@ pub fn load_split(dir: &Path, split: &str) -> Result<Split> {
 
 /// `class_names.txt`: the ten names, one per line.
 pub fn load_class_names(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
-    let names: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect();
-    if names.len() != NUM_CLASSES as usize {
-        return Err(DataError::format(
-            path,
-            format!("{} class names, expected {NUM_CLASSES}", names.len()),
-        ));
-    }
-    Ok(names)
+    super::files::class_names(path, usize::from(NUM_CLASSES))
 }
 
 #[cfg(test)]
