@@ -118,7 +118,13 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(err) = crate::interrupt::install() {
+    // The commands whose long loops ask `interrupt::check` between steps end cleanly on the
+    // first signal; the others keep the default (the signal ends them at once).
+    let stops_cleanly = matches!(
+        cli.command,
+        Command::Finetune(_) | Command::Reproduce(_) | Command::Extract(_)
+    );
+    if stops_cleanly && let Err(err) = crate::interrupt::install() {
         eprintln!("error: cannot install the SIGTERM/SIGINT handlers: {err}");
         return ExitCode::from(2);
     }

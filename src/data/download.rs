@@ -99,6 +99,9 @@ pub fn download(
             }
             Err(why) => outcomes.push(format!("{url}: {why}")),
         }
+        if crate::interrupt::requested().is_some() {
+            break;
+        }
     }
     // Nothing of an unreachable server is worth keeping; a partial body is kept for a resume.
     if part.metadata().is_ok_and(|m| m.len() == 0) {
@@ -208,6 +211,13 @@ fn one_try(
     let mut buf = vec![0u8; 1 << 16];
     let started = Instant::now();
     loop {
+        if let Some(stop) = crate::interrupt::requested() {
+            bar.abandon();
+            writer.flush().map_err(io)?;
+            return Err(Failure::Final(format!(
+                "{stop} after {got} bytes; the partial file is kept and the next fetch resumes it"
+            )));
+        }
         let read = match body.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
