@@ -211,8 +211,9 @@ fn tensor_sha256(tensor: &Tensor) -> Result<String> {
 fn verify_checksums(file: &Path, tensors: &mut HashMap<String, Tensor>) -> Result<()> {
     let listed = tensors.remove(CHECKSUMS).with_context(|| {
         format!(
-            "{}: no {CHECKSUMS} (written before checkpoints carried checksums), so it cannot be verified; start the run again without --resume",
-            file.display()
+            "{}: no {CHECKSUMS} (written before checkpoints carried checksums), so it cannot be verified; start the run again (drop --resume, or remove {} for `reproduce`)",
+            file.display(),
+            file.parent().map_or(file.display(), |d| d.display())
         )
     })?;
     let listed: BTreeMap<String, String> = serde_json::from_slice(&listed.to_vec1::<u8>()?)
