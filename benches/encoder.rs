@@ -14,6 +14,8 @@
 //! head split and merge copies, the (B, H, T, T) scores, softmax, P·V) and through the path the
 //! encoders take now (one QKV product and the fused attention pass). `cargo bench --bench encoder`.
 
+mod common;
+
 use std::time::Instant;
 
 use benign_attention::encoder::bert::{Bert, BertLayer, TextBatch};
@@ -51,10 +53,28 @@ fn pixels(batch: usize) -> Tensor {
     Tensor::from_vec(values, (batch, 3, 224, 224), &Device::Cpu).unwrap()
 }
 
-fn row(model: &str, batch: usize, seconds: f64, unit: &str) {
+/// Multiply-adds of one encoder forward over `tokens` tokens: per layer the Q, K, V and output
+/// products (4·T·D²), the MLP (2·T·D·M) and the attention's scores and weighted sums (2·T²·D), plus
+/// for a ViT the patch embedding (patches · 3·P² · D). Element-wise work (LayerNorm, GELU, softmax)
+/// is not counted.
+fn forward_macs(
+    layers: usize,
+    tokens: usize,
+    hidden: usize,
+    mlp: usize,
+    patch: Option<usize>,
+) -> f64 {
+    let (t, d, m) = (tokens as f64, hidden as f64, mlp as f64);
+    let layer = 4.0 * t * d * d + 2.0 * t * d * m + 2.0 * t * t * d;
+    let embed = patch.map_or(0.0, |p| (t - 1.0) * 3.0 * (p * p) as f64 * d);
+    layers as f64 * layer + embed
+}
+
+fn row(model: &str, batch: usize, seconds: f64, unit: &str, macs_per_input: f64, limit: f64) {
     println!(
-        "| {model} | {batch} | {seconds:.3} | {:.1} {unit}/s |",
-        batch as f64 / seconds
+        "| {model} | {batch} | {seconds:.3} | {:.1} {unit}/s | {} |",
+        batch as f64 / seconds,
+        common::rate_line(batch as f64 * macs_per_input / seconds, limit)
     );
 }
 
@@ -63,11 +83,13 @@ fn main() {
     // SAFETY: first statement of main, no other thread exists yet.
     unsafe { benign_attention::runtime::configure_process() };
     let device = Device::Cpu;
+    // The machine's limit in this process and thread pool, the baseline of the rate column.
+    let limit = common::large_product_rate();
     println!(
-        "| model (candle, {} threads) | batch | s/batch | throughput |",
+        "| model (candle, {} threads) | batch | s/batch | throughput | arithmetic rate |",
         rayon::current_num_threads()
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|");
     let load = |id: &str| {
         Backbone::load(
             resolve(id, None).expect("set BENIGN_MODELS_DIR"),
@@ -91,6 +113,8 @@ fn main() {
         16,
         median_seconds(|| drop(full(vit))),
         "images",
+        forward_macs(12, 197, 192, 768, Some(16)),
+        limit,
     );
 
     // ViT-B/16 with random weights: HF ViTConfig defaults.
@@ -102,6 +126,8 @@ fn main() {
         16,
         median_seconds(|| drop(full(&vit_base))),
         "images",
+        forward_macs(12, 197, 768, 3072, Some(16)),
+        limit,
     );
 
     let minilm = load("sentence-transformers/all-MiniLM-L6-v2");
@@ -123,6 +149,8 @@ fn main() {
         32,
         median_seconds(|| run(bert)),
         "sentences",
+        forward_macs(6, 128, 384, 1536, None),
+        limit,
     );
     profile(vit, bert, &x, &batch);
 }

@@ -25,8 +25,8 @@ use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
-use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
+use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 
@@ -129,6 +129,22 @@ fn main() {
     };
     let cores = rayon::current_num_threads();
     let (ours, ours_all) = (ours_on(1), ours_on(cores));
+    // The limit on one thread (as `finetune` trains) and on all, in this process.
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let (limit_1, limit_all) = (
+        one_thread.install(common::large_product_rate),
+        common::large_product_rate(),
+    );
+    // Nominal multiply-adds of our epoch, per fine-tune sample: four forwards of the CLS row
+    // through the last layer (the step's forward, its backward counted as two, the per-epoch
+    // evaluation). One forward: the query row and the per-head key fold (2·D²), the value and
+    // output products (2·D²), the MLP (2·D·M) and the attention's scores and weighted sums over
+    // the T tokens, per head (2·H·T·D). Element-wise work is not counted.
+    let (d, m, h, t) = (hidden as f64, 4.0 * hidden as f64, 3.0, 197.0);
+    let epoch_macs = N as f64 * 4.0 * (4.0 * d * d + 2.0 * d * m + 2.0 * h * t * d);
 
     // Baseline: the authors' step and a batch of their attention callback, timed per batch
     // and scaled to an epoch.
@@ -153,9 +169,13 @@ fn main() {
     println!("| phase 2, ViT-Ti, n = {N}, batch {BATCH} (baseline on {cores} threads) | s/epoch |");
     println!("|---|---|");
     println!(
-        "| ours, 1 thread (incl. the per-epoch evaluation of the fine-tune set) | {ours:.4} |"
+        "| ours, 1 thread (incl. the per-epoch evaluation of the fine-tune set) | {ours:.4} ({}) |",
+        common::rate_line(epoch_macs / ours, limit_1)
     );
-    println!("| ours, {cores} threads | {ours_all:.4} |");
+    println!(
+        "| ours, {cores} threads | {ours_all:.4} ({}) |",
+        common::rate_line(epoch_macs / ours_all, limit_all)
+    );
     println!("| authors: 13 steps (full forward + backward per step) | {baseline_steps:.3} |");
     println!(
         "| authors: epoch = 13 steps + the attention callback's forward of the 200 samples | {baseline_epoch:.3} |"
