@@ -19,10 +19,7 @@ pub fn ensure_dir(dir: &Path) -> Result<()> {
 /// Writes `path` atomically with whatever `fill` writes into a temporary file beside it.
 pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
     let dir = parent_dir(path);
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(&dir)
-        .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?;
+    let mut tmp = temporary_beside(&dir, "")?;
     {
         let mut buffered = std::io::BufWriter::new(tmp.as_file_mut());
         fill(&mut buffered).with_context(|| format!("{}: write failed", path.display()))?;
@@ -131,15 +128,27 @@ pub fn produce_atomic(path: &Path, produce: impl FnOnce(&Path) -> Result<()>) ->
         .extension()
         .map(|e| format!(".{}", e.to_string_lossy()))
         .unwrap_or_default();
-    let tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .suffix(&suffix)
-        .tempfile_in(&dir)
-        .with_context(|| format!("{}: cannot create a temporary file", dir.display()))?;
+    let tmp = temporary_beside(&dir, &suffix)?;
     produce(tmp.path()).with_context(|| format!("{}: cannot write", path.display()))?;
     tmp.persist(path)
         .with_context(|| format!("{}: cannot move into place", path.display()))?;
     Ok(())
+}
+
+/// The temporary file an atomic write fills, `.tmp-*<suffix>` in `dir`, readable by others as a
+/// plain file is (0644 before the umask; tempfile's own default, 0600, would leave results and
+/// caches that a cluster's other users cannot read).
+fn temporary_beside(dir: &Path, suffix: &str) -> Result<tempfile::NamedTempFile> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".tmp-").suffix(suffix);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    builder
+        .tempfile_in(dir)
+        .with_context(|| format!("{}: cannot create a temporary file", dir.display()))
 }
 
 fn parent_dir(path: &Path) -> PathBuf {
@@ -220,6 +229,29 @@ pub fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Written files are as readable as a plain file (0644 less the umask), not tempfile's 0600:
+    /// results and caches on a cluster are read by other users.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn written_files_are_readable_by_others_as_the_umask_allows() {
+        use std::os::unix::fs::PermissionsExt;
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let umask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Umask:"))
+            .map(|m| u32::from_str_radix(m.trim(), 8).unwrap())
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("a.json");
+        write_json(&json, &1).unwrap();
+        let png = dir.path().join("b.png");
+        produce_atomic(&png, |tmp| Ok(std::fs::write(tmp, b"x")?)).unwrap();
+        for path in [json, png] {
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o644 & !umask, "{}", path.display());
+        }
+    }
 
     #[test]
     fn failed_writes_leave_nothing() {

@@ -829,14 +829,9 @@ fn write_shard(
             start = end;
         }
     }
-    let tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .suffix(".safetensors")
-        .tempfile_in(dir)?;
-    candle_core::safetensors::save(tensors, tmp.path())
-        .with_context(|| format!("{}: cannot write", target.display()))?;
-    tmp.persist(&target)
-        .with_context(|| format!("{}: cannot move into place", target.display()))?;
+    crate::io::produce_atomic(&target, |tmp| {
+        candle_core::safetensors::save(tensors, tmp).map_err(anyhow::Error::from)
+    })?;
     let sidecar = Sidecar {
         key: key.clone(),
         tensor_sha256,
