@@ -208,6 +208,20 @@ pub fn flatten_json(value: &serde_json::Value) -> Vec<(String, serde_json::Value
     out
 }
 
+/// The first leaf (in `ours`' order) where `ours` and `theirs` differ, as "key X there, Y here"
+/// ("missing" where `theirs` lacks it): how a checkpoint or a run folder of another run says why.
+pub fn first_difference(ours: &serde_json::Value, theirs: &serde_json::Value) -> Option<String> {
+    let theirs: std::collections::HashMap<String, serde_json::Value> =
+        flatten_json(theirs).into_iter().collect();
+    flatten_json(ours).into_iter().find_map(|(key, value)| {
+        let there = theirs.get(&key);
+        (there != Some(&value)).then(|| {
+            let there = there.map_or("missing".into(), |v| v.to_string());
+            format!("{key} {there} there, {value} here")
+        })
+    })
+}
+
 /// A short hex digest of a value's JSON: names and keys that change whenever the value does.
 pub fn json_digest(value: &impl Serialize) -> Result<String> {
     use sha2::Digest;

@@ -362,14 +362,16 @@ impl<'a> TensorBoard<'a> {
     }
 }
 
+/// Phase 1's loss of epoch `epoch` (from 1); none for a loss that is not finite.
+fn pretrain_event(epoch: usize, loss: f64) -> Option<Event> {
+    loss.is_finite()
+        .then(|| summary_event(epoch, vec![scalar("phase1/train_loss".into(), loss)]))
+}
+
 /// Phase 1's losses from epoch `from + 1` on.
 fn pretrain_events(losses: &[f64], from: usize) -> Vec<Event> {
-    losses
-        .iter()
-        .enumerate()
-        .skip(from)
-        .filter(|(_, loss)| loss.is_finite())
-        .map(|(k, &loss)| summary_event(k + 1, vec![scalar("phase1/train_loss".into(), loss)]))
+    (from..losses.len())
+        .filter_map(|k| pretrain_event(k + 1, losses[k]))
         .collect()
 }
 
@@ -428,10 +430,8 @@ impl Progress for TensorBoard<'_> {
         self.inner.pretrain_epoch(epoch, loss);
         let mut state = self.state();
         if epoch == state.pretrain_written + 1 {
-            if loss.is_finite() {
-                let event = summary_event(epoch, vec![scalar("phase1/train_loss".into(), loss)]);
-                self.append(&mut state, &[event]);
-            }
+            let events: Vec<Event> = pretrain_event(epoch, loss).into_iter().collect();
+            self.append(&mut state, &events);
             state.pretrain_written = epoch;
         }
     }

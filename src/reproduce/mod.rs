@@ -299,14 +299,14 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         .iter()
         .cloned()
         .partition(|d| data::catalog::dataset_dir(d, &root).is_dir());
-    let grid = &Grid {
-        datasets: present,
-        ..options.grid.clone()
-    };
     let options = &DriverOptions {
-        grid: grid.clone(),
+        grid: Grid {
+            datasets: present,
+            ..options.grid.clone()
+        },
         ..options.clone()
     };
+    let grid = &options.grid;
     let pools = pools(options);
     let pool_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.1);
     let carve_of = |d: &DatasetName| pools.iter().any(|p| p.0 == *d && p.2);

@@ -240,21 +240,14 @@ fn verify_checksums(file: &Path, tensors: &mut HashMap<String, Tensor>) -> Resul
 impl RunIdentity {
     /// Fails with the first field that differs, naming the checkpoint.
     pub fn ensure_same(&self, saved: &RunIdentity, file: &Path) -> Result<()> {
-        let ours = crate::io::flatten_json(&serde_json::to_value(self)?);
-        let theirs: HashMap<String, serde_json::Value> =
-            crate::io::flatten_json(&serde_json::to_value(saved)?)
-                .into_iter()
-                .collect();
-        for (key, value) in ours {
-            if theirs.get(&key) != Some(&value) {
-                bail!(
-                    "--resume: {} belongs to another run ({key} {} there, {value} here); use another --out or drop --resume",
-                    file.display(),
-                    theirs.get(&key).map_or("missing".into(), |v| v.to_string()),
-                );
-            }
+        let (ours, theirs) = (serde_json::to_value(self)?, serde_json::to_value(saved)?);
+        match crate::io::first_difference(&ours, &theirs) {
+            Some(difference) => bail!(
+                "--resume: {} belongs to another run ({difference}); use another --out or drop --resume",
+                file.display()
+            ),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

@@ -89,18 +89,13 @@ pub fn ensure_no_other_run(folder: &Path, config: &RunConfig) -> Result<()> {
             file.display()
         )
     })?;
-    let theirs: std::collections::HashMap<_, _> =
-        crate::io::flatten_json(&theirs).into_iter().collect();
-    for (key, value) in crate::io::flatten_json(&serde_json::to_value(config)?) {
-        if theirs.get(&key) != Some(&value) {
-            bail!(
-                "--out {}: holds another run ({key} {} there, {value} here); choose another --out",
-                folder.display(),
-                theirs.get(&key).map_or("missing".into(), |v| v.to_string()),
-            );
-        }
+    match crate::io::first_difference(&serde_json::to_value(config)?, &theirs) {
+        Some(difference) => bail!(
+            "--out {}: holds another run ({difference}); choose another --out",
+            folder.display()
+        ),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]
