@@ -25,6 +25,7 @@ use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
+use benign_attention::train::last_layer_sets::LastLayerSets;
 use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{Device, Tensor};
@@ -82,10 +83,6 @@ fn main() {
     let qk = QueryKey::reset(hidden, &mut rng, &device).unwrap();
     // The fine-tune set as `finetune` holds it: normed once, read in place every step.
     let resident = layer.resident(&cached, &device).unwrap();
-    let forward = |_: Set, rows: &[usize]| {
-        let out = layer.forward_resident(&qk, &resident, rows)?;
-        Ok((out.logits, out.cls_attention))
-    };
     let data = Phase2Data {
         labels: &labels,
         clean_labels: &labels,
@@ -98,6 +95,18 @@ fn main() {
             .num_threads(threads)
             .build()
             .unwrap();
+        // As `finetune` trains: the host pass on the CPU, its samples on `threads` threads.
+        let sets = LastLayerSets {
+            layer: &layer,
+            qk: &qk,
+            finetune: &resident,
+            test: &cached,
+            labels: &labels,
+            device: &device,
+            sample_pool: &pool,
+        };
+        let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
+        let step = |rows: &[usize]| sets.step(rows);
         median(
             (0..5)
                 .map(|_| {
@@ -107,6 +116,7 @@ fn main() {
                     pool.install(|| {
                         train_phase2(
                             &forward,
+                            &step,
                             &mut opt,
                             &data,
                             0,
@@ -138,13 +148,17 @@ fn main() {
         one_thread.install(common::large_product_rate),
         common::large_product_rate(),
     );
-    // Nominal multiply-adds of our epoch, per fine-tune sample: four forwards of the CLS row
-    // through the last layer (the step's forward, its backward counted as two, the per-epoch
-    // evaluation). One forward: the query row and the per-head key fold (2·D²), the value and
-    // output products (2·D²), the MLP (2·D·M) and the attention's scores and weighted sums over
-    // the T tokens, per head (2·H·T·D). Element-wise work is not counted.
+    // Multiply-adds of our epoch, per fine-tune sample, as the host pass does them (element-wise
+    // work not counted). A forward of the CLS row: the query row and the per-head key fold
+    // (2·D²), the value and output products (2·D²), the MLP (2·D·M) and the attention's scores
+    // and weighted sums over the T tokens, per head (2·H·T·D). The backward goes to the inputs of
+    // the frozen products only (value, output, MLP: 2·D² + 2·D·M) and to both operands of the
+    // trained ones (query and key: 3·D²), and through the attention (2·H·T·D). Each epoch makes
+    // a forward and a backward of every sample, then the evaluation's forward.
     let (d, m, h, t) = (hidden as f64, 4.0 * hidden as f64, 3.0, 197.0);
-    let epoch_macs = N as f64 * 4.0 * (4.0 * d * d + 2.0 * d * m + 2.0 * h * t * d);
+    let forward = 4.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
+    let backward = 5.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
+    let epoch_macs = N as f64 * (2.0 * forward + backward);
 
     // Baseline: the authors' step and a batch of their attention callback, timed per batch
     // and scaled to an epoch.

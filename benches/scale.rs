@@ -35,8 +35,9 @@ use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Encoded, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
-use benign_attention::train::optim::{AdamW, OptimizerConfig};
+use benign_attention::train::last_layer_sets::LastLayerSets;
 use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
+use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use rand::{RngExt, SeedableRng};
@@ -264,16 +265,6 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
     let qk = QueryKey::reset(768, &mut rng, &device).unwrap();
     // As `finetune` reads them: the fine-tune set normed once and held, the test set streamed.
     let resident = layer.resident(&train_rows, &device).unwrap();
-    let forward = |set: Set, rows: &[usize]| {
-        let out = match set {
-            Set::Finetune => layer.forward_resident(&qk, &resident, rows)?,
-            Set::Test => {
-                let batch = test_rows.batch(rows, &device)?;
-                layer.forward(&qk, &batch.inputs, &batch.lengths)?
-            }
-        };
-        Ok((out.logits, out.cls_attention))
-    };
     let labels: Vec<u32> = (0..N).map(|i| (i % classes) as u32).collect();
     let noisy_mask: Vec<bool> = (0..N).map(|i| i % 5 == 0).collect();
     let test_labels: Vec<u32> = (0..TEST_N).map(|i| (i % classes) as u32).collect();
@@ -287,6 +278,17 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
         .num_threads(threads)
         .build()
         .unwrap();
+    let sets = LastLayerSets {
+        layer: &layer,
+        qk: &qk,
+        finetune: &resident,
+        test: &test_rows,
+        labels: &labels,
+        device: &device,
+        sample_pool: &pool,
+    };
+    let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
+    let step = |rows: &[usize]| sets.step(rows);
     let epochs = 4;
     let mut opt = AdamW::new(qk.named(), OptimizerConfig::default(), epochs * 13).unwrap();
     // Epochs without the test set, then one with it: the difference is one test evaluation.
@@ -295,6 +297,7 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
         let mut last = Instant::now();
         train_phase2(
             &forward,
+            &step,
             &mut opt,
             &data,
             0,

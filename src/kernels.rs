@@ -21,6 +21,22 @@ pub(crate) fn contiguous_f32<'a>(
     Ok(&data[start..end])
 }
 
+/// `f` on the f32 values of a contiguous CPU tensor, read in place (no copy).
+pub(crate) fn with_host_f32<R>(tensor: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = tensor.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(CpuStorage::F32(data)), Some((start, end))) => {
+            Ok(f(&data[start..end]))
+        }
+        _ => candle_core::bail!(
+            "contiguous f32 host values expected, got a {:?} {:?} tensor on {:?}",
+            tensor.dtype(),
+            tensor.dims(),
+            tensor.device().location()
+        ),
+    }
+}
+
 /// dst (m×n, row stride `dst_rs`) = lhs (m×k) · rhs (k×n), operands as (data, row stride, column
 /// stride): gemm's kernels on one thread (callers parallelise over samples).
 pub(crate) fn gemm_into(
@@ -167,6 +183,32 @@ pub(crate) fn gelu(src: &[f32], dst: &mut [f32]) {
         return unsafe { avx2(src, dst) };
     }
     gelu_kernel(src, dst)
+}
+
+/// dy·(Φ(x) + x·φ(x)), the GELU's backward, into `dy` in place over `x`.
+#[inline(always)]
+fn gelu_backward_kernel(x: &[f32], dy: &mut [f32]) {
+    // φ(x) = e^(−x²/2)/√(2π)
+    const INV_SQRT_2PI: f32 = 0.398_942_3;
+    for (g, &x) in dy.iter_mut().zip(x) {
+        let cdf = 0.5 * (1.0 + erf_as(x * std::f32::consts::FRAC_1_SQRT_2));
+        *g *= cdf + x * INV_SQRT_2PI * fast_exp(-0.5 * x * x);
+    }
+}
+
+/// [`gelu_backward_kernel`], vectorised for the CPU at hand.
+pub(crate) fn gelu_backward(x: &[f32], dy: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2(x: &[f32], dy: &mut [f32]) {
+        gelu_backward_kernel(x, dy)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_fma() {
+        // SAFETY: the CPU has the features `avx2` is compiled for.
+        return unsafe { avx2(x, dy) };
+    }
+    gelu_backward_kernel(x, dy)
 }
 
 /// [`softmax_kernel`], vectorised for the CPU at hand.

@@ -7,10 +7,11 @@ use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::vit::{Vit, VitConfig};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
-use benign_attention::train::optim::{AdamW, OptimizerConfig};
+use benign_attention::train::last_layer_sets::LastLayerSets;
 use benign_attention::train::loops::{
     EpochMetrics, Penalty, Phase2Data, Set, steps_per_epoch, train_phase2,
 };
+use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 
@@ -24,11 +25,17 @@ struct Trained {
     eigen_variance: (f64, f64),
 }
 
-/// 30 epochs of phase 2 on 16 noisy samples, with LocAteR's λ = `locater`.
-fn train_tiny_last_layer(locater: f64) -> Trained {
+/// 30 epochs of phase 2 on 16 noisy samples, with LocAteR's λ = `locater`, the host pass's
+/// samples on `sample_threads` threads.
+fn train_tiny_last_layer(locater: f64, sample_threads: usize) -> Trained {
     let config: VitConfig = common::config("tiny_vit");
     let vit = Vit::load(common::model_vb("tiny_vit", &Device::Cpu), &config).unwrap();
-    let pixels = Tensor::randn(0f32, 1.0, (24, 3, 32, 32), &Device::Cpu).unwrap();
+    // Seeded, so that two trainings see the same images.
+    let mut pixel_rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let values: Vec<f32> = (0..24 * 3 * 32 * 32)
+        .map(|_| rand::RngExt::random_range(&mut pixel_rng, -1.0f32..1.0))
+        .collect();
+    let pixels = Tensor::from_vec(values, (24, 3, 32, 32), &Device::Cpu).unwrap();
     let inputs = vit.last_layer_input(&pixels).unwrap();
     let model = Model::Vit(vit);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
@@ -41,15 +48,6 @@ fn train_tiny_last_layer(locater: f64) -> Trained {
     let (train_rows, test_rows) = (rows_of(0, 16), rows_of(16, 8));
     let train_set = layer.resident(&train_rows, &Device::Cpu).unwrap();
     let qk = QueryKey::reset(config.hidden_size, &mut rng, &Device::Cpu).unwrap();
-    let forward = |set: Set, rows: &[usize]| {
-        let out = if set == Set::Finetune {
-            layer.forward_resident(&qk, &train_set, rows)?
-        } else {
-            let batch = test_rows.batch(rows, &Device::Cpu)?;
-            layer.forward(&qk, &batch.inputs, &batch.lengths)?
-        };
-        Ok((out.logits, out.cls_attention))
-    };
     let clean: Vec<u32> = (0..16).map(|i| (i % 3) as u32).collect();
     let noisy_mask: Vec<bool> = (0..16).map(|i| i % 5 == 0).collect();
     let labels: Vec<u32> = clean
@@ -58,6 +56,22 @@ fn train_tiny_last_layer(locater: f64) -> Trained {
         .map(|(&y, &m)| if m { (y + 1) % 3 } else { y })
         .collect();
     let test_labels = vec![0, 1, 2, 0, 1, 2, 0, 1];
+    // As `finetune` trains: the host pass on the CPU, its samples on `sample_threads` threads.
+    let sample_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(sample_threads)
+        .build()
+        .unwrap();
+    let sets = LastLayerSets {
+        layer: &layer,
+        qk: &qk,
+        finetune: &train_set,
+        test: &test_rows,
+        labels: &labels,
+        device: &Device::Cpu,
+        sample_pool: &sample_pool,
+    };
+    let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
+    let step = |rows: &[usize]| sets.step(rows);
     let data = Phase2Data {
         labels: &labels,
         clean_labels: &clean,
@@ -95,6 +109,7 @@ fn train_tiny_last_layer(locater: f64) -> Trained {
     let mut log: Vec<EpochMetrics> = Vec::new();
     train_phase2(
         &forward,
+        &step,
         &mut opt,
         &data,
         0,
@@ -119,7 +134,7 @@ fn train_tiny_last_layer(locater: f64) -> Trained {
 
 #[test]
 fn last_layer_training_lowers_the_loss_on_noisy_labels() {
-    let Trained { log, steps, .. } = train_tiny_last_layer(0.0);
+    let Trained { log, steps, .. } = train_tiny_last_layer(0.0, 1);
     let epochs = 30;
     assert_eq!(log.len(), epochs);
     assert!(
@@ -146,8 +161,8 @@ fn last_layer_training_lowers_the_loss_on_noisy_labels() {
 /// trained query-key matrix ends lower with it than without it.
 #[test]
 fn locater_penalty_lowers_the_query_key_eigen_variance() {
-    let plain = train_tiny_last_layer(0.0);
-    let penalised = train_tiny_last_layer(50.0);
+    let plain = train_tiny_last_layer(0.0, 1);
+    let penalised = train_tiny_last_layer(50.0, 1);
     assert_eq!(
         plain.eigen_variance.0, penalised.eigen_variance.0,
         "same initialisation"
@@ -160,4 +175,17 @@ fn locater_penalty_lowers_the_query_key_eigen_variance() {
     );
     // The logged loss is the data loss alone.
     assert!(penalised.log.iter().all(|m| m.train_loss.is_finite()));
+}
+
+/// The host pass spreads samples over threads and sums nothing across them: a run's every logged
+/// number is the same bit for bit on one thread or three.
+#[test]
+fn phase_two_numbers_do_not_depend_on_the_sample_threads() {
+    let (one, three) = (train_tiny_last_layer(0.0, 1), train_tiny_last_layer(0.0, 3));
+    let json = |log: &[EpochMetrics]| serde_json::to_string(log).unwrap();
+    assert_eq!(json(&one.log), json(&three.log));
+    assert_eq!(
+        one.eigen_variance.1.to_bits(),
+        three.eigen_variance.1.to_bits()
+    );
 }

@@ -130,6 +130,8 @@ impl FinetuneArgs {
             checkpoint_every: self.checkpoint_every,
             resume: self.resume,
             encode_batch: self.encode_batch,
+            // A run alone: every core of the process's pool (RAYON_NUM_THREADS, else all).
+            sample_threads: rayon::current_num_threads(),
         };
         job.validate()?;
         Ok(job)

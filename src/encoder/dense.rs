@@ -34,6 +34,14 @@ impl Module for Dense {
 }
 
 impl Dense {
+    /// The host form of a layer already in phase 2's form.
+    pub fn as_frozen(&self) -> Option<&Arc<FrozenLinear>> {
+        match self {
+            Self::Frozen(f) => Some(f),
+            Self::Linear(_) => None,
+        }
+    }
+
     /// The phase-2 form of this layer.
     pub fn frozen(&self) -> Result<Self> {
         Ok(match self {
@@ -108,6 +116,54 @@ impl FrozenLinear {
             .reshape(out_dims)
     }
 
+    /// y = x Wᵀ + b on host rows: x (rows, G·in) → y (rows, out), y overwritten.
+    pub(crate) fn forward_rows(&self, x: &[f32], y: &mut [f32]) {
+        let (g, i, out) = (self.groups, self.in_dim, self.out_dim);
+        let o = out / g;
+        let rows = x.len() / (g * i);
+        debug_assert_eq!(y.len(), rows * out);
+        if rows > 0 {
+            for group in 0..g {
+                // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · Wᵀ[:, group].
+                matmul(
+                    (rows, o, i),
+                    (&mut y[group * o..], out),
+                    (&x[group * i..], (g * i) as isize, 1),
+                    (&self.weight_t[group * o..], out as isize, 1),
+                );
+            }
+        }
+        if let Some(bias) = &self.bias {
+            for row in y.chunks_exact_mut(out) {
+                row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+            }
+        }
+    }
+
+    /// ∂L/∂x from ∂L/∂y on host rows: dy (rows, out) → dx (rows, G·in), dx overwritten.
+    pub(crate) fn backward_rows(&self, dy: &[f32], dx: &mut [f32]) {
+        let (g, i, out) = (self.groups, self.in_dim, self.out_dim);
+        let o = out / g;
+        let rows = dy.len() / out;
+        debug_assert_eq!(dx.len(), rows * g * i);
+        if rows > 0 {
+            for group in 0..g {
+                // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
+                matmul(
+                    (rows, i, o),
+                    (&mut dx[group * i..], g * i),
+                    (&dy[group * o..], out as isize, 1),
+                    (&self.weight[group * o * i..], i as isize, 1),
+                );
+            }
+        }
+    }
+
+    /// Rows of the output, (G·)in of the input.
+    pub(crate) fn dims(&self) -> (usize, usize) {
+        (self.out_dim, self.groups * self.in_dim)
+    }
+
     /// The same function from candle's ops (any device).
     fn generic(&self, xs: &Tensor, out_dims: &[usize]) -> candle_core::Result<Tensor> {
         if self.groups == 1 {
@@ -147,27 +203,10 @@ impl CustomOp1 for FrozenProduct {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = contiguous_f32(storage, layout, self.name())?;
         let layer = &self.0;
-        let (g, i, out) = (layer.groups, layer.in_dim, layer.out_dim);
-        let o = out / g;
-        let rows = x.len() / (g * i);
-        let mut y = vec![0f32; rows * out];
-        if rows > 0 {
-            for group in 0..g {
-                // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · Wᵀ[:, group].
-                matmul(
-                    (rows, o, i),
-                    (&mut y[group * o..], out),
-                    (&x[group * i..], (g * i) as isize, 1),
-                    (&layer.weight_t[group * o..], out as isize, 1),
-                );
-            }
-        }
-        if let Some(bias) = &layer.bias {
-            for row in y.chunks_exact_mut(out) {
-                row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
-            }
-        }
-        Ok((CpuStorage::F32(y), Shape::from((rows, out))))
+        let rows = x.len() / (layer.groups * layer.in_dim);
+        let mut y = vec![0f32; rows * layer.out_dim];
+        layer.forward_rows(x, &mut y);
+        Ok((CpuStorage::F32(y), Shape::from((rows, layer.out_dim))))
     }
 
     fn bwd(
@@ -178,21 +217,8 @@ impl CustomOp1 for FrozenProduct {
     ) -> candle_core::Result<Option<Tensor>> {
         let grad = grad_res.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let layer = &self.0;
-        let (g, i, out) = (layer.groups, layer.in_dim, layer.out_dim);
-        let o = out / g;
-        let rows = grad.len() / out;
-        let mut grad_x = vec![0f32; rows * g * i];
-        if rows > 0 {
-            for group in 0..g {
-                // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
-                matmul(
-                    (rows, i, o),
-                    (&mut grad_x[group * i..], g * i),
-                    (&grad[group * o..], out as isize, 1),
-                    (&layer.weight[group * o * i..], i as isize, 1),
-                );
-            }
-        }
+        let mut grad_x = vec![0f32; grad.len() / layer.out_dim * layer.groups * layer.in_dim];
+        layer.backward_rows(&grad, &mut grad_x);
         Ok(Some(Tensor::from_vec(grad_x, arg.shape(), arg.device())?))
     }
 }

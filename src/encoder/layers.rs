@@ -183,6 +183,16 @@ pub struct Norm {
 }
 
 impl Norm {
+    /// Weight, bias (zeros when absent) and ε on the host, for phase 2's hand-derived pass.
+    pub fn host_parts(&self) -> Result<(Vec<f32>, Vec<f32>, f64)> {
+        let weight = self.fused.weight().to_vec1::<f32>()?;
+        let bias = match self.fused.bias() {
+            Some(b) => b.to_vec1::<f32>()?,
+            None => vec![0.0; weight.len()],
+        };
+        Ok((weight, bias, self.eps))
+    }
+
     pub fn load(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
         Ok(Self {
             fused: layer_norm(size, eps, vb)?,

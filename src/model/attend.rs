@@ -206,15 +206,88 @@ impl KeyValues {
             let (row, padding) = row.split_at_mut(len);
             padding.fill(0.0);
             let c = bias[k];
-            row.iter_mut().for_each(|p| *p = self.scale * (*p + c));
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0.0;
-            for p in row.iter_mut() {
-                *p = (*p - max).exp();
-                total += *p;
-            }
-            row.iter_mut().for_each(|p| *p /= total);
+            row.iter_mut().for_each(|p| *p += c);
+            // scale·(s + c), normalised (the vectorised softmax the encoder's attention uses).
+            crate::kernels::softmax(row, self.scale, None);
         }
+    }
+
+    /// Sample `i`'s attention for its H `queries` (H×D) and `bias` (H): the probabilities into
+    /// `probs` (H×T, padding 0) and Σₜ pₜ xₜ into `pooled` (H rows of row stride `pooled_stride`).
+    pub(crate) fn sample_forward(
+        &self,
+        i: usize,
+        queries: &[f32],
+        bias: &[f32],
+        probs: &mut [f32],
+        pooled: &mut [f32],
+        pooled_stride: usize,
+    ) {
+        self.probabilities(i, queries, bias, probs);
+        // Pooled (H×D) = P (H×L) · X (L×D).
+        weighted_sums(
+            self.heads,
+            Rows {
+                data: probs,
+                stride: self.tokens,
+            },
+            self.unpadded(i),
+            pooled,
+            pooled_stride,
+        );
+    }
+
+    /// The backward of [`Self::sample_forward`]. With g = ∂L/∂pooled and γ = ∂L/∂p (none: 0):
+    /// ∂L/∂pₜ = g·xₜ + γₜ, ∂L/∂sₜ = pₜ(∂L/∂pₜ − Σᵤ pᵤ ∂L/∂pᵤ), ∂L/∂r = scale Σₜ (∂L/∂sₜ) xₜ into
+    /// `grad_queries` (H×D), ∂L/∂c = scale Σₜ ∂L/∂sₜ into `grad_bias` (H). `probs`, g and γ are
+    /// H rows each.
+    pub(crate) fn sample_backward(
+        &self,
+        i: usize,
+        probs: Rows,
+        grad_pooled: Rows,
+        grad_probs: Option<Rows>,
+        grad_queries: &mut [f32],
+        grad_bias: &mut [f32],
+    ) {
+        let (h, t) = (self.heads, self.tokens);
+        // Past L every probability is 0, and so is every ∂L/∂s.
+        let len = self.lengths[i];
+        let tokens = self.unpadded(i);
+        // ∂L/∂P (H×L) = G (H×D) · Xᵀ.
+        let mut dscores = vec![0f32; h * t];
+        row_scores(h, grad_pooled, tokens, &mut dscores, t);
+        for k in 0..h {
+            let p = &probs.data[k * probs.stride..k * probs.stride + len];
+            let ds = &mut dscores[k * t..k * t + len];
+            if let Some(gamma) = grad_probs {
+                let gamma = &gamma.data[k * gamma.stride..k * gamma.stride + len];
+                ds.iter_mut().zip(gamma).for_each(|(d, g)| *d += g);
+            }
+            let weighted: f32 = p.iter().zip(ds.iter()).map(|(p, d)| p * d).sum();
+            let mut sum = 0.0;
+            for (d, p) in ds.iter_mut().zip(p) {
+                *d = self.scale * p * (*d - weighted);
+                sum += *d;
+            }
+            grad_bias[k] = sum;
+        }
+        // ∂L/∂R (H×D) = ∂L/∂S (H×L) · X (L×D).
+        weighted_sums(
+            h,
+            Rows {
+                data: &dscores,
+                stride: t,
+            },
+            tokens,
+            grad_queries,
+            self.dim,
+        );
+    }
+
+    /// Heads, feature width and (padded) tokens per sample.
+    pub(crate) fn geometry(&self) -> (usize, usize, usize) {
+        (self.heads, self.dim, self.tokens)
     }
 }
 
@@ -250,26 +323,17 @@ impl CustomOp2 for FusedAttend {
             .enumerate()
             .for_each(|(b, (sample_out, &i))| {
                 let mut probs = vec![0f32; h * t];
-                kv.probabilities(
+                kv.sample_forward(
                     i,
                     &queries[b * h * d..(b + 1) * h * d],
                     &bias[b * h..(b + 1) * h],
                     &mut probs,
+                    sample_out,
+                    width,
                 );
                 for (k, head_out) in sample_out.chunks_mut(width).enumerate() {
                     head_out[d..].copy_from_slice(&probs[k * t..(k + 1) * t]);
                 }
-                // Pooled (H×D, row stride D + T) = P (H×L) · X (L×D).
-                weighted_sums(
-                    h,
-                    Rows {
-                        data: &probs,
-                        stride: t,
-                    },
-                    kv.unpadded(i),
-                    sample_out,
-                    width,
-                );
             });
         Ok((
             CpuStorage::F32(out),
@@ -300,49 +364,23 @@ impl CustomOp2 for FusedAttend {
             .zip(&self.rows)
             .enumerate()
             .for_each(|(bi, ((gq, gc), &i))| {
-                // Past L every probability is 0, and so is every ∂L/∂s.
-                let len = kv.lengths[i];
                 let at = bi * h * width;
-                let tokens = kv.unpadded(i);
-                // ∂L/∂P (H×L) = G (H×D, row stride D + T) · Xᵀ.
-                let mut dscores = vec![0f32; h * t];
-                row_scores(
-                    h,
+                kv.sample_backward(
+                    i,
+                    Rows {
+                        data: &res[at + d..],
+                        stride: width,
+                    },
                     Rows {
                         data: &grad[at..],
                         stride: width,
                     },
-                    tokens,
-                    &mut dscores,
-                    t,
-                );
-                for k in 0..h {
-                    let row = at + k * width;
-                    let (g_probs, probs) =
-                        (&grad[row + d..row + width], &res[row + d..row + width]);
-                    let ds = &mut dscores[k * t..(k + 1) * t];
-                    let mut weighted = 0.0;
-                    for tt in 0..len {
-                        ds[tt] += g_probs[tt];
-                        weighted += probs[tt] * ds[tt];
-                    }
-                    let mut sum = 0.0;
-                    for tt in 0..len {
-                        ds[tt] = kv.scale * probs[tt] * (ds[tt] - weighted);
-                        sum += ds[tt];
-                    }
-                    gc[k] = sum;
-                }
-                // ∂L/∂R (H×D) = ∂L/∂S (H×L) · X (L×D).
-                weighted_sums(
-                    h,
-                    Rows {
-                        data: &dscores,
-                        stride: t,
-                    },
-                    tokens,
+                    Some(Rows {
+                        data: &grad[at + d..],
+                        stride: width,
+                    }),
                     gq,
-                    d,
+                    gc,
                 );
             });
         let device = queries.device();

@@ -93,6 +93,11 @@ pub struct FrozenClassifier {
 }
 
 impl FrozenClassifier {
+    /// The pooler, when there is one, and the classifier.
+    pub fn parts(&self) -> (Option<&Arc<FrozenLinear>>, &Arc<FrozenLinear>) {
+        (self.pooler.as_ref(), &self.classifier)
+    }
+
     /// Logits (B, C) from features (B, D).
     pub fn forward(&self, features: &Tensor) -> Result<Tensor> {
         let features = match &self.pooler {

@@ -13,9 +13,11 @@
 //! `attend::KeyValues`. It is the same function as the full forward; `full_forward_logits`
 //! computes that one for the equivalence test.
 
+mod host;
+
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::Module;
 use rand::RngExt;
@@ -94,6 +96,9 @@ pub struct ResidentSet {
     cls_inputs: Tensor,
     /// That row as the attention reads it, (N, D): the query's input.
     cls_normed: Tensor,
+    /// Both on the host, (N, D) row-major, for the host pass.
+    cls_inputs_host: Vec<f32>,
+    cls_normed_host: Vec<f32>,
     /// The normed tokens of every sample.
     tokens: Arc<KeyValues>,
 }
@@ -113,6 +118,8 @@ pub struct LastLayer<'a> {
     value: Arc<FrozenLinear>,
     rest: Rest,
     readout: FrozenClassifier,
+    /// The same pass written out by hand (`host`), on the CPU.
+    host: Option<host::HostLayer>,
 }
 
 /// The last layer after its attention, and for ViT the final LayerNorm.
@@ -137,13 +144,16 @@ impl<'a> LastLayer<'a> {
             Model::Bert(b) => Rest::Bert(b.last_layer().frozen()?),
         };
         let attention = last_attention(model);
-        Ok(Self {
+        let mut layer = Self {
             model,
             classifier,
             value: Arc::new(FrozenLinear::new(&attention.value, attention.num_heads)?),
             rest,
             readout: classifier.frozen()?,
-        })
+            host: None,
+        };
+        layer.host = host::HostLayer::new(&layer)?;
+        Ok(layer)
     }
 
     fn attention(&self) -> &SelfAttention {
@@ -206,9 +216,15 @@ impl<'a> LastLayer<'a> {
             let pad = width - normed.dim(1)?;
             tokens.push(normed.pad_with_zeros(1, 0, pad)?);
         }
+        let (cls_inputs, cls_normed) = (
+            Tensor::cat(&cls_inputs, 0)?.contiguous()?,
+            Tensor::cat(&cls_normed, 0)?.contiguous()?,
+        );
         Ok(ResidentSet {
-            cls_inputs: Tensor::cat(&cls_inputs, 0)?.contiguous()?,
-            cls_normed: Tensor::cat(&cls_normed, 0)?.contiguous()?,
+            cls_inputs_host: cls_inputs.flatten_all()?.to_vec1()?,
+            cls_normed_host: cls_normed.flatten_all()?.to_vec1()?,
+            cls_inputs,
+            cls_normed,
             tokens: Arc::new(KeyValues::new(
                 &Tensor::cat(&tokens, 0)?,
                 self.attention().num_heads,
@@ -233,6 +249,113 @@ impl<'a> LastLayer<'a> {
             &set.tokens,
             rows,
         )
+    }
+
+    /// Whether [`Self::host_step`] and the evaluations run the host pass (the CPU, GELU).
+    pub fn has_host_pass(&self) -> bool {
+        self.host.is_some()
+    }
+
+    /// [`Self::forward_resident`] for evaluation: the same logits and attention, detached, from
+    /// the host pass when the layer has one.
+    pub fn evaluate_resident(
+        &self,
+        qk: &QueryKey,
+        set: &ResidentSet,
+        rows: &[usize],
+    ) -> Result<Output> {
+        let Some(host) = &self.host else {
+            return detached(self.forward_resident(qk, set, rows)?);
+        };
+        let (inputs, normed) = set.cls_rows(rows);
+        let cls = host::ClsRows {
+            inputs: &inputs,
+            normed: &normed,
+        };
+        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, &set.tokens, rows))?;
+        self.output(logits, probs, rows.len(), &set.tokens)
+    }
+
+    /// [`Self::forward`] for evaluation: detached, from the host pass when the layer has one.
+    pub fn evaluate(&self, qk: &QueryKey, inputs: &Tensor, lengths: &[usize]) -> Result<Output> {
+        let Some(host) = &self.host else {
+            return detached(self.forward(qk, inputs, lengths)?);
+        };
+        let normed = self.normed(inputs)?;
+        let tokens = KeyValues::new(
+            &normed,
+            self.attention().num_heads,
+            Some(lengths),
+            self.scale(),
+        )?;
+        let host_rows =
+            |t: &Tensor| -> Result<Vec<f32>> { Ok(first_token(t)?.flatten_all()?.to_vec1()?) };
+        let (x0, x0_hat) = (host_rows(inputs)?, host_rows(&normed)?);
+        let cls = host::ClsRows {
+            inputs: &x0,
+            normed: &x0_hat,
+        };
+        let rows: Vec<usize> = (0..lengths.len()).collect();
+        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, &tokens, &rows))?;
+        self.output(logits, probs, rows.len(), &tokens)
+    }
+
+    /// The mean cross-entropy of resident samples `rows` against `targets`, and its gradient for
+    /// each of [`QueryKey::named`] in that order, from the host pass; `None` when the layer has
+    /// none (then autograd through [`Self::forward_resident`] is the route).
+    pub fn host_step(
+        &self,
+        qk: &QueryKey,
+        set: &ResidentSet,
+        rows: &[usize],
+        targets: &[u32],
+    ) -> Result<Option<(f64, Vec<Tensor>)>> {
+        let Some(host) = &self.host else {
+            return Ok(None);
+        };
+        let (inputs, normed) = set.cls_rows(rows);
+        let cls = host::ClsRows {
+            inputs: &inputs,
+            normed: &normed,
+        };
+        let grads =
+            qk.on_host(|qk| host.loss_and_gradients(qk, &cls, &set.tokens, rows, targets))??;
+        let device = qk.wq.device();
+        let d = grads.bq.len();
+        Ok(Some((
+            f64::from(grads.loss),
+            vec![
+                Tensor::from_vec(grads.wq, (d, d), device)?,
+                Tensor::from_vec(grads.bq, d, device)?,
+                Tensor::from_vec(grads.wk, (d, d), device)?,
+                Tensor::from_vec(grads.bk, d, device)?,
+            ],
+        )))
+    }
+
+    /// The host pass's logits (B×C) and attention (B×H×T) as an [`Output`].
+    fn output(
+        &self,
+        logits: Vec<f32>,
+        probs: Vec<f32>,
+        rows: usize,
+        tokens: &KeyValues,
+    ) -> Result<Output> {
+        let (h, _, t) = tokens.geometry();
+        let device = self.value_device();
+        ensure!(
+            logits.len().is_multiple_of(rows.max(1)),
+            "host pass: logits do not split into {rows} rows"
+        );
+        let classes = logits.len() / rows.max(1);
+        Ok(Output {
+            logits: Tensor::from_vec(logits, (rows, classes), device)?,
+            cls_attention: Tensor::from_vec(probs, (rows, h, t), device)?,
+        })
+    }
+
+    fn value_device(&self) -> &Device {
+        self.attention().value.weight().device()
     }
 
     fn scale(&self) -> f64 {
@@ -351,4 +474,25 @@ impl<'a> LastLayer<'a> {
         };
         self.classifier.forward(&first_token(&tokens)?)
     }
+}
+
+impl ResidentSet {
+    /// The CLS inputs and normed rows of samples `rows`, gathered (B×D each).
+    fn cls_rows(&self, rows: &[usize]) -> (Vec<f32>, Vec<f32>) {
+        let d = self.cls_inputs.dims()[1];
+        let gather = |all: &[f32]| -> Vec<f32> {
+            rows.iter()
+                .flat_map(|&i| all[i * d..(i + 1) * d].iter().copied())
+                .collect()
+        };
+        (gather(&self.cls_inputs_host), gather(&self.cls_normed_host))
+    }
+}
+
+/// An output with its autograd history dropped.
+fn detached(out: Output) -> Result<Output> {
+    Ok(Output {
+        logits: out.logits.detach(),
+        cls_attention: out.cls_attention.detach(),
+    })
 }

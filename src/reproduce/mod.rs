@@ -261,6 +261,8 @@ impl DriverOptions {
             out: Some(run_dir),
             checkpoint_every: 100,
             encode_batch: 32,
+            // The cores shared among the runs going at once.
+            sample_threads: (rayon::current_num_threads() / self.jobs.max(1)).max(1),
         })
     }
 }

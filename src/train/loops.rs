@@ -3,7 +3,7 @@
 //! epoch's logged loss the mean of its batch losses.
 
 use anyhow::Result;
-use candle_core::{D, Tensor};
+use candle_core::{D, Tensor, Var};
 use serde::Serialize;
 
 use super::metrics::{accuracy_where, attention_stats, evaluate};
@@ -115,6 +115,31 @@ pub enum Set {
 
 /// Logits (B, C) and the attention that selects tokens, (B, …, T), of samples `rows` of a set.
 pub type Forward<'a> = dyn Fn(Set, &[usize]) -> Result<(Tensor, Tensor)> + 'a;
+
+/// One training step's arithmetic: the mean data loss of fine-tune samples `rows` against their
+/// noisy labels, and its gradient for each trained parameter in the optimizer's order.
+pub type Step<'a> = dyn Fn(&[usize]) -> Result<(f64, Vec<Tensor>)> + 'a;
+
+/// The step through autograd: `forward`'s logits of the batch, their cross-entropy against
+/// `labels`, and its backward to `params` (zeros for one the loss does not reach).
+pub fn autograd_step<'a>(
+    forward: &'a Forward<'a>,
+    labels: &'a [u32],
+    params: Vec<Var>,
+) -> impl Fn(&[usize]) -> Result<(f64, Vec<Tensor>)> + 'a {
+    move |rows: &[usize]| {
+        let (logits, _) = forward(Set::Finetune, rows)?;
+        let targets: Vec<u32> = rows.iter().map(|&i| labels[i]).collect();
+        let targets = Tensor::from_vec(targets, rows.len(), logits.device())?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &targets)?;
+        let store = loss.backward()?;
+        let grads = params
+            .iter()
+            .map(|v| store.get(v).cloned().map_or_else(|| v.zeros_like(), Ok))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok((f64::from(loss.to_scalar::<f32>()?), grads))
+    }
+}
 
 /// A regulariser of the trained parameters, added to every batch's loss (e.g. LocAteR).
 pub type Penalty<'a> = dyn Fn() -> Result<Tensor> + 'a;
@@ -250,6 +275,7 @@ fn measure(
 #[allow(clippy::too_many_arguments)]
 pub fn train_phase2(
     forward: &Forward,
+    step: &Step,
     optimizer: &mut AdamW,
     data: &Phase2Data,
     start_epoch: usize,
@@ -262,7 +288,6 @@ pub fn train_phase2(
     on_epoch: &mut dyn FnMut(&EpochMetrics, &AdamW) -> Result<()>,
 ) -> Result<()> {
     let n = data.labels.len();
-    let targets = Tensor::from_slice(data.labels, n, &candle_core::Device::Cpu)?;
     if measure_reset {
         // Epoch 0: right after the reset, before any step, with the test set scored, so that
         // the reset's cost and the noise's are two numbers.
@@ -272,16 +297,16 @@ pub fn train_phase2(
         let order = shuffle.order(n, Stream::FinetuneShuffle, epoch);
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
         for batch in order.chunks(batch_size) {
-            let (logits, _) = forward(Set::Finetune, batch)?;
-            let rows = crate::model::attend::row_indices(batch, targets.device())?;
-            let batch_targets = targets.index_select(&rows, 0)?.to_device(logits.device())?;
-            let loss = candle_nn::loss::cross_entropy(&logits, &batch_targets)?;
-            let objective = match penalty {
-                Some(penalty) => (&loss + penalty()?)?,
-                None => loss.clone(),
-            };
-            optimizer.step(&objective.backward()?)?;
-            losses.push(f64::from(loss.to_scalar::<f32>()?));
+            let (loss, mut grads) = step(batch)?;
+            if let Some(penalty) = penalty {
+                // The penalty's gradient joins the data loss's: they are the objective's.
+                let store = penalty()?.backward()?;
+                for (grad, extra) in grads.iter_mut().zip(optimizer.gradients(&store)?) {
+                    *grad = (&*grad + extra)?;
+                }
+            }
+            optimizer.apply(grads)?;
+            losses.push(loss);
         }
         let last = epoch + 1 == epochs;
         let score_test = last || (epoch + 1) % eval_every.max(1) == 0;
@@ -365,8 +390,10 @@ mod tests {
         )
         .unwrap();
         let mut epoch_calls = Vec::new();
+        let step = autograd_step(&forward, &labels, vec![bias.clone()]);
         train_phase2(
             &forward,
+            &step,
             &mut opt,
             &data,
             0,

@@ -1,6 +1,7 @@
 //! Training, in the order a run goes: the per-dataset paper defaults (`config`) and one run's
 //! description (`run`); its set-up, data to features (`setup`); phase 1, the clean classifier
-//! (`phase1`); phase 2, the noisy fine-tune (`phase2`); the loops both phases run (`loops`) with
+//! (`phase1`); phase 2, the noisy fine-tune (`phase2`) with the last layer's sets as its loop reads them
+//! (`last_layer_sets`); the loops both phases run (`loops`) with
 //! the optimizer of the authors' Trainer defaults (`optim`) and the metrics they report
 //! (`metrics`); checkpoints (`checkpoint`), what carries a run across sittings (`resume`) and the
 //! run folder's one writer (`folder_lock`); the
@@ -12,6 +13,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod finetune;
 pub mod folder_lock;
+pub mod last_layer_sets;
 pub mod loops;
 pub mod metrics;
 pub mod optim;

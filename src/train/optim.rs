@@ -44,8 +44,14 @@ pub struct AdamW {
     /// Updates done so far.
     pub step: usize,
     params: Vec<(String, Var)>,
-    first_moment: Vec<Tensor>,
-    second_moment: Vec<Tensor>,
+    moments: Moments,
+}
+
+/// The first and second moments of every parameter: on the CPU plain vectors, updated in place
+/// with the parameter in one pass (a step allocates nothing); elsewhere tensors on the device.
+enum Moments {
+    Host(Vec<(Vec<f32>, Vec<f32>)>),
+    Device(Vec<(Tensor, Tensor)>),
 }
 
 impl AdamW {
@@ -54,22 +60,27 @@ impl AdamW {
         config: OptimizerConfig,
         total_steps: usize,
     ) -> Result<Self> {
-        let zeros = |v: &Var| v.as_tensor().zeros_like();
-        let first_moment = params
-            .iter()
-            .map(|(_, v)| zeros(v))
-            .collect::<candle_core::Result<_>>()?;
-        let second_moment = params
-            .iter()
-            .map(|(_, v)| zeros(v))
-            .collect::<candle_core::Result<_>>()?;
+        let moments = if params.iter().all(|(_, v)| v.device().is_cpu()) {
+            Moments::Host(
+                params
+                    .iter()
+                    .map(|(_, v)| (vec![0.0; v.elem_count()], vec![0.0; v.elem_count()]))
+                    .collect(),
+            )
+        } else {
+            Moments::Device(
+                params
+                    .iter()
+                    .map(|(_, v)| Ok((v.zeros_like()?, v.zeros_like()?)))
+                    .collect::<candle_core::Result<_>>()?,
+            )
+        };
         Ok(Self {
             config,
             total_steps: total_steps.max(1),
             step: 0,
             params,
-            first_moment,
-            second_moment,
+            moments,
         })
     }
 
@@ -86,7 +97,23 @@ impl AdamW {
     /// One update from `grads`, after clipping their global norm. Returns the pre-clip norm.
     pub fn step(&mut self, grads: &GradStore) -> Result<f64> {
         let grads = self.gradients(grads)?;
-        let on_host = self.params.iter().all(|(_, v)| v.device().is_cpu());
+        self.apply(grads)
+    }
+
+    /// One update from each parameter's gradient, in the order the parameters were given,
+    /// after clipping their global norm. Returns the pre-clip norm.
+    pub fn apply(&mut self, grads: Vec<Tensor>) -> Result<f64> {
+        anyhow::ensure!(
+            grads.len() == self.params.len()
+                && grads
+                    .iter()
+                    .zip(&self.params)
+                    .all(|(g, (_, v))| g.dims() == v.dims()),
+            "{} gradients for {} parameters, or of other shapes",
+            grads.len(),
+            self.params.len()
+        );
+        let on_host = matches!(self.moments, Moments::Host(_));
         let norm = global_norm(&grads, on_host)?;
         // torch: clip_coef = max_norm / (norm + 1e-6), clamped to 1, always multiplied.
         let clip = if self.config.max_grad_norm > 0.0 {
@@ -114,7 +141,7 @@ impl AdamW {
     }
 
     /// Every parameter's gradient, zeros for one the loss did not reach.
-    fn gradients(&self, grads: &GradStore) -> Result<Vec<Tensor>> {
+    pub fn gradients(&self, grads: &GradStore) -> Result<Vec<Tensor>> {
         self.params
             .iter()
             .map(|(name, v)| {
@@ -127,43 +154,32 @@ impl AdamW {
             .collect()
     }
 
-    /// Parameter `k`'s AdamW update in one pass over host memory instead of a dozen tensor ops,
-    /// each allocating: the optimizer dominated small steps (BERT's pooler has 148k parameters).
+    /// Parameter `k`'s AdamW update in one pass over host memory, in place, instead of a dozen
+    /// tensor ops, each allocating: the optimizer dominated small steps (BERT's pooler has 148k
+    /// parameters).
     fn update_on_host(&mut self, k: usize, grad: &Tensor, step: &StepConstants) -> Result<()> {
-        let var = &self.params[k].1;
-        let host = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
-        let (g, mut m, mut v, mut theta) = (
-            host(grad)?,
-            host(&self.first_moment[k])?,
-            host(&self.second_moment[k])?,
-            host(var.as_tensor())?,
-        );
+        let Moments::Host(moments) = &mut self.moments else {
+            anyhow::bail!("host update of device moments");
+        };
+        let (m, v) = &mut moments[k];
         // The constants as candle's scalar ops round them (f64 → f32), so that both paths
         // compute the same f32 arithmetic.
         let (b1, b2) = (self.config.beta1, self.config.beta2);
-        let (one_b1, one_b2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
-        let (clip, b1, b2) = (step.clip as f32, b1 as f32, b2 as f32);
-        let decay = (1.0 - step.lr * self.config.weight_decay) as f32;
-        let (inv_bias2, eps, step_size) = (
-            (1.0 / step.bias2_sqrt) as f32,
-            self.config.epsilon as f32,
-            step.step_size as f32,
-        );
-        for j in 0..theta.len() {
-            let g = g[j] * clip;
-            m[j] = m[j] * b1 + g * one_b1;
-            v[j] = v[j] * b2 + (g * g) * one_b2;
-            if self.config.weight_decay != 0.0 {
-                theta[j] *= decay;
-            }
-            let denom = v[j].sqrt() * inv_bias2 + eps;
-            theta[j] -= (m[j] / denom) * step_size;
-        }
-        let shape = var.as_tensor().shape().clone();
-        let device = var.device().clone();
-        var.set(&Tensor::from_vec(theta, shape.clone(), &device)?)?;
-        self.first_moment[k] = Tensor::from_vec(m, shape.clone(), &device)?;
-        self.second_moment[k] = Tensor::from_vec(v, shape, &device)?;
+        let update = HostUpdate {
+            grad: grad.flatten_all()?,
+            moments: std::sync::Mutex::new((m, v)),
+            one_b1: (1.0 - b1) as f32,
+            one_b2: (1.0 - b2) as f32,
+            clip: step.clip as f32,
+            b1: b1 as f32,
+            b2: b2 as f32,
+            decay: (self.config.weight_decay != 0.0)
+                .then_some((1.0 - step.lr * self.config.weight_decay) as f32),
+            inv_bias2: (1.0 / step.bias2_sqrt) as f32,
+            eps: self.config.epsilon as f32,
+            step_size: step.step_size as f32,
+        };
+        self.params[k].1.as_tensor().inplace_op1(&update)?;
         Ok(())
     }
 
@@ -171,17 +187,19 @@ impl AdamW {
     fn update_on_device(&mut self, k: usize, grad: &Tensor, step: &StepConstants) -> Result<()> {
         let var = &self.params[k].1;
         let (b1, b2) = (self.config.beta1, self.config.beta2);
+        let Moments::Device(moments) = &mut self.moments else {
+            anyhow::bail!("device update of host moments");
+        };
         let g = (grad * step.clip)?;
-        let m = ((&self.first_moment[k] * b1)? + (&g * (1.0 - b1))?)?;
-        let v = ((&self.second_moment[k] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+        let m = ((&moments[k].0 * b1)? + (&g * (1.0 - b1))?)?;
+        let v = ((&moments[k].1 * b2)? + (g.sqr()? * (1.0 - b2))?)?;
         let mut theta = var.as_tensor().clone();
         if self.config.weight_decay != 0.0 {
             theta = (theta * (1.0 - step.lr * self.config.weight_decay))?;
         }
         let denom = ((v.sqrt()? / step.bias2_sqrt)? + self.config.epsilon)?;
         var.set(&(theta - (m.div(&denom)? * step.step_size)?)?)?;
-        self.first_moment[k] = m;
-        self.second_moment[k] = v;
+        moments[k] = (m, v);
         Ok(())
     }
 
@@ -191,14 +209,23 @@ impl AdamW {
     }
 
     /// Parameters and moments by name, for checkpoints.
-    pub fn state(&self) -> HashMap<String, Tensor> {
+    pub fn state(&self) -> Result<HashMap<String, Tensor>> {
         let mut state = HashMap::new();
         for (k, (name, var)) in self.params.iter().enumerate() {
-            state.insert(format!("param.{name}"), var.as_tensor().clone());
-            state.insert(format!("adam_m.{name}"), self.first_moment[k].clone());
-            state.insert(format!("adam_v.{name}"), self.second_moment[k].clone());
+            // A copy: the parameter itself changes in place at the next step.
+            state.insert(format!("param.{name}"), var.as_tensor().copy()?);
+            let (m, v) = match &self.moments {
+                Moments::Host(moments) => {
+                    let host =
+                        |values: &[f32]| Tensor::from_slice(values, var.shape(), var.device());
+                    (host(&moments[k].0)?, host(&moments[k].1)?)
+                }
+                Moments::Device(moments) => moments[k].clone(),
+            };
+            state.insert(format!("adam_m.{name}"), m);
+            state.insert(format!("adam_v.{name}"), v);
         }
-        state
+        Ok(state)
     }
 
     /// Restores what [`AdamW::state`] saved, after `step` updates.
@@ -211,10 +238,85 @@ impl AdamW {
                     .with_context(|| format!("checkpoint lacks {prefix}.{name}"))
             };
             var.set(&get("param")?)?;
-            self.first_moment[k] = get("adam_m")?;
-            self.second_moment[k] = get("adam_v")?;
+            let (m, v) = (get("adam_m")?, get("adam_v")?);
+            match &mut self.moments {
+                Moments::Host(moments) => {
+                    let host =
+                        |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+                    let (m, v) = (host(&m)?, host(&v)?);
+                    anyhow::ensure!(
+                        m.len() == var.elem_count() && v.len() == var.elem_count(),
+                        "checkpoint moments of {name} do not fit its {:?}",
+                        var.dims()
+                    );
+                    moments[k] = (m, v);
+                }
+                Moments::Device(moments) => moments[k] = (m, v),
+            }
         }
         self.step = step;
+        Ok(())
+    }
+}
+
+/// One parameter's AdamW update as candle's in-place op on the parameter's storage: the moments
+/// are updated beside it in the same pass.
+struct HostUpdate<'a> {
+    grad: Tensor,
+    moments: std::sync::Mutex<(&'a mut Vec<f32>, &'a mut Vec<f32>)>,
+    one_b1: f32,
+    one_b2: f32,
+    clip: f32,
+    b1: f32,
+    b2: f32,
+    /// 1 − lr·λ, when there is weight decay.
+    decay: Option<f32>,
+    inv_bias2: f32,
+    eps: f32,
+    step_size: f32,
+}
+
+impl candle_core::InplaceOp1 for HostUpdate<'_> {
+    fn name(&self) -> &'static str {
+        "adamw-host-update"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        let candle_core::CpuStorage::F32(data) = storage else {
+            candle_core::bail!("AdamW: f32 parameters only")
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("AdamW: contiguous parameters only")
+        };
+        let theta = &mut data[start..end];
+        crate::kernels::with_host_f32(&self.grad, |g| self.update(theta, g))?
+    }
+}
+
+impl HostUpdate<'_> {
+    fn update(&self, theta: &mut [f32], g: &[f32]) -> candle_core::Result<()> {
+        let mut moments = self
+            .moments
+            .lock()
+            .expect("the moments' lock is not shared");
+        let (m, v) = &mut *moments;
+        if g.len() != theta.len() || m.len() != theta.len() || v.len() != theta.len() {
+            candle_core::bail!("AdamW: gradient or moments do not fit the parameter")
+        }
+        for j in 0..theta.len() {
+            let g = g[j] * self.clip;
+            m[j] = m[j] * self.b1 + g * self.one_b1;
+            v[j] = v[j] * self.b2 + (g * g) * self.one_b2;
+            if let Some(decay) = self.decay {
+                theta[j] *= decay;
+            }
+            let denom = v[j].sqrt() * self.inv_bias2 + self.eps;
+            theta[j] -= (m[j] / denom) * self.step_size;
+        }
         Ok(())
     }
 }
@@ -237,11 +339,12 @@ fn global_norm(grads: &[Tensor], on_host: bool) -> Result<f64> {
     let mut squared = 0f64;
     for g in grads {
         squared += if on_host {
-            g.flatten_all()?
-                .to_vec1::<f32>()?
-                .iter()
-                .map(|&x| f64::from(x) * f64::from(x))
-                .sum::<f64>()
+            crate::kernels::with_host_f32(g, |values| {
+                values
+                    .iter()
+                    .map(|&x| f64::from(x) * f64::from(x))
+                    .sum::<f64>()
+            })?
         } else {
             g.sqr()?
                 .sum_all()?
@@ -312,7 +415,7 @@ mod tests {
             .backward()
             .unwrap();
         opt.step(&grads).unwrap();
-        let saved = opt.state();
+        let saved = opt.state().unwrap();
         let y = Var::new(&[0f32, 0.0], &Device::Cpu).unwrap();
         let mut other = AdamW::new(
             vec![("x".into(), y.clone())],

@@ -9,8 +9,10 @@ use candle_core::{Tensor, Var};
 
 use super::attention_maps::{self, PER_KIND, Picks, Snapshot};
 use super::checkpoint::Checkpoint;
+use super::last_layer_sets::LastLayerSets;
 use super::loops::{
-    EpochMetrics, Forward, Penalty, Phase2Data, Set, steps_per_epoch, train_phase2,
+    EpochMetrics, Forward, Penalty, Phase2Data, Set, Step, autograd_step, steps_per_epoch,
+    train_phase2,
 };
 use super::optim::AdamW;
 use super::progress::Progress;
@@ -161,9 +163,12 @@ impl Phase2Run<'_> {
     /// optimizer from the checkpoint; at scored epochs the diagnostics join the metrics (the
     /// query-key spectrum, and rank collapse through `rank_probe`). Returns the log of every
     /// epoch, with the attention of the pictured samples before the first step and after the last.
+    /// `forward` evaluates; `step` is a training step's arithmetic (autograd through a
+    /// differentiable forward, or the last layer's host pass).
     fn train(
         &self,
         forward: &Forward,
+        step: &Step,
         params: Vec<(String, Var)>,
         rank_probe: Option<&dyn Fn() -> Result<f64>>,
     ) -> Result<Phase2Log> {
@@ -193,6 +198,7 @@ impl Phase2Run<'_> {
         progress.advance(start_epoch);
         train_phase2(
             forward,
+            step,
             &mut opt,
             data,
             start_epoch,
@@ -300,17 +306,22 @@ fn train_last_layer(
     let rank_probe = || layer.rank_collapse(&qk, &probe.inputs, probe_mask.as_ref());
     let resident = layer.resident(&train_rows, device)?;
     drop(train_rows);
-    let forward = |set: Set, rows: &[usize]| {
-        let out = match set {
-            Set::Finetune => layer.forward_resident(&qk, &resident, rows)?,
-            Set::Test => {
-                let batch = test_rows.batch(rows, device)?;
-                layer.forward(&qk, &batch.inputs, &batch.lengths)?
-            }
-        };
-        Ok((out.logits, out.cls_attention))
+    let sample_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(run.job.sample_threads)
+        .build()
+        .context("building phase 2's sample thread pool")?;
+    let sets = LastLayerSets {
+        layer: &layer,
+        qk: &qk,
+        finetune: &resident,
+        test: test_rows,
+        labels: run.data.labels,
+        device,
+        sample_pool: &sample_pool,
     };
-    run.train(&forward, qk.named(), Some(&rank_probe))
+    let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
+    let step = |rows: &[usize]| sets.step(rows);
+    run.train(&forward, &step, qk.named(), Some(&rank_probe))
 }
 
 /// The card's head mode: a token-selection head over the frozen final tokens, read by the frozen
@@ -354,5 +365,11 @@ fn train_head(
         };
         Ok((classifier.forward(&selection.pooled)?, selection.attention))
     };
-    run.train(&forward, head.named(), None)
+    let step = autograd_step(&forward, run.data.labels, vars(&head.named()));
+    run.train(&forward, &step, head.named(), None)
+}
+
+/// The variables of named parameters.
+fn vars(params: &[(String, Var)]) -> Vec<Var> {
+    params.iter().map(|(_, v)| v.clone()).collect()
 }

@@ -126,7 +126,7 @@ impl Checkpoints<'_> {
         };
         let mut tensors = checkpoint::named_tensors("classifier", &self.phase1.classifier.named());
         if let Some(opt) = optimizer {
-            tensors.extend(opt.state());
+            tensors.extend(opt.state()?);
         }
         crate::io::ensure_dir(dir)?;
         checkpoint::save(dir, &state, &tensors)

@@ -307,12 +307,19 @@ pub struct FinetuneJob {
     pub resume: bool,
     /// Inputs per backbone batch when filling the feature cache.
     pub encode_batch: usize,
+    /// Threads of phase 2's per-sample attention in the last layer's host pass. Each sample's
+    /// arithmetic is the same on any thread, so the numbers do not depend on them (unlike
+    /// `config.train_threads`): a run alone takes every core, a grid's runs share them.
+    pub sample_threads: usize,
 }
 
 impl FinetuneJob {
     /// Checks the configuration and the settings, each error naming its flag.
     pub fn validate(&self) -> Result<()> {
         self.config.validate()?;
+        if self.sample_threads == 0 {
+            bail!("phase 2 needs at least one thread for its samples, got 0");
+        }
         if self.encode_batch == 0 {
             bail!("--encode-batch must be at least 1, got 0");
         }

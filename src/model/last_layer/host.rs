@@ -1,0 +1,532 @@
+//! The CLS pass of [`LastLayer`] written out by hand on the host: the forward, the cross-entropy
+//! and the backward to the query and key, with no autograd.
+//!
+//! A phase-2 step is a few CLS rows (16 by default) through a dozen small operations. Through
+//! candle's autograd every operation allocates its output and its gradient, the LayerNorms take
+//! the slow differentiable formula, and the frozen weights' gradients the graph would compute are
+//! thrown away; at ViT-Ti that bookkeeping cost more than the arithmetic. Here each operation is a
+//! loop or one gemm over flat rows, the backward stops at the query and key, and the tokens are
+//! read by the same per-sample kernels as the fused attention op ([`KeyValues`]). The candle route
+//! ([`LastLayer::forward_resident`], differentiated) stays the reference: tests/host_step.rs holds
+//! the two equal in logits, loss and every gradient.
+//!
+//! With x̂₀ the normed CLS input, q₀ = x̂₀W_Qᵀ + b_Q; per head rₕ = q₀ₕW_Kₕ and cₕ = q₀ₕ·b_Kₕ; the
+//! attention pools the tokens into pooledₕ; context = pooled W_Vᵀ + b_V per head; then the rest
+//! of the layer, which differs between the backbones only in where the MLP's residual starts:
+//!
+//!   ViT (pre-LN):   h = x₀ + O(context);  a = N₁(h);  z = N₂(h + MLP(a))
+//!   BERT (post-LN): h = x₀ + O(context);  a = N₁(h);  z = N₂(a + MLP(a))
+//!
+//! and the classifier (BERT's pooler, tanh, first when the checkpoint has one).
+
+use std::sync::Arc;
+
+use anyhow::{Result, bail, ensure};
+use rayon::prelude::*;
+
+use super::{LastLayer, QueryKey, Rest};
+use crate::encoder::dense::FrozenLinear;
+use crate::encoder::layers::Norm;
+use crate::kernels::{gelu, gelu_backward, gemm_into as matmul};
+use crate::model::attend::KeyValues;
+
+/// A LayerNorm's parameters on the host.
+struct HostNorm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    eps: f32,
+}
+
+/// What a LayerNorm's backward needs of its forward: the normalised rows and 1/σ per row.
+#[derive(Default)]
+struct NormTrace {
+    normalised: Vec<f32>,
+    inv_std: Vec<f32>,
+}
+
+impl HostNorm {
+    fn new(norm: &Norm) -> Result<Self> {
+        let (weight, bias, eps) = norm.host_parts()?;
+        Ok(Self {
+            weight,
+            bias,
+            eps: eps as f32,
+        })
+    }
+
+    /// y = (x − μ)/√(σ² + ε)·γ + β per row, as candle's `layer_norm_slow`.
+    fn forward(&self, x: &[f32], y: &mut [f32]) -> NormTrace {
+        let d = self.weight.len();
+        let rows = x.len() / d;
+        let mut trace = NormTrace {
+            normalised: vec![0.0; x.len()],
+            inv_std: vec![0.0; rows],
+        };
+        for (((x, y), n), inv) in x
+            .chunks_exact(d)
+            .zip(y.chunks_exact_mut(d))
+            .zip(trace.normalised.chunks_exact_mut(d))
+            .zip(trace.inv_std.iter_mut())
+        {
+            let mean = x.iter().sum::<f32>() / d as f32;
+            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
+            *inv = 1.0 / (var + self.eps).sqrt();
+            for k in 0..d {
+                n[k] = (x[k] - mean) * *inv;
+                y[k] = n[k] * self.weight[k] + self.bias[k];
+            }
+        }
+        trace
+    }
+
+    /// ∂L/∂x = (g − mean(g) − n·mean(g⊙n))/σ with g = ∂L/∂y ⊙ γ, into `dx`.
+    fn backward(&self, trace: &NormTrace, dy: &[f32], dx: &mut [f32]) {
+        let d = self.weight.len();
+        for (((dy, dx), n), inv) in dy
+            .chunks_exact(d)
+            .zip(dx.chunks_exact_mut(d))
+            .zip(trace.normalised.chunks_exact(d))
+            .zip(&trace.inv_std)
+        {
+            for k in 0..d {
+                dx[k] = dy[k] * self.weight[k];
+            }
+            let mean_g = dx.iter().sum::<f32>() / d as f32;
+            let mean_gn = dx.iter().zip(n).map(|(g, n)| g * n).sum::<f32>() / d as f32;
+            for k in 0..d {
+                dx[k] = (dx[k] - mean_g - n[k] * mean_gn) * inv;
+            }
+        }
+    }
+}
+
+/// Where the MLP's residual branch starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Residual {
+    /// ViT: the sum before the first norm.
+    BeforeNorm,
+    /// BERT: the first norm's output.
+    AfterNorm,
+}
+
+/// The frozen layer after the attention, and the classifier, on the host.
+pub(super) struct HostLayer {
+    value: Arc<FrozenLinear>,
+    output: Arc<FrozenLinear>,
+    first_norm: HostNorm,
+    intermediate: Arc<FrozenLinear>,
+    mlp_output: Arc<FrozenLinear>,
+    second_norm: HostNorm,
+    residual: Residual,
+    pooler: Option<Arc<FrozenLinear>>,
+    classifier: Arc<FrozenLinear>,
+    heads: usize,
+    head_dim: usize,
+    hidden: usize,
+    classes: usize,
+}
+
+/// The trained parameters, read in place from their CPU storage.
+pub(super) struct HostQk<'a> {
+    pub(super) wq: &'a [f32],
+    pub(super) bq: &'a [f32],
+    pub(super) wk: &'a [f32],
+    pub(super) bk: &'a [f32],
+}
+
+/// The CLS rows of a batch: the layer input x₀ and what the attention reads of it, x̂₀ (B, D).
+pub(super) struct ClsRows<'a> {
+    pub(super) inputs: &'a [f32],
+    pub(super) normed: &'a [f32],
+}
+
+/// A forward's results and what its backward reads.
+struct Trace {
+    rows: usize,
+    q0: Vec<f32>,
+    /// (B, H, T)
+    probs: Vec<f32>,
+    first_norm: NormTrace,
+    /// The MLP's pre-activation (B, M).
+    pre_activation: Vec<f32>,
+    second_norm: NormTrace,
+    /// tanh of the pooler, when there is one (B, D).
+    pooled_features: Option<Vec<f32>>,
+    /// (B, C)
+    logits: Vec<f32>,
+}
+
+/// The data loss of a batch and its gradient for each trained parameter.
+pub struct HostGradients {
+    pub loss: f32,
+    pub wq: Vec<f32>,
+    pub bq: Vec<f32>,
+    pub wk: Vec<f32>,
+    pub bk: Vec<f32>,
+}
+
+/// `a += b` element-wise.
+fn add_into(a: &mut [f32], b: &[f32]) {
+    a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+}
+
+impl HostLayer {
+    /// The host form of `layer`, when it has one: the CPU and the exact (erf) GELU.
+    pub(super) fn new(layer: &LastLayer) -> Result<Option<Self>> {
+        let attention = layer.attention();
+        if !attention.query.weight().device().is_cpu() {
+            return Ok(None);
+        }
+        let (block, residual, first_norm, second_norm) = match &layer.rest {
+            Rest::Vit(v, final_norm) => (
+                (
+                    &v.attention_output,
+                    &v.intermediate,
+                    &v.output,
+                    v.activation,
+                ),
+                Residual::BeforeNorm,
+                &v.layernorm_after,
+                final_norm,
+            ),
+            Rest::Bert(b) => (
+                (
+                    &b.attention_output,
+                    &b.intermediate,
+                    &b.output,
+                    b.activation,
+                ),
+                Residual::AfterNorm,
+                &b.attention_norm,
+                &b.output_norm,
+            ),
+        };
+        let (output, intermediate, mlp_output, activation) = block;
+        if activation != candle_nn::Activation::Gelu {
+            return Ok(None);
+        }
+        let frozen = |dense: &crate::encoder::dense::Dense| -> Result<Arc<FrozenLinear>> {
+            match dense.as_frozen() {
+                Some(f) => Ok(Arc::clone(f)),
+                None => bail!("the last layer's dense layers are not in phase 2's form"),
+            }
+        };
+        let (pooler, classifier) = layer.readout.parts();
+        let classes = classifier.dims().0;
+        Ok(Some(Self {
+            value: Arc::clone(&layer.value),
+            output: frozen(output)?,
+            first_norm: HostNorm::new(first_norm)?,
+            intermediate: frozen(intermediate)?,
+            mlp_output: frozen(mlp_output)?,
+            second_norm: HostNorm::new(second_norm)?,
+            residual,
+            pooler: pooler.cloned(),
+            classifier: Arc::clone(classifier),
+            heads: attention.num_heads,
+            head_dim: attention.head_dim,
+            hidden: attention.num_heads * attention.head_dim,
+            classes,
+        }))
+    }
+
+    /// Logits (B×C) and the CLS attention (B×H×T) of samples `rows` of `tokens`.
+    pub(super) fn forward(
+        &self,
+        qk: &HostQk,
+        cls: &ClsRows,
+        tokens: &KeyValues,
+        rows: &[usize],
+    ) -> (Vec<f32>, Vec<f32>) {
+        let trace = self.trace(qk, cls, tokens, rows);
+        (trace.logits, trace.probs)
+    }
+
+    /// The mean cross-entropy of samples `rows` against `targets` and its gradient for the
+    /// query and key.
+    pub(super) fn loss_and_gradients(
+        &self,
+        qk: &HostQk,
+        cls: &ClsRows,
+        tokens: &KeyValues,
+        rows: &[usize],
+        targets: &[u32],
+    ) -> Result<HostGradients> {
+        ensure!(
+            targets.len() == rows.len() && targets.iter().all(|&t| (t as usize) < self.classes),
+            "{} targets for {} rows of {} classes",
+            targets.len(),
+            rows.len(),
+            self.classes
+        );
+        let trace = self.trace(qk, cls, tokens, rows);
+        let (loss, grad_logits) = cross_entropy(&trace.logits, targets, self.classes);
+        let grad_context = self.backward_rest(&trace, &grad_logits);
+        let mut gradients = self.backward_query_key(qk, cls, tokens, rows, &trace, &grad_context);
+        gradients.loss = loss;
+        Ok(gradients)
+    }
+
+    /// The forward, keeping what the backward reads.
+    fn trace(&self, qk: &HostQk, cls: &ClsRows, tokens: &KeyValues, rows: &[usize]) -> Trace {
+        let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
+        let (_, _, t) = tokens.geometry();
+        let b = rows.len();
+        // q₀ (B×D) = x̂₀ W_Qᵀ + b_Q.
+        let mut q0 = vec![0f32; b * d];
+        matmul(
+            (b, d, d),
+            (&mut q0, d),
+            (cls.normed, d as isize, 1),
+            (qk.wq, 1, d as isize),
+        );
+        q0.chunks_exact_mut(d).for_each(|row| add_into(row, qk.bq));
+        // rₕ (B×D, row stride H·D) = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D); cₕ = q₀ₕ·b_Kₕ.
+        let mut queries = vec![0f32; b * h * d];
+        for head in 0..h {
+            matmul(
+                (b, d, dh),
+                (&mut queries[head * d..], h * d),
+                (&q0[head * dh..], d as isize, 1),
+                (&qk.wk[head * dh * d..], d as isize, 1),
+            );
+        }
+        let key_bias: Vec<f32> = q0
+            .chunks_exact(dh)
+            .zip(qk.bk.chunks_exact(dh).cycle())
+            .map(|(q, k)| q.iter().zip(k).map(|(q, k)| q * k).sum())
+            .collect();
+        // The attention, a sample at a time (in parallel: each sample's tokens are its own).
+        let mut probs = vec![0f32; b * h * t];
+        let mut pooled = vec![0f32; b * h * d];
+        probs
+            .par_chunks_mut(h * t)
+            .zip(pooled.par_chunks_mut(h * d))
+            .enumerate()
+            .for_each(|(bi, (p, y))| {
+                tokens.sample_forward(
+                    rows[bi],
+                    &queries[bi * h * d..(bi + 1) * h * d],
+                    &key_bias[bi * h..(bi + 1) * h],
+                    p,
+                    y,
+                    d,
+                )
+            });
+        let mut context = vec![0f32; b * d];
+        self.value.forward_rows(&pooled, &mut context);
+        // h = x₀ + O(context); a = N₁(h).
+        let mut sum = vec![0f32; b * d];
+        self.output.forward_rows(&context, &mut sum);
+        add_into(&mut sum, cls.inputs);
+        let mut normed = vec![0f32; b * d];
+        let first_norm = self.first_norm.forward(&sum, &mut normed);
+        // z = N₂(residual + MLP(a)).
+        let m = self.intermediate.dims().0;
+        let mut pre_activation = vec![0f32; b * m];
+        self.intermediate.forward_rows(&normed, &mut pre_activation);
+        let mut activation = vec![0f32; b * m];
+        gelu(&pre_activation, &mut activation);
+        let mut out = vec![0f32; b * d];
+        self.mlp_output.forward_rows(&activation, &mut out);
+        add_into(
+            &mut out,
+            match self.residual {
+                Residual::BeforeNorm => &sum,
+                Residual::AfterNorm => &normed,
+            },
+        );
+        let mut features = vec![0f32; b * d];
+        let second_norm = self.second_norm.forward(&out, &mut features);
+        let pooled_features = self.pooler.as_ref().map(|pooler| {
+            let mut y = vec![0f32; b * d];
+            pooler.forward_rows(&features, &mut y);
+            y.iter_mut().for_each(|v| *v = v.tanh());
+            y
+        });
+        let mut logits = vec![0f32; b * self.classes];
+        self.classifier
+            .forward_rows(pooled_features.as_ref().unwrap_or(&features), &mut logits);
+        Trace {
+            rows: b,
+            q0,
+            probs,
+            first_norm,
+            pre_activation,
+            second_norm,
+            pooled_features,
+            logits,
+        }
+    }
+
+    /// From ∂L/∂logits back to ∂L/∂context (B×D) through the frozen classifier and layer.
+    fn backward_rest(&self, trace: &Trace, grad_logits: &[f32]) -> Vec<f32> {
+        let (b, d) = (trace.rows, self.hidden);
+        let mut grad_features = vec![0f32; b * d];
+        self.classifier
+            .backward_rows(grad_logits, &mut grad_features);
+        if let (Some(pooler), Some(y)) = (&self.pooler, &trace.pooled_features) {
+            // tanh' = 1 − y².
+            grad_features
+                .iter_mut()
+                .zip(y)
+                .for_each(|(g, y)| *g *= 1.0 - y * y);
+            let mut grad_in = vec![0f32; b * d];
+            pooler.backward_rows(&grad_features, &mut grad_in);
+            grad_features = grad_in;
+        }
+        let mut grad_out = vec![0f32; b * d];
+        self.second_norm
+            .backward(&trace.second_norm, &grad_features, &mut grad_out);
+        let m = self.intermediate.dims().0;
+        let mut grad_activation = vec![0f32; b * m];
+        self.mlp_output
+            .backward_rows(&grad_out, &mut grad_activation);
+        gelu_backward(&trace.pre_activation, &mut grad_activation);
+        let mut grad_normed = vec![0f32; b * d];
+        self.intermediate
+            .backward_rows(&grad_activation, &mut grad_normed);
+        let mut grad_sum = vec![0f32; b * d];
+        match self.residual {
+            Residual::BeforeNorm => {
+                self.first_norm
+                    .backward(&trace.first_norm, &grad_normed, &mut grad_sum);
+                add_into(&mut grad_sum, &grad_out);
+            }
+            Residual::AfterNorm => {
+                add_into(&mut grad_normed, &grad_out);
+                self.first_norm
+                    .backward(&trace.first_norm, &grad_normed, &mut grad_sum);
+            }
+        }
+        let mut grad_context = vec![0f32; b * d];
+        self.output.backward_rows(&grad_sum, &mut grad_context);
+        grad_context
+    }
+
+    /// From ∂L/∂context through the attention to the query and key.
+    fn backward_query_key(
+        &self,
+        qk: &HostQk,
+        cls: &ClsRows,
+        tokens: &KeyValues,
+        rows: &[usize],
+        trace: &Trace,
+        grad_context: &[f32],
+    ) -> HostGradients {
+        let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
+        let (_, _, t) = tokens.geometry();
+        let b = trace.rows;
+        let mut grad_pooled = vec![0f32; b * h * d];
+        self.value.backward_rows(grad_context, &mut grad_pooled);
+        let mut grad_queries = vec![0f32; b * h * d];
+        let mut grad_bias = vec![0f32; b * h];
+        grad_queries
+            .par_chunks_mut(h * d)
+            .zip(grad_bias.par_chunks_mut(h))
+            .enumerate()
+            .for_each(|(bi, (gq, gc))| {
+                tokens.sample_backward(
+                    rows[bi],
+                    crate::model::token_products::Rows {
+                        data: &trace.probs[bi * h * t..(bi + 1) * h * t],
+                        stride: t,
+                    },
+                    crate::model::token_products::Rows {
+                        data: &grad_pooled[bi * h * d..(bi + 1) * h * d],
+                        stride: d,
+                    },
+                    None,
+                    gq,
+                    gc,
+                )
+            });
+        let q0 = &trace.q0;
+        let (mut wk, mut bk) = (vec![0f32; d * d], vec![0f32; d]);
+        let mut grad_q0 = vec![0f32; b * d];
+        for head in 0..h {
+            // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ.
+            matmul(
+                (b, dh, d),
+                (&mut grad_q0[head * dh..], d),
+                (&grad_queries[head * d..], (h * d) as isize, 1),
+                (&qk.wk[head * dh * d..], 1, d as isize),
+            );
+            // ∂L/∂W_Kₕ (dₕ×D) = q₀ₕᵀ (dₕ×B) · ∂L/∂rₕ (B×D).
+            matmul(
+                (dh, d, b),
+                (&mut wk[head * dh * d..], d),
+                (&q0[head * dh..], 1, d as isize),
+                (&grad_queries[head * d..], (h * d) as isize, 1),
+            );
+            let bias_k = &qk.bk[head * dh..(head + 1) * dh];
+            for bi in 0..b {
+                let c = grad_bias[bi * h + head];
+                let row = bi * d + head * dh;
+                for j in 0..dh {
+                    grad_q0[row + j] += c * bias_k[j];
+                    bk[head * dh + j] += c * q0[row + j];
+                }
+            }
+        }
+        // ∂L/∂W_Q (D×D) = ∂L/∂q₀ᵀ (D×B) · x̂₀ (B×D); ∂L/∂b_Q = Σ_b ∂L/∂q₀.
+        let mut wq = vec![0f32; d * d];
+        matmul(
+            (d, d, b),
+            (&mut wq, d),
+            (&grad_q0, 1, d as isize),
+            (cls.normed, d as isize, 1),
+        );
+        let mut bq = vec![0f32; d];
+        grad_q0
+            .chunks_exact(d)
+            .for_each(|row| add_into(&mut bq, row));
+        HostGradients {
+            loss: 0.0,
+            wq,
+            bq,
+            wk,
+            bk,
+        }
+    }
+}
+
+/// The mean cross-entropy of `logits` (B×C) against `targets`, and its gradient
+/// (softmax − one-hot)/B.
+fn cross_entropy(logits: &[f32], targets: &[u32], classes: usize) -> (f32, Vec<f32>) {
+    let b = targets.len();
+    let mut grad = vec![0f32; logits.len()];
+    let mut total = 0f32;
+    for ((row, g), &target) in logits
+        .chunks_exact(classes)
+        .zip(grad.chunks_exact_mut(classes))
+        .zip(targets)
+    {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for (g, &l) in g.iter_mut().zip(row) {
+            *g = (l - max).exp();
+            sum += *g;
+        }
+        total += sum.ln() + max - row[target as usize];
+        for g in g.iter_mut() {
+            *g /= sum * b as f32;
+        }
+        g[target as usize] -= 1.0 / b as f32;
+    }
+    (total / b as f32, grad)
+}
+
+impl QueryKey {
+    /// `f` with the query and key read in place.
+    pub(super) fn on_host<R>(&self, f: impl FnOnce(&HostQk) -> R) -> Result<R> {
+        use crate::kernels::with_host_f32 as host;
+        Ok(host(self.wq.as_tensor(), |wq| {
+            host(self.bq.as_tensor(), |bq| {
+                host(self.wk.as_tensor(), |wk| {
+                    host(self.bk.as_tensor(), |bk| f(&HostQk { wq, bq, wk, bk }))
+                })
+            })
+        })????)
+    }
+}
