@@ -268,9 +268,9 @@ fn measure(
     })
 }
 
-/// Phase 2: trains `params` through `forward` on the noisy labels for epochs
-/// `start_epoch..epochs` (0-based) in the batch order of `shuffle`, scoring the test set every
-/// `eval_every` epochs and after the last one. `optimizer` must have been built for all `epochs` (its state restored on resume).
+/// Phase 2: trains the optimizer's parameters by `step` on the noisy labels for epochs
+/// `start_epoch..epochs` (0-based) in the batch order of `shuffle`, evaluating through `forward`
+/// after each epoch and scoring the test set every `eval_every` epochs and after the last one. `optimizer` must have been built for all `epochs` (its state restored on resume).
 /// `penalty` joins the descended objective; the logged train loss stays the data loss.
 #[allow(clippy::too_many_arguments)]
 pub fn train_phase2(

@@ -29,6 +29,7 @@ use crate::encoder::dense::FrozenLinear;
 use crate::encoder::layers::Norm;
 use crate::kernels::{gelu, gelu_backward, gemm_into as matmul};
 use crate::model::attend::KeyValues;
+use crate::model::token_products::Rows;
 
 /// A LayerNorm's parameters on the host.
 struct HostNorm {
@@ -428,11 +429,11 @@ impl HostLayer {
             .for_each(|(bi, (gq, gc))| {
                 tokens.sample_backward(
                     rows[bi],
-                    crate::model::token_products::Rows {
+                    Rows {
                         data: &trace.probs[bi * h * t..(bi + 1) * h * t],
                         stride: t,
                     },
-                    crate::model::token_products::Rows {
+                    Rows {
                         data: &grad_pooled[bi * h * d..(bi + 1) * h * d],
                         stride: d,
                     },
