@@ -102,7 +102,6 @@ fn main() {
             finetune: &resident,
             test: &cached,
             labels: &labels,
-            device: &device,
             sample_pool: &pool,
         };
         let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);

@@ -284,7 +284,6 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
         finetune: &resident,
         test: &test_rows,
         labels: &labels,
-        device: &device,
         sample_pool: &pool,
     };
     let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);

@@ -111,7 +111,7 @@ fn check(
         );
     }
     if device.is_cpu() {
-        check_host_pass(&layer, &qk, &resident, &batch, labels);
+        check_host_pass(&layer, &qk, &resident, &rows, &batch, labels);
     }
     Phase2Step {
         loss: a,
@@ -125,11 +125,12 @@ fn check(
 
 /// The CPU's host pass (its training step and evaluation, written out by hand) against autograd
 /// through the resident path, on the samples in reverse order: logits and attention to 1e-5,
-/// loss to 1e-5, every gradient to 1e-4 (the key bias's, whose true value is 0, to 1e-4 of W_Q's).
+/// loss to 1e-5, every gradient to 1e-4, and the same evaluation read straight from cached rows; (the key bias's, whose true value is 0, to 1e-4 of W_Q's).
 fn check_host_pass(
     layer: &LastLayer,
     qk: &QueryKey,
     resident: &benign_attention::model::last_layer::ResidentSet,
+    cached: &LayerRows,
     batch: &benign_attention::encoder::layer_rows::LayerBatch,
     labels: &Tensor,
 ) {
@@ -178,6 +179,11 @@ fn check_host_pass(
     let evaluated = layer.evaluate(qk, &batch.inputs, &batch.lengths).unwrap();
     assert!(max_rel_diff(&evaluated.logits, &streamed.logits.detach()) < 1e-5);
     assert!(max_abs_diff(&evaluated.cls_attention, &streamed.cls_attention.detach()) < 1e-6);
+    // Straight from the cached rows (the streamed test set), its own LayerNorm included.
+    let in_order: Vec<usize> = (0..n).collect();
+    let from_rows = layer.evaluate_rows(qk, cached, &in_order).unwrap();
+    assert!(max_rel_diff(&from_rows.logits, &streamed.logits.detach()) < 1e-5);
+    assert!(max_abs_diff(&from_rows.cls_attention, &streamed.cls_attention.detach()) < 1e-6);
 }
 
 /// The same step on another device: loss and gradients to 1e-4 of the CPU's (the key bias's,

@@ -67,7 +67,6 @@ fn train_tiny_last_layer(locater: f64, sample_threads: usize) -> Trained {
         finetune: &train_set,
         test: &test_rows,
         labels: &labels,
-        device: &Device::Cpu,
         sample_pool: &sample_pool,
     };
     let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);

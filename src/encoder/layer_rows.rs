@@ -88,6 +88,37 @@ pub struct LayerRows {
     storage: Storage,
 }
 
+/// Little-endian f32 values at byte `offset` of `file` into `out`: straight into the floats'
+/// bytes where the machine is little-endian (every read of the streamed test set goes here).
+fn read_f32s_at(file: &std::fs::File, offset: u64, out: &mut [f32]) -> std::io::Result<()> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: f32 has no invalid bit patterns and no padding; the byte view covers exactly
+        // `out`, which it borrows mutably for the read.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(out))
+        };
+        file.read_exact_at(bytes, offset)
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        let mut bytes = vec![0u8; out.len() * 4];
+        file.read_exact_at(&mut bytes, offset)?;
+        for (v, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok(())
+    }
+}
+
+/// A batch read back on the host: (B, width, D) row-major, zero-padded, and the lengths.
+pub struct HostBatch {
+    pub values: Vec<f32>,
+    pub width: usize,
+    pub dim: usize,
+    pub lengths: Vec<usize>,
+}
+
 /// A batch read back: (B, L, D) zero-padded to the batch's longest sample, and the lengths.
 pub struct LayerBatch {
     pub inputs: Tensor,
@@ -262,18 +293,10 @@ impl LayerRows {
             Storage::Disk(samples) => {
                 let sample = &samples[i];
                 let path = &sample.file.path;
-                let mut bytes = vec![0u8; len * 4];
-                sample
-                    .file
-                    .file()?
-                    .read_exact_at(&mut bytes, sample.offset)
-                    .with_context(|| format!("{}: cannot read sample rows", path.display()))?;
                 let first = out.len();
-                out.extend(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                );
+                out.resize(first + len, 0.0);
+                read_f32s_at(sample.file.file()?, sample.offset, &mut out[first..])
+                    .with_context(|| format!("{}: cannot read sample rows", path.display()))?;
                 if !sample.verified.load(Ordering::Acquire) {
                     if rows_digest(&out[first..]) != sample.digest {
                         bail!(
@@ -290,6 +313,15 @@ impl LayerRows {
 
     /// Samples `rows`, (B, L, D) zero-padded to the longest of them, on `device`.
     pub fn batch(&self, rows: &[usize], device: &Device) -> Result<LayerBatch> {
+        let batch = self.host_batch(rows)?;
+        Ok(LayerBatch {
+            inputs: Tensor::from_vec(batch.values, (rows.len(), batch.width, self.dim), device)?,
+            lengths: batch.lengths,
+        })
+    }
+
+    /// [`Self::batch`] as host values, for the CPU's host pass.
+    pub fn host_batch(&self, rows: &[usize]) -> Result<HostBatch> {
         if rows.is_empty() {
             bail!("an empty batch of layer inputs");
         }
@@ -303,8 +335,10 @@ impl LayerRows {
             self.read_sample(r, &mut values)?;
             values.resize(start + width * self.dim, 0.0);
         }
-        Ok(LayerBatch {
-            inputs: Tensor::from_vec(values, (rows.len(), width, self.dim), device)?,
+        Ok(HostBatch {
+            values,
+            width,
+            dim: self.dim,
             lengths: rows.iter().map(|&r| self.lengths[r]).collect(),
         })
     }

@@ -62,25 +62,38 @@ impl KeyValues {
         scale: f64,
     ) -> Result<Self> {
         let (samples, t, dim) = tokens.dims3()?;
-        let lengths = match lengths {
-            Some(l) => {
-                ensure!(
-                    l.len() == samples && l.iter().all(|&len| (1..=t).contains(&len)),
-                    "lengths {l:?} do not fit {samples} samples of {t} tokens"
-                );
-                l.to_vec()
-            }
-            None => vec![t; samples],
-        };
+        let lengths = lengths.map_or_else(|| vec![t; samples], <[usize]>::to_vec);
+        if tokens.device().is_cpu() {
+            let values = tokens.flatten_all()?.to_vec1::<f32>()?;
+            return Self::from_host(values, (samples, t, dim), heads, lengths, scale);
+        }
+        let mut kv = Self::from_host(Vec::new(), (samples, t, dim), heads, lengths, scale)?;
+        kv.on_device = Some(tokens.contiguous()?);
+        Ok(kv)
+    }
+
+    /// The same from host values (N·T·D, row-major) taken as they are; an empty `values` when
+    /// the tokens stay on another device.
+    pub fn from_host(
+        values: Vec<f32>,
+        (samples, t, dim): (usize, usize, usize),
+        heads: usize,
+        lengths: Vec<usize>,
+        scale: f64,
+    ) -> Result<Self> {
+        ensure!(
+            lengths.len() == samples && lengths.iter().all(|&len| (1..=t).contains(&len)),
+            "lengths {lengths:?} do not fit {samples} samples of {t} tokens"
+        );
         ensure!(heads >= 1, "attention needs at least one head");
-        let (tokens_data, on_device) = if tokens.device().is_cpu() {
-            (tokens.flatten_all()?.to_vec1::<f32>()?, None)
-        } else {
-            (Vec::new(), Some(tokens.contiguous()?))
-        };
+        ensure!(
+            values.is_empty() || values.len() == samples * t * dim,
+            "{} token values for {samples} × {t} × {dim}",
+            values.len()
+        );
         Ok(Self {
-            tokens_data,
-            on_device,
+            tokens_data: values,
+            on_device: None,
             lengths,
             samples,
             tokens: t,

@@ -300,6 +300,45 @@ impl<'a> LastLayer<'a> {
         self.output(logits, probs, rows.len(), &tokens)
     }
 
+    /// [`Self::evaluate`] on samples `which` of cached layer inputs, read straight into the host
+    /// pass when the layer has one (the streamed test set: no tensor, no copy of its tokens).
+    pub fn evaluate_rows(
+        &self,
+        qk: &QueryKey,
+        rows: &LayerRows,
+        which: &[usize],
+    ) -> Result<Output> {
+        let Some(host) = &self.host else {
+            let batch = rows.batch(which, self.value_device())?;
+            return self.evaluate(qk, &batch.inputs, &batch.lengths);
+        };
+        let mut batch = rows.host_batch(which)?;
+        let (b, width, d) = (which.len(), batch.width, batch.dim);
+        let first_rows = |values: &[f32]| -> Vec<f32> {
+            values
+                .chunks_exact(width * d)
+                .flat_map(|sample| sample[..d].iter().copied())
+                .collect()
+        };
+        let inputs = first_rows(&batch.values);
+        host.normalise_inputs(&mut batch.values, &batch.lengths, width);
+        let normed = first_rows(&batch.values);
+        let tokens = KeyValues::from_host(
+            batch.values,
+            (b, width, d),
+            self.attention().num_heads,
+            batch.lengths,
+            self.scale(),
+        )?;
+        let cls = host::ClsRows {
+            inputs: &inputs,
+            normed: &normed,
+        };
+        let all: Vec<usize> = (0..b).collect();
+        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, &tokens, &all))?;
+        self.output(logits, probs, b, &tokens)
+    }
+
     /// The mean cross-entropy of resident samples `rows` against `targets`, and its gradient for
     /// each of [`QueryKey::named`] in that order, from the host pass; `None` when the layer has
     /// none (then autograd through [`Self::forward_resident`] is the route).

@@ -3,7 +3,7 @@
 //! benches and the tests share it, so all of them time and check the route a run takes.
 
 use anyhow::Result;
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
 use super::loops::{Set, autograd_step};
 use crate::encoder::layer_rows::LayerRows;
@@ -18,7 +18,6 @@ pub struct LastLayerSets<'a> {
     pub test: &'a LayerRows,
     /// The fine-tune set's (noisy) labels, what a step trains on.
     pub labels: &'a [u32],
-    pub device: &'a Device,
     /// Where the host pass's per-sample work runs ([`crate::train::run::FinetuneJob::sample_threads`]).
     pub sample_pool: &'a rayon::ThreadPool,
 }
@@ -32,11 +31,7 @@ impl LastLayerSets<'_> {
     fn evaluate_here(&self, set: Set, rows: &[usize]) -> Result<(Tensor, Tensor)> {
         let out = match set {
             Set::Finetune => self.layer.evaluate_resident(self.qk, self.finetune, rows)?,
-            Set::Test => {
-                let batch = self.test.batch(rows, self.device)?;
-                self.layer
-                    .evaluate(self.qk, &batch.inputs, &batch.lengths)?
-            }
+            Set::Test => self.layer.evaluate_rows(self.qk, self.test, rows)?,
         };
         Ok((out.logits, out.cls_attention))
     }

@@ -316,7 +316,6 @@ fn train_last_layer(
         finetune: &resident,
         test: test_rows,
         labels: run.data.labels,
-        device,
         sample_pool: &sample_pool,
     };
     let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);

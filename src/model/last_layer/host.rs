@@ -80,6 +80,19 @@ impl HostNorm {
         trace
     }
 
+    /// [`Self::forward`]'s output in place over rows of `x`, with no trace.
+    fn normalise_in_place(&self, x: &mut [f32]) {
+        let d = self.weight.len();
+        for x in x.chunks_exact_mut(d) {
+            let mean = x.iter().sum::<f32>() / d as f32;
+            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
+            let inv = 1.0 / (var + self.eps).sqrt();
+            for k in 0..d {
+                x[k] = (x[k] - mean) * inv * self.weight[k] + self.bias[k];
+            }
+        }
+    }
+
     /// ∂L/∂x = (g − mean(g) − n·mean(g⊙n))/σ with g = ∂L/∂y ⊙ γ, into `dx`.
     fn backward(&self, trace: &NormTrace, dy: &[f32], dx: &mut [f32]) {
         let d = self.weight.len();
@@ -112,6 +125,8 @@ enum Residual {
 
 /// The frozen layer after the attention, and the classifier, on the host.
 pub(super) struct HostLayer {
+    /// What the attention reads of its input: ViT's LayerNorm before it; BERT reads X itself.
+    pre_norm: Option<HostNorm>,
     value: Arc<FrozenLinear>,
     output: Arc<FrozenLinear>,
     first_norm: HostNorm,
@@ -214,7 +229,12 @@ impl HostLayer {
         };
         let (pooler, classifier) = layer.readout.parts();
         let classes = classifier.dims().0;
+        let pre_norm = match layer.model {
+            crate::encoder::Model::Vit(v) => Some(HostNorm::new(&v.last_layer().layernorm_before)?),
+            crate::encoder::Model::Bert(_) => None,
+        };
         Ok(Some(Self {
+            pre_norm,
             value: Arc::clone(&layer.value),
             output: frozen(output)?,
             first_norm: HostNorm::new(first_norm)?,
@@ -229,6 +249,18 @@ impl HostLayer {
             hidden: attention.num_heads * attention.head_dim,
             classes,
         }))
+    }
+
+    /// What the attention reads of layer inputs, in place over the first `lengths[i]` of each
+    /// sample's `width` token rows (padding is never read).
+    pub(super) fn normalise_inputs(&self, values: &mut [f32], lengths: &[usize], width: usize) {
+        let Some(norm) = &self.pre_norm else {
+            return;
+        };
+        let d = self.hidden;
+        for (sample, &len) in values.chunks_exact_mut(width * d).zip(lengths) {
+            norm.normalise_in_place(&mut sample[..len * d]);
+        }
     }
 
     /// Logits (B×C) and the CLS attention (B×H×T) of samples `rows` of `tokens`.
