@@ -26,8 +26,8 @@ struct Trained {
 }
 
 /// 30 epochs of phase 2 on 16 noisy samples, with LocAteR's λ = `locater`, the host pass's
-/// samples on `sample_threads` threads.
-fn train_tiny_last_layer(locater: f64, sample_threads: usize) -> Trained {
+/// samples on `sample_threads` threads, in batches of `batch`.
+fn train_tiny_last_layer(locater: f64, sample_threads: usize, batch: usize) -> Trained {
     let config: VitConfig = common::config("tiny_vit");
     let vit = Vit::load(common::model_vb("tiny_vit", &Device::Cpu), &config).unwrap();
     // Seeded, so that two trainings see the same images.
@@ -102,7 +102,7 @@ fn train_tiny_last_layer(locater: f64, sample_threads: usize) -> Trained {
             learning_rate: 0.05,
             ..Default::default()
         },
-        epochs * steps_per_epoch(16, 4),
+        epochs * steps_per_epoch(16, batch),
     )
     .unwrap();
     let mut log: Vec<EpochMetrics> = Vec::new();
@@ -113,7 +113,7 @@ fn train_tiny_last_layer(locater: f64, sample_threads: usize) -> Trained {
         &data,
         0,
         epochs,
-        4,
+        batch,
         Shuffle::own(1),
         10,
         (locater > 0.0).then_some(&penalty as &Penalty),
@@ -133,7 +133,7 @@ fn train_tiny_last_layer(locater: f64, sample_threads: usize) -> Trained {
 
 #[test]
 fn last_layer_training_lowers_the_loss_on_noisy_labels() {
-    let Trained { log, steps, .. } = train_tiny_last_layer(0.0, 1);
+    let Trained { log, steps, .. } = train_tiny_last_layer(0.0, 1, 4);
     let epochs = 30;
     assert_eq!(log.len(), epochs);
     assert!(
@@ -160,8 +160,8 @@ fn last_layer_training_lowers_the_loss_on_noisy_labels() {
 /// trained query-key matrix ends lower with it than without it.
 #[test]
 fn locater_penalty_lowers_the_query_key_eigen_variance() {
-    let plain = train_tiny_last_layer(0.0, 1);
-    let penalised = train_tiny_last_layer(50.0, 1);
+    let plain = train_tiny_last_layer(0.0, 1, 4);
+    let penalised = train_tiny_last_layer(50.0, 1, 4);
     assert_eq!(
         plain.eigen_variance.0, penalised.eigen_variance.0,
         "same initialisation"
@@ -177,10 +177,13 @@ fn locater_penalty_lowers_the_query_key_eigen_variance() {
 }
 
 /// The host pass spreads samples over threads and sums nothing across them: a run's every logged
-/// number is the same bit for bit on one thread or three.
+/// number is the same bit for bit on one thread or three (batches of 12: chunks of 8 and 4 rows).
 #[test]
 fn phase_two_numbers_do_not_depend_on_the_sample_threads() {
-    let (one, three) = (train_tiny_last_layer(0.0, 1), train_tiny_last_layer(0.0, 3));
+    let (one, three) = (
+        train_tiny_last_layer(0.0, 1, 12),
+        train_tiny_last_layer(0.0, 3, 12),
+    );
     let json = |log: &[EpochMetrics]| serde_json::to_string(log).unwrap();
     assert_eq!(json(&one.log), json(&three.log));
     assert_eq!(

@@ -156,6 +156,38 @@ pub(super) struct ClsRows<'a> {
     pub(super) normed: &'a [f32],
 }
 
+/// Rows a chunk holds. A step's or an evaluation's rows go through the layer a chunk at a time,
+/// each chunk on one thread from its forward to its query row's gradient (its samples' tokens
+/// stay in that core's cache from the forward to the backward). The chunk's size is fixed, not
+/// the thread count's: the products see the same shapes however many threads there are, so the
+/// numbers do not depend on them.
+const CHUNK: usize = 8;
+
+/// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
+#[derive(Default)]
+struct ChunkGradients {
+    /// Σ of the rows' cross-entropies.
+    loss_sum: f32,
+    /// (rows, D)
+    q0: Vec<f32>,
+    /// ∂L/∂r (rows, H, D)
+    grad_queries: Vec<f32>,
+    /// ∂L/∂c (rows, H)
+    grad_bias: Vec<f32>,
+    /// ∂L/∂q₀ (rows, D)
+    grad_q0: Vec<f32>,
+}
+
+impl ClsRows<'_> {
+    /// Rows `start..start + len`, of `d` values each.
+    fn part(&self, start: usize, len: usize, d: usize) -> ClsRows<'_> {
+        ClsRows {
+            inputs: &self.inputs[start * d..(start + len) * d],
+            normed: &self.normed[start * d..(start + len) * d],
+        }
+    }
+}
+
 /// A forward's results and what its backward reads.
 struct Trace {
     rows: usize,
@@ -271,8 +303,17 @@ impl HostLayer {
         tokens: &KeyValues,
         rows: &[usize],
     ) -> (Vec<f32>, Vec<f32>) {
-        let trace = self.trace(qk, cls, tokens, rows);
-        (trace.logits, trace.probs)
+        let parts: Vec<Trace> = rows
+            .par_chunks(CHUNK)
+            .enumerate()
+            .map(|(c, chunk)| self.trace(qk, &cls.part(c * CHUNK, chunk.len(), self.hidden), tokens, chunk))
+            .collect();
+        let (mut logits, mut probs) = (Vec::new(), Vec::new());
+        for part in parts {
+            logits.extend_from_slice(&part.logits);
+            probs.extend_from_slice(&part.probs);
+        }
+        (logits, probs)
     }
 
     /// The mean cross-entropy of samples `rows` against `targets` and its gradient for the
@@ -292,12 +333,46 @@ impl HostLayer {
             rows.len(),
             self.classes
         );
-        let trace = self.trace(qk, cls, tokens, rows);
-        let (loss, grad_logits) = cross_entropy(&trace.logits, targets, self.classes);
-        let grad_context = self.backward_rest(&trace, &grad_logits);
-        let mut gradients = self.backward_query_key(qk, cls, tokens, rows, &trace, &grad_context);
-        gradients.loss = loss;
+        let parts: Vec<ChunkGradients> = rows
+            .par_chunks(CHUNK)
+            .zip(targets.par_chunks(CHUNK))
+            .enumerate()
+            .map(|(c, (chunk, chunk_targets))| {
+                let cls = cls.part(c * CHUNK, chunk.len(), self.hidden);
+                self.chunk_gradients(qk, &cls, tokens, chunk, chunk_targets, rows.len())
+            })
+            .collect();
+        let mut whole = ChunkGradients::default();
+        for part in parts {
+            whole.loss_sum += part.loss_sum;
+            whole.q0.extend_from_slice(&part.q0);
+            whole.grad_queries.extend_from_slice(&part.grad_queries);
+            whole.grad_bias.extend_from_slice(&part.grad_bias);
+            whole.grad_q0.extend_from_slice(&part.grad_q0);
+        }
+        let mut gradients = self.weight_gradients(cls, &whole, rows.len());
+        gradients.loss = whole.loss_sum / rows.len() as f32;
         Ok(gradients)
+    }
+
+    /// One chunk's forward, its share of the loss (the batch has `batch` rows) and the backward
+    /// through its rows as far as the query row q₀: every step that is row by row.
+    fn chunk_gradients(
+        &self,
+        qk: &HostQk,
+        cls: &ClsRows,
+        tokens: &KeyValues,
+        rows: &[usize],
+        targets: &[u32],
+        batch: usize,
+    ) -> ChunkGradients {
+        let trace = self.trace(qk, cls, tokens, rows);
+        let (loss_sum, grad_logits) = cross_entropy(&trace.logits, targets, self.classes, batch);
+        let grad_context = self.backward_rest(&trace, &grad_logits);
+        let mut part = self.backward_attention(qk, tokens, rows, &trace, &grad_context);
+        part.loss_sum = loss_sum;
+        part.q0 = trace.q0;
+        part
     }
 
     /// The forward, keeping what the backward reads.
@@ -329,12 +404,12 @@ impl HostLayer {
             .zip(qk.bk.chunks_exact(dh).cycle())
             .map(|(q, k)| q.iter().zip(k).map(|(q, k)| q * k).sum())
             .collect();
-        // The attention, a sample at a time (in parallel: each sample's tokens are its own).
+        // The attention, a sample at a time.
         let mut probs = vec![0f32; b * h * t];
         let mut pooled = vec![0f32; b * h * d];
         probs
-            .par_chunks_mut(h * t)
-            .zip(pooled.par_chunks_mut(h * d))
+            .chunks_mut(h * t)
+            .zip(pooled.chunks_mut(h * d))
             .enumerate()
             .for_each(|(bi, (p, y))| {
                 tokens.sample_forward(
@@ -437,16 +512,16 @@ impl HostLayer {
         grad_context
     }
 
-    /// From ∂L/∂context through the attention to the query and key.
-    fn backward_query_key(
+    /// From ∂L/∂context through the attention to the query row of each row of a chunk: ∂L/∂r,
+    /// ∂L/∂c and ∂L/∂q₀.
+    fn backward_attention(
         &self,
         qk: &HostQk,
-        cls: &ClsRows,
         tokens: &KeyValues,
         rows: &[usize],
         trace: &Trace,
         grad_context: &[f32],
-    ) -> HostGradients {
+    ) -> ChunkGradients {
         let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
         let (_, _, t) = tokens.geometry();
         let b = trace.rows;
@@ -454,28 +529,26 @@ impl HostLayer {
         self.value.backward_rows(grad_context, &mut grad_pooled);
         let mut grad_queries = vec![0f32; b * h * d];
         let mut grad_bias = vec![0f32; b * h];
-        grad_queries
-            .par_chunks_mut(h * d)
-            .zip(grad_bias.par_chunks_mut(h))
+        for (bi, (gq, gc)) in grad_queries
+            .chunks_mut(h * d)
+            .zip(grad_bias.chunks_mut(h))
             .enumerate()
-            .for_each(|(bi, (gq, gc))| {
-                tokens.sample_backward(
-                    rows[bi],
-                    Rows {
-                        data: &trace.probs[bi * h * t..(bi + 1) * h * t],
-                        stride: t,
-                    },
-                    Rows {
-                        data: &grad_pooled[bi * h * d..(bi + 1) * h * d],
-                        stride: d,
-                    },
-                    None,
-                    gq,
-                    gc,
-                )
-            });
-        let q0 = &trace.q0;
-        let (mut wk, mut bk) = (vec![0f32; d * d], vec![0f32; d]);
+        {
+            tokens.sample_backward(
+                rows[bi],
+                Rows {
+                    data: &trace.probs[bi * h * t..(bi + 1) * h * t],
+                    stride: t,
+                },
+                Rows {
+                    data: &grad_pooled[bi * h * d..(bi + 1) * h * d],
+                    stride: d,
+                },
+                None,
+                gq,
+                gc,
+            );
+        }
         let mut grad_q0 = vec![0f32; b * d];
         for head in 0..h {
             // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ.
@@ -485,6 +558,33 @@ impl HostLayer {
                 (&grad_queries[head * d..], (h * d) as isize, 1),
                 (&qk.wk[head * dh * d..], 1, d as isize),
             );
+            let bias_k = &qk.bk[head * dh..(head + 1) * dh];
+            for bi in 0..b {
+                let c = grad_bias[bi * h + head];
+                let row = &mut grad_q0[bi * d + head * dh..bi * d + (head + 1) * dh];
+                row.iter_mut().zip(bias_k).for_each(|(g, k)| *g += c * k);
+            }
+        }
+        ChunkGradients {
+            grad_queries,
+            grad_bias,
+            grad_q0,
+            ..Default::default()
+        }
+    }
+
+    /// The query's and key's gradients from every row's ∂L/∂r, ∂L/∂c and ∂L/∂q₀: sums over the
+    /// batch, done once over all its rows in a fixed order.
+    fn weight_gradients(
+        &self,
+        cls: &ClsRows,
+        whole: &ChunkGradients,
+        b: usize,
+    ) -> HostGradients {
+        let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
+        let (q0, grad_queries) = (&whole.q0, &whole.grad_queries);
+        let (mut wk, mut bk) = (vec![0f32; d * d], vec![0f32; d]);
+        for head in 0..h {
             // ∂L/∂W_Kₕ (dₕ×D) = q₀ₕᵀ (dₕ×B) · ∂L/∂rₕ (B×D).
             matmul(
                 (dh, d, b),
@@ -492,13 +592,10 @@ impl HostLayer {
                 (&q0[head * dh..], 1, d as isize),
                 (&grad_queries[head * d..], (h * d) as isize, 1),
             );
-            let bias_k = &qk.bk[head * dh..(head + 1) * dh];
             for bi in 0..b {
-                let c = grad_bias[bi * h + head];
-                let row = bi * d + head * dh;
+                let c = whole.grad_bias[bi * h + head];
                 for j in 0..dh {
-                    grad_q0[row + j] += c * bias_k[j];
-                    bk[head * dh + j] += c * q0[row + j];
+                    bk[head * dh + j] += c * q0[bi * d + head * dh + j];
                 }
             }
         }
@@ -507,11 +604,12 @@ impl HostLayer {
         matmul(
             (d, d, b),
             (&mut wq, d),
-            (&grad_q0, 1, d as isize),
+            (&whole.grad_q0, 1, d as isize),
             (cls.normed, d as isize, 1),
         );
         let mut bq = vec![0f32; d];
-        grad_q0
+        whole
+            .grad_q0
             .chunks_exact(d)
             .for_each(|row| add_into(&mut bq, row));
         HostGradients {
@@ -524,10 +622,9 @@ impl HostLayer {
     }
 }
 
-/// The mean cross-entropy of `logits` (B×C) against `targets`, and its gradient
-/// (softmax − one-hot)/B.
-fn cross_entropy(logits: &[f32], targets: &[u32], classes: usize) -> (f32, Vec<f32>) {
-    let b = targets.len();
+/// The summed cross-entropy of `logits` (rows×C) against `targets`, and the gradient of the
+/// batch's mean, (softmax − one-hot)/B, for a batch of `b` rows.
+fn cross_entropy(logits: &[f32], targets: &[u32], classes: usize, b: usize) -> (f32, Vec<f32>) {
     let mut grad = vec![0f32; logits.len()];
     let mut total = 0f32;
     for ((row, g), &target) in logits
@@ -547,7 +644,7 @@ fn cross_entropy(logits: &[f32], targets: &[u32], classes: usize) -> (f32, Vec<f
         }
         g[target as usize] -= 1.0 / b as f32;
     }
-    (total / b as f32, grad)
+    (total, grad)
 }
 
 impl QueryKey {
