@@ -211,6 +211,44 @@ pub(crate) fn gelu_backward(x: &[f32], dy: &mut [f32]) {
     gelu_backward_kernel(x, dy)
 }
 
+/// The mean of a row and 1/√(variance + ε), its sums in eight independent lanes so that they
+/// vectorise (the host pass's LayerNorms; the test set's tokens are normalised at every scoring).
+pub(crate) fn mean_and_inv_std(x: &[f32], eps: f32) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2(x: &[f32], eps: f32) -> (f32, f32) {
+        mean_and_inv_std_kernel(x, eps)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_fma() {
+        // SAFETY: the CPU has the features `avx2` is compiled for.
+        return unsafe { avx2(x, eps) };
+    }
+    mean_and_inv_std_kernel(x, eps)
+}
+
+#[inline(always)]
+fn mean_and_inv_std_kernel(x: &[f32], eps: f32) -> (f32, f32) {
+    let d = x.len() as f32;
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    let mut lanes = [0f32; LANES];
+    for chunk in chunks.clone() {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v;
+        }
+    }
+    let mean = (lanes.iter().sum::<f32>() + rest.iter().sum::<f32>()) / d;
+    let mut lanes = [0f32; LANES];
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += (v - mean) * (v - mean);
+        }
+    }
+    let var = (lanes.iter().sum::<f32>() + rest.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>()) / d;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
 /// [`softmax_kernel`], vectorised for the CPU at hand.
 pub(crate) fn softmax(row: &mut [f32], scale: f32, mask: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]

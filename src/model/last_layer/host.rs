@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use super::{LastLayer, QueryKey, Rest};
 use crate::encoder::dense::FrozenLinear;
 use crate::encoder::layers::Norm;
-use crate::kernels::{gelu, gelu_backward, gemm_into as matmul};
+use crate::kernels::{gelu, gelu_backward, gemm_into as matmul, mean_and_inv_std};
 use crate::model::attend::KeyValues;
 use crate::model::token_products::Rows;
 
@@ -69,9 +69,8 @@ impl HostNorm {
             .zip(trace.normalised.chunks_exact_mut(d))
             .zip(trace.inv_std.iter_mut())
         {
-            let mean = x.iter().sum::<f32>() / d as f32;
-            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
-            *inv = 1.0 / (var + self.eps).sqrt();
+            let mean;
+            (mean, *inv) = mean_and_inv_std(x, self.eps);
             for k in 0..d {
                 n[k] = (x[k] - mean) * *inv;
                 y[k] = n[k] * self.weight[k] + self.bias[k];
@@ -84,11 +83,9 @@ impl HostNorm {
     fn normalise_in_place(&self, x: &mut [f32]) {
         let d = self.weight.len();
         for x in x.chunks_exact_mut(d) {
-            let mean = x.iter().sum::<f32>() / d as f32;
-            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
-            let inv = 1.0 / (var + self.eps).sqrt();
-            for k in 0..d {
-                x[k] = (x[k] - mean) * inv * self.weight[k] + self.bias[k];
+            let (mean, inv) = mean_and_inv_std(x, self.eps);
+            for ((v, w), b) in x.iter_mut().zip(&self.weight).zip(&self.bias) {
+                *v = (*v - mean) * inv * w + b;
             }
         }
     }
