@@ -190,6 +190,8 @@ pub struct EpochMetrics {
     pub rank_collapse: Option<f64>,
 }
 
+/// Samples an evaluation hands the model at once (the streamed test set holds one batch of tokens
+/// in memory; the host pass splits it into chunks across threads).
 const EVAL_BATCH: usize = 64;
 
 fn nan() -> f64 {
@@ -334,10 +336,13 @@ mod tests {
             let attention = Tensor::full(1.0 / width as f32, (rows.len(), 1, width), &Device::Cpu)?;
             Ok((logits, attention))
         };
-        let (logits, attention) = forward_all(&forward, Set::Finetune, 150).unwrap();
-        assert_eq!(logits.dims(), [150, 2]);
-        // Chunks start at rows 0, 64 and 128: widths 2, 3 and 4.
-        assert_eq!(attention.dims(), [150, 1, 4]);
+        let b = EVAL_BATCH;
+        assert_eq!(b % 3, 1, "the widths below assume it");
+        let n = 2 * b + 22;
+        let (logits, attention) = forward_all(&forward, Set::Finetune, n).unwrap();
+        assert_eq!(logits.dims(), [n, 2]);
+        // Chunks start at rows 0, b and 2b: widths 2, 3 and 4.
+        assert_eq!(attention.dims(), [n, 1, 4]);
         let row = |r: usize| {
             attention
                 .get(r)
@@ -348,9 +353,9 @@ mod tests {
                 .unwrap()
         };
         assert_eq!(row(0), [0.5, 0.5, 0.0, 0.0]);
-        assert_eq!(row(149), [0.25; 4]);
+        assert_eq!(row(n - 1), [0.25; 4]);
         let (max, _) = attention_stats(&attention).unwrap();
-        let expected = (64.0 * 0.5 + 64.0 / 3.0 + 22.0 * 0.25) / 150.0;
+        let expected = (b as f64 * 0.5 + b as f64 / 3.0 + 22.0 * 0.25) / n as f64;
         assert!((max - expected).abs() < 1e-6, "{max} vs {expected}");
     }
 

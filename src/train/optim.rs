@@ -358,12 +358,7 @@ fn global_norm(grads: &[Tensor], on_host: bool) -> Result<f64> {
     let mut squared = 0f64;
     for g in grads {
         squared += if on_host {
-            crate::kernels::with_host_f32(g, |values| {
-                values
-                    .iter()
-                    .map(|&x| f64::from(x) * f64::from(x))
-                    .sum::<f64>()
-            })?
+            crate::kernels::with_host_f32(g, crate::kernels::squared_norm)?
         } else {
             g.sqr()?
                 .sum_all()?

@@ -160,6 +160,10 @@ pub(super) struct ClsRows<'a> {
 /// numbers do not depend on them.
 const CHUNK: usize = 8;
 
+/// Rows a chunk of an evaluation holds: with no backward to keep tokens in cache for, larger
+/// chunks make fewer and larger products (fixed for the same reason as [`CHUNK`]).
+const EVAL_CHUNK: usize = 32;
+
 /// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
 #[derive(Default)]
 struct ChunkGradients {
@@ -301,9 +305,12 @@ impl HostLayer {
         rows: &[usize],
     ) -> (Vec<f32>, Vec<f32>) {
         let parts: Vec<Trace> = rows
-            .par_chunks(CHUNK)
+            .par_chunks(EVAL_CHUNK)
             .enumerate()
-            .map(|(c, chunk)| self.trace(qk, &cls.part(c * CHUNK, chunk.len(), self.hidden), tokens, chunk))
+            .map(|(c, chunk)| {
+                let cls = cls.part(c * EVAL_CHUNK, chunk.len(), self.hidden);
+                self.trace(qk, &cls, tokens, chunk)
+            })
             .collect();
         let (mut logits, mut probs) = (Vec::new(), Vec::new());
         for part in parts {
@@ -526,10 +533,13 @@ impl HostLayer {
         self.value.backward_rows(grad_context, &mut grad_pooled);
         let mut grad_queries = vec![0f32; b * h * d];
         let mut grad_bias = vec![0f32; b * h];
+        // Last sample first: its tokens are the forward's most recent reads, the likeliest to
+        // be in cache still.
         for (bi, (gq, gc)) in grad_queries
             .chunks_mut(h * d)
             .zip(grad_bias.chunks_mut(h))
             .enumerate()
+            .rev()
         {
             tokens.sample_backward(
                 rows[bi],
