@@ -201,8 +201,10 @@ impl KeyValues {
     }
 
     /// Probabilities of every head of sample `i` in `probs` (H, T): scores R Xᵀ over its first L
-    /// tokens (one GEMM), then scale·(s + c) and a softmax; the padding is set to exactly 0.
-    fn probabilities(&self, i: usize, queries: &[f32], bias: &[f32], probs: &mut [f32]) {
+    /// tokens, then softmax(scale·s); the padding is set to exactly 0. softmax(scale·(s + c)) is
+    /// the same function: a head's bias c shifts its every score alike (which is also why its
+    /// gradient is 0), so it does not enter here.
+    fn probabilities(&self, i: usize, queries: &[f32], probs: &mut [f32]) {
         let (h, t, d, len) = (self.heads, self.tokens, self.dim, self.lengths[i]);
         // S (H×T, columns past L unwritten) = R (H×D) · Xᵀ.
         row_scores(
@@ -215,28 +217,26 @@ impl KeyValues {
             probs,
             t,
         );
-        for (k, row) in probs.chunks_mut(t).enumerate() {
+        for row in probs.chunks_mut(t) {
             let (row, padding) = row.split_at_mut(len);
             padding.fill(0.0);
-            let c = bias[k];
-            row.iter_mut().for_each(|p| *p += c);
-            // scale·(s + c), normalised (the vectorised softmax the encoder's attention uses).
+            // The vectorised softmax the encoder's attention uses.
             crate::kernels::softmax(row, self.scale, None);
         }
     }
 
-    /// Sample `i`'s attention for its H `queries` (H×D) and `bias` (H): the probabilities into
-    /// `probs` (H×T, padding 0) and Σₜ pₜ xₜ into `pooled` (H rows of row stride `pooled_stride`).
+    /// Sample `i`'s attention for its H `queries` (H×D) (any bias c drops out: see
+    /// `probabilities`): the probabilities into `probs` (H×T, padding 0) and Σₜ pₜ xₜ into
+    /// `pooled` (H rows of row stride `pooled_stride`).
     pub(crate) fn sample_forward(
         &self,
         i: usize,
         queries: &[f32],
-        bias: &[f32],
         probs: &mut [f32],
         pooled: &mut [f32],
         pooled_stride: usize,
     ) {
-        self.probabilities(i, queries, bias, probs);
+        self.probabilities(i, queries, probs);
         // Pooled (H×D) = P (H×L) · X (L×D).
         weighted_sums(
             self.heads,
@@ -320,13 +320,11 @@ impl CustomOp2 for FusedAttend {
         &self,
         queries: &CpuStorage,
         queries_layout: &Layout,
-        bias: &CpuStorage,
-        bias_layout: &Layout,
+        _bias: &CpuStorage,
+        _bias_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (queries, bias) = (
-            contiguous_f32(queries, queries_layout, self.name())?,
-            contiguous_f32(bias, bias_layout, self.name())?,
-        );
+        // The bias is an input for its gradient only: it drops out of the softmax.
+        let queries = contiguous_f32(queries, queries_layout, self.name())?;
         let kv = &self.store;
         let (h, d, t) = (kv.heads, kv.dim, kv.tokens);
         let width = d + t;
@@ -339,7 +337,6 @@ impl CustomOp2 for FusedAttend {
                 kv.sample_forward(
                     i,
                     &queries[b * h * d..(b + 1) * h * d],
-                    &bias[b * h..(b + 1) * h],
                     &mut probs,
                     sample_out,
                     width,

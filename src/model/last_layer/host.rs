@@ -393,7 +393,8 @@ impl HostLayer {
             (qk.wq, 1, d as isize),
         );
         q0.chunks_exact_mut(d).for_each(|row| add_into(row, qk.bq));
-        // rₕ (B×D, row stride H·D) = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D); cₕ = q₀ₕ·b_Kₕ.
+        // rₕ (B×D, row stride H·D) = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D); cₕ = q₀ₕ·b_Kₕ drops out of the
+        // softmax (`KeyValues::sample_forward`).
         let mut queries = vec![0f32; b * h * d];
         for head in 0..h {
             matmul(
@@ -403,11 +404,6 @@ impl HostLayer {
                 (&qk.wk[head * dh * d..], d as isize, 1),
             );
         }
-        let key_bias: Vec<f32> = q0
-            .chunks_exact(dh)
-            .zip(qk.bk.chunks_exact(dh).cycle())
-            .map(|(q, k)| q.iter().zip(k).map(|(q, k)| q * k).sum())
-            .collect();
         // The attention, a sample at a time.
         let mut probs = vec![0f32; b * h * t];
         let mut pooled = vec![0f32; b * h * d];
@@ -419,7 +415,6 @@ impl HostLayer {
                 tokens.sample_forward(
                     rows[bi],
                     &queries[bi * h * d..(bi + 1) * h * d],
-                    &key_bias[bi * h..(bi + 1) * h],
                     p,
                     y,
                     d,
@@ -590,35 +585,43 @@ impl HostLayer {
     ) -> HostGradients {
         let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
         let (q0, grad_queries) = (&whole.q0, &whole.grad_queries);
-        let (mut wk, mut bk) = (vec![0f32; d * d], vec![0f32; d]);
-        for head in 0..h {
-            // ∂L/∂W_Kₕ (dₕ×D) = q₀ₕᵀ (dₕ×B) · ∂L/∂rₕ (B×D).
-            matmul(
-                (dh, d, b),
-                (&mut wk[head * dh * d..], d),
-                (&q0[head * dh..], 1, d as isize),
-                (&grad_queries[head * d..], (h * d) as isize, 1),
-            );
-            for bi in 0..b {
-                let c = whole.grad_bias[bi * h + head];
-                for j in 0..dh {
-                    bk[head * dh + j] += c * q0[bi * d + head * dh + j];
+        // The key's and the query's gradients are independent: one on each of two threads.
+        let key = || {
+            let (mut wk, mut bk) = (vec![0f32; d * d], vec![0f32; d]);
+            for head in 0..h {
+                // ∂L/∂W_Kₕ (dₕ×D) = q₀ₕᵀ (dₕ×B) · ∂L/∂rₕ (B×D).
+                matmul(
+                    (dh, d, b),
+                    (&mut wk[head * dh * d..], d),
+                    (&q0[head * dh..], 1, d as isize),
+                    (&grad_queries[head * d..], (h * d) as isize, 1),
+                );
+                for bi in 0..b {
+                    let c = whole.grad_bias[bi * h + head];
+                    for j in 0..dh {
+                        bk[head * dh + j] += c * q0[bi * d + head * dh + j];
+                    }
                 }
             }
-        }
-        // ∂L/∂W_Q (D×D) = ∂L/∂q₀ᵀ (D×B) · x̂₀ (B×D); ∂L/∂b_Q = Σ_b ∂L/∂q₀.
-        let mut wq = vec![0f32; d * d];
-        matmul(
-            (d, d, b),
-            (&mut wq, d),
-            (&whole.grad_q0, 1, d as isize),
-            (cls.normed, d as isize, 1),
-        );
-        let mut bq = vec![0f32; d];
-        whole
-            .grad_q0
-            .chunks_exact(d)
-            .for_each(|row| add_into(&mut bq, row));
+            (wk, bk)
+        };
+        let query = || {
+            // ∂L/∂W_Q (D×D) = ∂L/∂q₀ᵀ (D×B) · x̂₀ (B×D); ∂L/∂b_Q = Σ_b ∂L/∂q₀.
+            let mut wq = vec![0f32; d * d];
+            matmul(
+                (d, d, b),
+                (&mut wq, d),
+                (&whole.grad_q0, 1, d as isize),
+                (cls.normed, d as isize, 1),
+            );
+            let mut bq = vec![0f32; d];
+            whole
+                .grad_q0
+                .chunks_exact(d)
+                .for_each(|row| add_into(&mut bq, row));
+            (wq, bq)
+        };
+        let ((wk, bk), (wq, bq)) = rayon::join(key, query);
         HostGradients {
             loss: 0.0,
             wq,
