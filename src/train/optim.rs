@@ -314,6 +314,23 @@ impl HostUpdate<'_> {
             update.update_kernel(theta, g, m, v)
         }
         #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        fn avx512(
+            update: &HostUpdate,
+            theta: &mut [f32],
+            g: &[f32],
+            m: &mut [f32],
+            v: &mut [f32],
+        ) {
+            update.update_kernel(theta, g, m, v)
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::avx512_fma() {
+            // SAFETY: the CPU has the features `avx512` is compiled for.
+            unsafe { avx512(self, theta, g, m, v) };
+            return Ok(());
+        }
+        #[cfg(target_arch = "x86_64")]
         if crate::kernels::avx2_fma() {
             // SAFETY: the CPU has the features `avx2` is compiled for.
             unsafe { avx2(self, theta, g, m, v) };
