@@ -4,7 +4,8 @@
 //!
 //!   ours:      one epoch of `train_phase2` at n = 200, batch 16 (13 steps), including the
 //!              per-epoch evaluation of the 200 fine-tune samples that feeds metrics.jsonl, on
-//!              one thread (as `finetune` trains by default) and on all cores;
+//!              one thread and on all cores (as `finetune` runs alone: the host pass's chunks on
+//!              every core);
 //!   baseline:  the authors' code, all cores: 13 × their step (backbone to the last layer's
 //!              input + full last layer + classifier, backward, AdamW) on batches of 16 images,
 //!              and their epoch: those steps plus the per-epoch `AttentionScoreCallback`, the same
@@ -138,7 +139,7 @@ fn main() {
     };
     let cores = rayon::current_num_threads();
     let (ours, ours_all) = (ours_on(1), ours_on(cores));
-    // The limit on one thread (as `finetune` trains) and on all, in this process.
+    // The limit on one thread and on all, in this process.
     let one_thread = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
