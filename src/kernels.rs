@@ -279,7 +279,8 @@ fn mean_and_inv_std_kernel(x: &[f32], eps: f32) -> (f32, f32) {
             *lane += (v - mean) * (v - mean);
         }
     }
-    let var = (lanes.iter().sum::<f32>() + rest.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>()) / d;
+    let var =
+        (lanes.iter().sum::<f32>() + rest.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>()) / d;
     (mean, 1.0 / (var + eps).sqrt())
 }
 

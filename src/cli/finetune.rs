@@ -80,7 +80,8 @@ pub struct FinetuneArgs {
     /// Continue from the checkpoint in --out (bit for bit); starts afresh if there is none
     #[arg(long, requires = "out")]
     pub resume: bool,
-    /// CPU threads for phases 1 and 2 (small ops: one is fastest on few cores; extraction uses all)
+    /// CPU threads for phase 1 and phase 2's autograd route (small ops: one is fastest on few
+    /// cores); extraction and the last layer's host pass use every core
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub train_threads: usize,
     /// λ of the LocAteR penalty on the trained query-key matrix: the variance of the eigenvalues of

@@ -96,7 +96,10 @@ fn read_f32s_at(file: &std::fs::File, offset: u64, out: &mut [f32]) -> std::io::
         // SAFETY: f32 has no invalid bit patterns and no padding; the byte view covers exactly
         // `out`, which it borrows mutably for the read.
         let bytes = unsafe {
-            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(out))
+            std::slice::from_raw_parts_mut(
+                out.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(out),
+            )
         };
         file.read_exact_at(bytes, offset)
     }

@@ -315,13 +315,7 @@ impl HostUpdate<'_> {
         }
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx512f,avx2,fma")]
-        fn avx512(
-            update: &HostUpdate,
-            theta: &mut [f32],
-            g: &[f32],
-            m: &mut [f32],
-            v: &mut [f32],
-        ) {
+        fn avx512(update: &HostUpdate, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
             update.update_kernel(theta, g, m, v)
         }
         #[cfg(target_arch = "x86_64")]

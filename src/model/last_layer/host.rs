@@ -412,13 +412,7 @@ impl HostLayer {
             .zip(pooled.chunks_mut(h * d))
             .enumerate()
             .for_each(|(bi, (p, y))| {
-                tokens.sample_forward(
-                    rows[bi],
-                    &queries[bi * h * d..(bi + 1) * h * d],
-                    p,
-                    y,
-                    d,
-                )
+                tokens.sample_forward(rows[bi], &queries[bi * h * d..(bi + 1) * h * d], p, y, d)
             });
         let mut context = vec![0f32; b * d];
         self.value.forward_rows(&pooled, &mut context);
@@ -577,12 +571,7 @@ impl HostLayer {
 
     /// The query's and key's gradients from every row's ∂L/∂r, ∂L/∂c and ∂L/∂q₀: sums over the
     /// batch, done once over all its rows in a fixed order.
-    fn weight_gradients(
-        &self,
-        cls: &ClsRows,
-        whole: &ChunkGradients,
-        b: usize,
-    ) -> HostGradients {
+    fn weight_gradients(&self, cls: &ClsRows, whole: &ChunkGradients, b: usize) -> HostGradients {
         let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
         let (q0, grad_queries) = (&whole.q0, &whole.grad_queries);
         // The key's and the query's gradients are independent: one on each of two threads.
