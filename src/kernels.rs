@@ -24,17 +24,13 @@ pub(crate) fn contiguous_f32<'a>(
 /// `f` on the f32 values of a contiguous CPU tensor, read in place (no copy).
 pub(crate) fn with_host_f32<R>(tensor: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     let (storage, layout) = tensor.storage_and_layout();
-    match (&*storage, layout.contiguous_offsets()) {
-        (candle_core::Storage::Cpu(CpuStorage::F32(data)), Some((start, end))) => {
-            Ok(f(&data[start..end]))
-        }
-        _ => candle_core::bail!(
-            "contiguous f32 host values expected, got a {:?} {:?} tensor on {:?}",
-            tensor.dtype(),
-            tensor.dims(),
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        candle_core::bail!(
+            "host values expected, got a tensor on {:?}",
             tensor.device().location()
-        ),
-    }
+        )
+    };
+    Ok(f(contiguous_f32(cpu, layout, "host values")?))
 }
 
 /// dst (m×n, row stride `dst_rs`) = lhs (m×k) · rhs (k×n), operands as (data, row stride, column
@@ -404,6 +400,32 @@ impl CustomOp1 for GeluErf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vectorised forms (AVX-512 or AVX2, whichever this CPU takes) compute what the plain
+    /// loops compute, bit for bit: the docs rely on it for results that do not depend on the CPU.
+    #[test]
+    fn vectorised_gelu_forms_equal_the_plain_loops_bit_for_bit() {
+        let xs: Vec<f32> = (0..10_007).map(|k| (k as f32 - 5000.0) / 600.0).collect();
+        let (mut plain, mut dispatched) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
+        gelu_kernel(&xs, &mut plain);
+        gelu(&xs, &mut dispatched);
+        assert!(
+            plain
+                .iter()
+                .zip(&dispatched)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+        let dy: Vec<f32> = xs.iter().map(|x| 1.0 - x / 7.0).collect();
+        let (mut plain, mut dispatched) = (dy.clone(), dy);
+        gelu_backward_kernel(&xs, &mut plain);
+        gelu_backward(&xs, &mut dispatched);
+        assert!(
+            plain
+                .iter()
+                .zip(&dispatched)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+    }
 
     #[test]
     fn fast_exp_is_within_2e7_of_exp_and_zero_far_below() {

@@ -176,9 +176,6 @@ fn check_host_pass(
     assert!(max_rel_diff(&evaluated.logits, &reference.logits.detach()) < 1e-5);
     assert!(max_abs_diff(&evaluated.cls_attention, &reference.cls_attention.detach()) < 1e-6);
     let streamed = layer.forward(qk, &batch.inputs, &batch.lengths).unwrap();
-    let evaluated = layer.evaluate(qk, &batch.inputs, &batch.lengths).unwrap();
-    assert!(max_rel_diff(&evaluated.logits, &streamed.logits.detach()) < 1e-5);
-    assert!(max_abs_diff(&evaluated.cls_attention, &streamed.cls_attention.detach()) < 1e-6);
     // Straight from the cached rows (the streamed test set), its own LayerNorm included.
     let in_order: Vec<usize> = (0..n).collect();
     let from_rows = layer.evaluate_rows(qk, cached, &in_order).unwrap();

@@ -49,12 +49,7 @@ pub fn load_csv(path: &Path) -> Result<Split> {
             "no rows (expected \"class\",\"title\",\"description\" lines)",
         ));
     }
-    let release_index = (0..labels.len()).collect();
-    Ok(Split {
-        inputs: Inputs::Texts(texts),
-        labels,
-        release_index,
-    })
+    Ok(Split::complete(Inputs::Texts(texts), labels))
 }
 
 /// classes.txt: one class name per line, four of them.

@@ -7,9 +7,9 @@
 
 pub mod agnews;
 pub mod catalog;
-pub mod download;
 pub mod cifar;
 pub mod cifar10n;
+pub mod download;
 pub mod fetch;
 pub mod files;
 pub mod medmnist;
@@ -99,6 +99,16 @@ pub struct Split {
 }
 
 impl Split {
+    /// A split read from a complete release file: its samples are the release's, in order.
+    pub fn complete(inputs: Inputs, labels: Vec<u32>) -> Self {
+        let release_index = (0..labels.len()).collect();
+        Self {
+            inputs,
+            labels,
+            release_index,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.labels.len()
     }

@@ -58,12 +58,7 @@ pub fn load_tsv(path: &Path) -> Result<Split> {
     if labels.is_empty() {
         return Err(DataError::format(path, "no labelled sentences"));
     }
-    let release_index = (0..labels.len()).collect();
-    Ok(Split {
-        inputs: Inputs::Texts(texts),
-        labels,
-        release_index,
-    })
+    Ok(Split::complete(Inputs::Texts(texts), labels))
 }
 
 #[cfg(test)]

@@ -74,17 +74,16 @@ pub fn load_split(dir: &Path, split: &str) -> Result<Split> {
             }
         }
     }
-    Ok(Split {
-        inputs: Inputs::Images(ImageSet {
+    Ok(Split::complete(
+        Inputs::Images(ImageSet {
             count,
             channels: 3,
             height: SIDE,
             width: SIDE,
             pixels,
         }),
-        labels: label_bytes.iter().map(|&l| u32::from(l - 1)).collect(),
-        release_index: (0..count).collect(),
-    })
+        label_bytes.iter().map(|&l| u32::from(l - 1)).collect(),
+    ))
 }
 
 /// `class_names.txt`: the ten names, one per line.

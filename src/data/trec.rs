@@ -43,12 +43,7 @@ pub fn load_file(path: &Path) -> Result<Split> {
     if labels.is_empty() {
         return Err(DataError::format(path, "no labelled questions"));
     }
-    let release_index = (0..labels.len()).collect();
-    Ok(Split {
-        inputs: Inputs::Texts(texts),
-        labels,
-        release_index,
-    })
+    Ok(Split::complete(Inputs::Texts(texts), labels))
 }
 
 #[cfg(test)]

@@ -293,7 +293,7 @@ fn hub_file(
             meta.size as f64 / 1e6,
             hub.endpoint
         );
-        crate::data::download::download(&agent, &[url.clone()], &expected, &blob)
+        crate::data::download::download(&agent, std::slice::from_ref(&url), &expected, &blob)
             .map_err(|outcomes| HubError::Failed(outcomes.join("; ")))?;
     }
     let pointer = blob

@@ -276,32 +276,9 @@ impl<'a> LastLayer<'a> {
         self.output(logits, probs, rows.len(), &set.tokens)
     }
 
-    /// [`Self::forward`] for evaluation: detached, from the host pass when the layer has one.
-    pub fn evaluate(&self, qk: &QueryKey, inputs: &Tensor, lengths: &[usize]) -> Result<Output> {
-        let Some(host) = &self.host else {
-            return detached(self.forward(qk, inputs, lengths)?);
-        };
-        let normed = self.normed(inputs)?;
-        let tokens = KeyValues::new(
-            &normed,
-            self.attention().num_heads,
-            Some(lengths),
-            self.scale(),
-        )?;
-        let host_rows =
-            |t: &Tensor| -> Result<Vec<f32>> { Ok(first_token(t)?.flatten_all()?.to_vec1()?) };
-        let (x0, x0_hat) = (host_rows(inputs)?, host_rows(&normed)?);
-        let cls = host::ClsRows {
-            inputs: &x0,
-            normed: &x0_hat,
-        };
-        let rows: Vec<usize> = (0..lengths.len()).collect();
-        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, &tokens, &rows))?;
-        self.output(logits, probs, rows.len(), &tokens)
-    }
-
-    /// [`Self::evaluate`] on samples `which` of cached layer inputs, read straight into the host
-    /// pass when the layer has one (the streamed test set: no tensor, no copy of its tokens).
+    /// [`Self::forward`] for evaluation, on samples `which` of cached layer inputs: detached, and
+    /// read straight into the host pass when the layer has one (the streamed test set: no tensor,
+    /// no copy of its tokens).
     pub fn evaluate_rows(
         &self,
         qk: &QueryKey,
@@ -310,7 +287,7 @@ impl<'a> LastLayer<'a> {
     ) -> Result<Output> {
         let Some(host) = &self.host else {
             let batch = rows.batch(which, self.value_device())?;
-            return self.evaluate(qk, &batch.inputs, &batch.lengths);
+            return detached(self.forward(qk, &batch.inputs, &batch.lengths)?);
         };
         let mut batch = rows.host_batch(which)?;
         let (b, width, d) = (which.len(), batch.width, batch.dim);

@@ -132,11 +132,7 @@ pub fn autograd_step<'a>(
         let targets: Vec<u32> = rows.iter().map(|&i| labels[i]).collect();
         let targets = Tensor::from_vec(targets, rows.len(), logits.device())?;
         let loss = candle_nn::loss::cross_entropy(&logits, &targets)?;
-        let store = loss.backward()?;
-        let grads = params
-            .iter()
-            .map(|v| store.get(v).cloned().map_or_else(|| v.zeros_like(), Ok))
-            .collect::<candle_core::Result<Vec<_>>>()?;
+        let grads = super::optim::gradients_of(params.iter(), &loss.backward()?)?;
         Ok((f64::from(loss.to_scalar::<f32>()?), grads))
     }
 }
