@@ -161,8 +161,12 @@ pub(super) struct ClsRows<'a> {
 const CHUNK: usize = 8;
 
 /// Rows a chunk of an evaluation holds: with no backward to keep tokens in cache for, larger
-/// chunks make fewer and larger products (fixed for the same reason as [`CHUNK`]).
-const EVAL_CHUNK: usize = 32;
+/// chunks make fewer and larger products (fixed for the same reason as [`CHUNK`]). A multiple of
+/// 6, the rows gemm's AVX2 kernel takes at once (32 rows went through it as 6 × 5 + 2, the two
+/// rows re-reading every weight), and 200 fine-tune rows make 9 chunks that two threads share
+/// about evenly (32 made 7: 4 on one thread, 3 on the other). A row's numbers do not depend on
+/// the chunk it is in.
+const EVAL_CHUNK: usize = 24;
 
 /// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
 #[derive(Default)]
