@@ -1,7 +1,12 @@
-//! The CPU numeric kernels every layer of the crate shares: gemm on raw slices, a vectorisable
+//! The CPU numeric kernels every layer of the crate shares: gemm on raw slices, products by a
+//! matrix packed once ([`PackedMatrix`], phase 2's frozen layers), a vectorisable
 //! exp, the erf GELU and the softmax row (compiled for AVX2 + FMA too and chosen at run time), the
 //! CPU feature check, and the padding-mask helpers. They sit below the encoder, the model and the
 //! runtime, and import nothing of the crate.
+
+mod packed;
+
+pub(crate) use packed::PackedMatrix;
 
 use candle_core::{CpuStorage, CustomOp1, D, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;

@@ -6,8 +6,9 @@
 //! classifier, all frozen. candle's matmul backward also computes the gradient of the weight
 //! operand, with a zeroed buffer and an add for it, and gemm re-packs a row-major weight on every
 //! small product; measured on a TREC run these were over half of a phase-2 step. The frozen form
-//! keeps the weight in both layouts, (out, in) for the backward and (in, out) for the forward,
-//! each of which gemm reads in place, and its custom op returns the input's gradient alone.
+//! keeps the weight packed once in both orientations, Wᵀ for the forward and W for the backward
+//! ([`PackedMatrix`]: gemm re-packed it on every call of a few rows), and its custom op returns
+//! the input's gradient alone.
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use anyhow::{Result, ensure};
 use candle_core::{CpuStorage, CustomOp1, Layout, Module, Shape, Tensor};
 use candle_nn::Linear;
 
-use crate::kernels::{contiguous_f32, gemm_into as matmul};
+use crate::kernels::{PackedMatrix, contiguous_f32};
 
 /// One of the backbone's dense layers.
 #[derive(Clone, Debug)]
@@ -56,10 +57,10 @@ impl Dense {
 /// of pooled tokens).
 #[derive(Debug)]
 pub struct FrozenLinear {
-    /// (out, in) row-major, read by the backward: ∂L/∂x = ∂L/∂y W.
-    weight: Vec<f32>,
-    /// (in, out) row-major, read by the forward.
-    weight_t: Vec<f32>,
+    /// Per group, W_gᵀ (in × out/G) packed once, read by the forward.
+    forward_packed: Vec<PackedMatrix>,
+    /// Per group, W_g (out/G × in) packed once, read by the backward: ∂L/∂x = ∂L/∂y W.
+    backward_packed: Vec<PackedMatrix>,
     bias: Option<Vec<f32>>,
     in_dim: usize,
     out_dim: usize,
@@ -76,11 +77,19 @@ impl FrozenLinear {
             "a dense layer of {out_dim} outputs does not split into {groups} groups"
         );
         let weight: Vec<f32> = linear.weight().flatten_all()?.to_vec1()?;
-        let weight_t: Vec<f32> = linear.weight().t()?.flatten_all()?.to_vec1()?;
+        let o = out_dim / groups;
+        // W_g is rows g·o..(g+1)·o of W (out × in, row-major).
+        let block = |g: usize| &weight[g * o * in_dim..(g + 1) * o * in_dim];
+        let forward_packed = (0..groups)
+            .map(|g| PackedMatrix::new(block(g), (in_dim, o), (1, in_dim)))
+            .collect();
+        let backward_packed = (0..groups)
+            .map(|g| PackedMatrix::new(block(g), (o, in_dim), (in_dim, 1)))
+            .collect();
         let bias = linear.bias().map(|b| b.to_vec1::<f32>()).transpose()?;
         Ok(Self {
-            weight,
-            weight_t,
+            forward_packed,
+            backward_packed,
             bias,
             in_dim,
             out_dim,
@@ -122,16 +131,9 @@ impl FrozenLinear {
         let o = out / g;
         let rows = x.len() / (g * i);
         debug_assert_eq!(y.len(), rows * out);
-        if rows > 0 {
-            for group in 0..g {
-                // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · Wᵀ[:, group].
-                matmul(
-                    (rows, o, i),
-                    (&mut y[group * o..], out),
-                    (&x[group * i..], (g * i) as isize, 1),
-                    (&self.weight_t[group * o..], out as isize, 1),
-                );
-            }
+        for (group, packed) in self.forward_packed.iter().enumerate() {
+            // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · W_groupᵀ.
+            packed.product(rows, (&x[group * i..], g * i), (&mut y[group * o..], out));
         }
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(out) {
@@ -146,16 +148,9 @@ impl FrozenLinear {
         let o = out / g;
         let rows = dy.len() / out;
         debug_assert_eq!(dx.len(), rows * g * i);
-        if rows > 0 {
-            for group in 0..g {
-                // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
-                matmul(
-                    (rows, i, o),
-                    (&mut dx[group * i..], g * i),
-                    (&dy[group * o..], out as isize, 1),
-                    (&self.weight[group * o * i..], i as isize, 1),
-                );
-            }
+        for (group, packed) in self.backward_packed.iter().enumerate() {
+            // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
+            packed.product(rows, (&dy[group * o..], out), (&mut dx[group * i..], g * i));
         }
     }
 

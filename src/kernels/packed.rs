@@ -1,0 +1,262 @@
+//! Products of a few rows by a constant matrix packed once: phase 2's frozen dense layers.
+//!
+//! A phase-2 step puts 8 rows through each frozen layer, an evaluation 24. gemm packs its
+//! operands on every call, and for so few rows the packing costs as much as the arithmetic: at
+//! ViT-B's 768 → 3072 it moved a 9.4 MB weight three times per call and ran at 6 G multiply-adds
+//! per second on one AVX2 core (27 G for ViT-Ti's shapes), and its 6-column kernel took 8 rows as
+//! 6 + 2, reading every weight twice. Here the matrix is laid out once in panels of [`PANEL`]
+//! columns, each panel's rows contiguous, and every product streams each panel once: blocks of
+//! up to 6 rows take it in turn while it is in L1/L2, with 6 × 2 eight-lane accumulators in
+//! registers (one panel row: two loads, then a broadcast and two fused multiply-adds per row).
+//!
+//! Every output sums its k terms in order, one fused multiply-add each, whatever the number of
+//! rows, the block a row falls in or the thread: a row's numbers do not depend on the batch.
+
+use super::avx2_fma;
+
+/// Columns of a panel: two 8-lane registers.
+pub(crate) const PANEL: usize = 16;
+/// Rows a block holds: 6 × 2 accumulators, two panel loads and a broadcast fit the 16 registers.
+const BLOCK_ROWS: usize = 6;
+
+/// A constant k × n matrix in column panels: panel p holds columns 16p..16p+16 as k rows of 16
+/// contiguous values, the last panel zero-padded.
+#[derive(Debug)]
+pub(crate) struct PackedMatrix {
+    data: Vec<f32>,
+    k: usize,
+    n: usize,
+}
+
+impl PackedMatrix {
+    /// B[r][c] = `values[r·row_stride + c·col_stride]` for r < k, c < n.
+    pub(crate) fn new(
+        values: &[f32],
+        (k, n): (usize, usize),
+        (row_stride, col_stride): (usize, usize),
+    ) -> Self {
+        let panels = n.div_ceil(PANEL);
+        let mut data = vec![0f32; panels * k * PANEL];
+        for (p, panel) in data.chunks_exact_mut(k * PANEL).enumerate() {
+            for (r, row) in panel.chunks_exact_mut(PANEL).enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    let c = p * PANEL + j;
+                    if c < n {
+                        *v = values[r * row_stride + c * col_stride];
+                    }
+                }
+            }
+        }
+        Self { data, k, n }
+    }
+
+    /// dst (m × n, row stride `dst_stride`) = a (m × k, row stride `a_stride`) · B; dst's
+    /// values are overwritten.
+    pub(crate) fn product(
+        &self,
+        m: usize,
+        (a, a_stride): (&[f32], usize),
+        (dst, dst_stride): (&mut [f32], usize),
+    ) {
+        let (k, n) = (self.k, self.n);
+        let fits =
+            |len: usize, stride: usize, cols: usize| m == 0 || (m - 1) * stride + cols <= len;
+        assert!(
+            a_stride >= k
+                && dst_stride >= n
+                && fits(a.len(), a_stride, k)
+                && fits(dst.len(), dst_stride, n),
+            "packed product: {m} rows of {k} (stride {a_stride}) into {} values (stride {dst_stride}) for {n} columns",
+            dst.len()
+        );
+        if m == 0 || n == 0 {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2(
+            b: &PackedMatrix,
+            m: usize,
+            a: &[f32],
+            a_stride: usize,
+            dst: &mut [f32],
+            ds: usize,
+        ) {
+            product_kernel::<true>(b, m, a, a_stride, dst, ds)
+        }
+        #[cfg(target_arch = "x86_64")]
+        if avx2_fma() {
+            // SAFETY: the CPU has the features `avx2` is compiled for.
+            return unsafe { avx2(self, m, a, a_stride, dst, dst_stride) };
+        }
+        product_kernel::<false>(self, m, a, a_stride, dst, dst_stride)
+    }
+}
+
+/// Panel by panel; in each, blocks of up to 6 rows. `AVX2`: compiled into a function with AVX2
+/// and FMA enabled, where the blocks use their intrinsics.
+#[inline(always)]
+fn product_kernel<const AVX2: bool>(
+    b: &PackedMatrix,
+    m: usize,
+    a: &[f32],
+    a_stride: usize,
+    dst: &mut [f32],
+    dst_stride: usize,
+) {
+    let k = b.k;
+    for (p, panel) in b.data.chunks_exact(k * PANEL).enumerate() {
+        let col = p * PANEL;
+        let width = PANEL.min(b.n - col);
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = BLOCK_ROWS.min(m - r0);
+            let mut out = [[0f32; PANEL]; BLOCK_ROWS];
+            let a_rows = &a[r0 * a_stride..];
+            match rows {
+                6 => block::<6, AVX2>(panel, k, a_rows, a_stride, &mut out),
+                5 => block::<5, AVX2>(panel, k, a_rows, a_stride, &mut out),
+                4 => block::<4, AVX2>(panel, k, a_rows, a_stride, &mut out),
+                3 => block::<3, AVX2>(panel, k, a_rows, a_stride, &mut out),
+                2 => block::<2, AVX2>(panel, k, a_rows, a_stride, &mut out),
+                _ => block::<1, AVX2>(panel, k, a_rows, a_stride, &mut out),
+            }
+            for (r, values) in out[..rows].iter().enumerate() {
+                let at = (r0 + r) * dst_stride + col;
+                dst[at..at + width].copy_from_slice(&values[..width]);
+            }
+            r0 += rows;
+        }
+    }
+}
+
+/// R rows of `a` (row stride `a_stride`, k values each) times one panel into `out[..R]`.
+#[inline(always)]
+fn block<const R: usize, const AVX2: bool>(
+    panel: &[f32],
+    k: usize,
+    a: &[f32],
+    a_stride: usize,
+    out: &mut [[f32; PANEL]; BLOCK_ROWS],
+) {
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &a[r * a_stride..][..k]);
+    let panel = &panel[..k * PANEL];
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: `AVX2` is set only inside a function compiled for AVX2 and FMA, on a CPU that
+        // has them; the slices above hold what the loads read.
+        unsafe { block_avx2::<R>(panel, k, rows, out) };
+        return;
+    }
+    for (r, row) in rows.iter().enumerate() {
+        let mut acc = [0f32; PANEL];
+        for (kk, &x) in row.iter().enumerate() {
+            for (v, &w) in acc.iter_mut().zip(&panel[kk * PANEL..(kk + 1) * PANEL]) {
+                *v = x.mul_add(w, *v);
+            }
+        }
+        out[r] = acc;
+    }
+}
+
+/// [`block`] with AVX2 and FMA: the same fused multiply-adds in the same order. The accumulators
+/// are an array of registers that the compiler keeps in registers once R is known (checked in the
+/// disassembly: no stack stores in the loop).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn block_avx2<const R: usize>(
+    panel: &[f32],
+    k: usize,
+    rows: [&[f32]; R],
+    out: &mut [[f32; PANEL]; BLOCK_ROWS],
+) {
+    use std::arch::x86_64::{
+        __m256, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps,
+        _mm256_storeu_ps,
+    };
+    let rows = rows.map(<[f32]>::as_ptr);
+    let w = panel.as_ptr();
+    // SAFETY (every intrinsic): the caller's CPU has AVX2 and FMA; the panel holds k·PANEL
+    // values and each row k, so every load is in bounds.
+    unsafe {
+        let mut lo: [__m256; R] = [_mm256_setzero_ps(); R];
+        let mut hi: [__m256; R] = [_mm256_setzero_ps(); R];
+        for kk in 0..k {
+            let w_lo = _mm256_loadu_ps(w.add(kk * PANEL));
+            let w_hi = _mm256_loadu_ps(w.add(kk * PANEL + 8));
+            for r in 0..R {
+                let x = _mm256_broadcast_ss(&*rows[r].add(kk));
+                lo[r] = _mm256_fmadd_ps(x, w_lo, lo[r]);
+                hi[r] = _mm256_fmadd_ps(x, w_hi, hi[r]);
+            }
+        }
+        for r in 0..R {
+            _mm256_storeu_ps(out[r].as_mut_ptr(), lo[r]);
+            _mm256_storeu_ps(out[r].as_mut_ptr().add(8), hi[r]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    /// Every row-block size and a partial last panel, a transposed source and strided rows,
+    /// against f64; and each row's values the same bit for bit whatever the rows beside it and
+    /// whichever of the two forms computes them.
+    #[test]
+    fn products_match_f64_and_do_not_depend_on_the_batch() {
+        for (m, k, n) in [
+            (1, 5, 3),
+            (8, 192, 768),
+            (7, 13, 17),
+            (13, 64, 40),
+            (24, 33, 16),
+        ] {
+            let source = values(n * k, 1); // (n × k): B = sourceᵀ, read with strides (1, k)
+            let packed = PackedMatrix::new(&source, (k, n), (1, k));
+            let a_stride = k + 3;
+            let a = values(m * a_stride, 2);
+            let dst_stride = n + 2;
+            let mut dst = vec![f32::NAN; m * dst_stride];
+            packed.product(m, (&a, a_stride), (&mut dst, dst_stride));
+            for r in 0..m {
+                for c in 0..n {
+                    let exact: f64 = (0..k)
+                        .map(|t| f64::from(a[r * a_stride + t]) * f64::from(source[c * k + t]))
+                        .sum();
+                    let got = f64::from(dst[r * dst_stride + c]);
+                    assert!(
+                        (got - exact).abs() < 1e-5 * (1.0 + exact.abs()),
+                        "{m}×{k}×{n} [{r}][{c}]: {got} vs {exact}"
+                    );
+                }
+                // The row alone, through the portable form.
+                let mut alone = vec![0f32; n];
+                product_kernel::<false>(
+                    &packed,
+                    1,
+                    &a[r * a_stride..r * a_stride + k],
+                    a_stride,
+                    &mut alone,
+                    n,
+                );
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&alone),
+                    bits(&dst[r * dst_stride..r * dst_stride + n]),
+                    "{m}×{k}×{n} row {r}"
+                );
+            }
+        }
+    }
+}
