@@ -19,6 +19,9 @@
 //!              `AttentionScoreCallback`, the same forward over the 200 fine-tune samples in
 //!              batches of 16 (docs/protocol.md §3), which our per-epoch evaluation stands for.
 //!
+//! Last, ViT-B's epoch as multiply-adds per second beside a large product's rate measured in the
+//! same process (benches/common), on one thread and on all.
+//!
 //! `cargo bench --bench scale`; about 10 GB of temporary disk.
 
 mod common;
@@ -399,6 +402,7 @@ fn main() {
         "| phase 2 at paper size, n = {N}, {TEST_N} cached test samples | ours, 1 thread: s/epoch | ours, {cores} threads: s/epoch | ours: test eval (s) | ours: peak RSS | authors: 13 steps (s) | authors: epoch = steps + attention callback (s) | ratio, steps | ratio, epoch (1 thread; {cores} threads) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
+    let mut rates = Vec::new();
     for size in [Size::VitB, Size::BertBase] {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
         let model = dir.path().join("model");
@@ -437,6 +441,32 @@ fn main() {
             steps / epoch,
             authors_epoch / epoch,
             authors_epoch / epoch_all,
+        );
+        if size == Size::VitB {
+            rates.push((epoch, epoch_all));
+        }
+    }
+    // ViT-B's epoch as a share of this machine's limit (its tokens are all unpadded; the text
+    // samples' random lengths leave bert-base's count inexact). Multiply-adds per fine-tune
+    // sample as benches/phase2.rs counts them: forward 4·D² + 2·D·M + 2·H·T·D, backward
+    // 5·D² + 2·D·M + 2·H·T·D, and the evaluation's forward.
+    let (d, m, h, t) = (768.0, 3072.0, 12.0, 197.0);
+    let forward = 4.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
+    let backward = 5.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
+    let epoch_macs = N as f64 * (2.0 * forward + backward);
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let (limit_1, limit_all) = (
+        one_thread.install(common::large_product_rate),
+        common::large_product_rate(),
+    );
+    for (epoch, epoch_all) in rates {
+        println!(
+            "\nViT-B/16 size, our epoch: 1 thread {}; {cores} threads {}",
+            common::rate_line(epoch_macs / epoch, limit_1),
+            common::rate_line(epoch_macs / epoch_all, limit_all)
         );
     }
 }
