@@ -140,25 +140,8 @@ fn main() {
     let cores = rayon::current_num_threads();
     let (ours, ours_all) = (ours_on(1), ours_on(cores));
     // The limit on one thread and on all, in this process.
-    let one_thread = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    let (limit_1, limit_all) = (
-        one_thread.install(common::large_product_rate),
-        common::large_product_rate(),
-    );
-    // Multiply-adds of our epoch, per fine-tune sample, as the host pass does them (element-wise
-    // work not counted). A forward of the CLS row: the query row and the per-head key fold
-    // (2·D²), the value and output products (2·D²), the MLP (2·D·M) and the attention's scores
-    // and weighted sums over the T tokens, per head (2·H·T·D). The backward goes to the inputs of
-    // the frozen products only (value, output, MLP: 2·D² + 2·D·M) and to both operands of the
-    // trained ones (query and key: 3·D²), and through the attention (2·H·T·D). Each epoch makes
-    // a forward and a backward of every sample, then the evaluation's forward.
-    let (d, m, h, t) = (hidden as f64, 4.0 * hidden as f64, 3.0, 197.0);
-    let forward = 4.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
-    let backward = 5.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
-    let epoch_macs = N as f64 * (2.0 * forward + backward);
+    let (limit_1, limit_all) = common::large_product_rates();
+    let epoch_macs = common::phase2_epoch_macs(N, hidden, 4 * hidden, 3, 197);
 
     // Baseline: the authors' step and a batch of their attention callback, timed per batch
     // and scaled to an epoch.

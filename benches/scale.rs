@@ -447,21 +447,9 @@ fn main() {
         }
     }
     // ViT-B's epoch as a share of this machine's limit (its tokens are all unpadded; the text
-    // samples' random lengths leave bert-base's count inexact). Multiply-adds per fine-tune
-    // sample as benches/phase2.rs counts them: forward 4·D² + 2·D·M + 2·H·T·D, backward
-    // 5·D² + 2·D·M + 2·H·T·D, and the evaluation's forward.
-    let (d, m, h, t) = (768.0, 3072.0, 12.0, 197.0);
-    let forward = 4.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
-    let backward = 5.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
-    let epoch_macs = N as f64 * (2.0 * forward + backward);
-    let one_thread = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    let (limit_1, limit_all) = (
-        one_thread.install(common::large_product_rate),
-        common::large_product_rate(),
-    );
+    // samples' random lengths leave bert-base's count inexact).
+    let epoch_macs = common::phase2_epoch_macs(N, 768, 3072, 12, 197);
+    let (limit_1, limit_all) = common::large_product_rates();
     for (epoch, epoch_all) in rates {
         println!(
             "\nViT-B/16 size, our epoch: 1 thread {}; {cores} threads {}",

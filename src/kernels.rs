@@ -85,6 +85,16 @@ pub(crate) fn gemm_into(
     }
 }
 
+/// Deterministic values in [−1, 1] for the kernels' tests: `len` of them, varied by `seed`.
+#[cfg(test)]
+pub(crate) fn test_values(len: usize, seed: u32) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
 /// HF's extended attention mask: 0 where attended, the most negative f32 where padded, (B,1,1,T).
 pub fn additive_mask(attention_mask: &Tensor) -> Result<Tensor> {
     let (b, t) = attention_mask.dims2()?;

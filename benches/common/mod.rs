@@ -38,6 +38,30 @@ pub fn large_product_rate() -> f64 {
     (SIDE * SIDE * SIDE) as f64 / seconds
 }
 
+/// [`large_product_rate`] on one thread and on all of the calling pool's, in this process.
+pub fn large_product_rates() -> (f64, f64) {
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    (one_thread.install(large_product_rate), large_product_rate())
+}
+
+/// Multiply-adds of our phase-2 epoch over `n` fine-tune samples, as the host pass does them
+/// (element-wise work not counted), for width `d`, MLP width `m`, `h` heads and `t` tokens. A
+/// forward of the CLS row: the query row and the per-head key fold (2·D²), the value and output
+/// products (2·D²), the MLP (2·D·M) and the attention's scores and weighted sums over the T
+/// tokens, per head (2·H·T·D). The backward goes to the inputs of the frozen products only
+/// (value, output, MLP: 2·D² + 2·D·M) and to both operands of the trained ones (query and key:
+/// 3·D²), and through the attention (2·H·T·D). Each epoch makes a forward and a backward of every
+/// sample, then the evaluation's forward.
+pub fn phase2_epoch_macs(n: usize, d: usize, m: usize, h: usize, t: usize) -> f64 {
+    let (d, m, h, t) = (d as f64, m as f64, h as f64, t as f64);
+    let forward = 4.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
+    let backward = 5.0 * d * d + 2.0 * d * m + 2.0 * h * t * d;
+    n as f64 * (2.0 * forward + backward)
+}
+
 /// "12.3 G multiply-adds/s, 45 % of the large product's 27.1 G".
 pub fn rate_line(macs_per_second: f64, limit: f64) -> String {
     format!(

@@ -15,7 +15,7 @@
 use super::avx2_fma;
 
 /// Columns of a panel: two 8-lane registers.
-pub(crate) const PANEL: usize = 16;
+const PANEL: usize = 16;
 /// Rows a block holds: 6 × 2 accumulators, two panel loads and a broadcast fit the 16 registers.
 const BLOCK_ROWS: usize = 6;
 
@@ -200,15 +200,7 @@ unsafe fn block_avx2<const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        (0..len)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0
-                    - 1.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_values as values;
 
     /// Every row-block size and a partial last panel, a transposed source and strided rows,
     /// against f64; and each row's values the same bit for bit whatever the rows beside it and

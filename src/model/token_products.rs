@@ -362,15 +362,7 @@ fn sums_block<const H: usize, const C: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        (0..len)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0
-                    - 1.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_values as values;
 
     /// The AVX2 form of the 3 × 3 scores block gives the portable block's numbers bit for bit
     /// (the same fused multiply-adds in the same order), tails and remainders included.
