@@ -2,15 +2,16 @@
 //!
 //! A phase-2 step puts 8 rows through each frozen layer, an evaluation 24. gemm packs its
 //! operands on every call, and for so few rows the packing costs as much as the arithmetic: at
-//! ViT-B's 768 → 3072 it moved a 9.4 MB weight three times per call and ran at 6 G multiply-adds
-//! per second on one AVX2 core (27 G for ViT-Ti's shapes), and its 6-column kernel took 8 rows as
-//! 6 + 2, reading every weight twice. Here the matrix is laid out once in panels of [`PANEL`]
-//! columns, each panel's rows contiguous, and every product streams each panel once: blocks of
-//! up to 6 rows take it in turn while it is in L1/L2, with 6 × 2 eight-lane accumulators in
-//! registers (one panel row: two loads, then a broadcast and two fused multiply-adds per row).
+//! ViT-B's 768 → 3072 it ran at 6 G multiply-adds per second for 8 rows on one AVX2 core, 17 G
+//! for 24 (25–27 G for ViT-Ti's shapes at 8 rows; a separate probe of gemm alone), and its
+//! 6-column kernel took 8 rows as 6 + 2, reading every weight twice. Here the matrix is laid out
+//! once in panels of [`PANEL`] columns, each panel's rows contiguous, and every product streams
+//! each panel once: blocks of up to 6 rows take it in turn while it is in L1/L2, with 6 × 2
+//! eight-lane accumulators in registers (one panel row: two loads, then a broadcast and two
+//! fused multiply-adds per row).
 //!
 //! Every output sums its k terms in order, one fused multiply-add each, whatever the number of
-//! rows, the block a row falls in or the thread: a row's numbers do not depend on the batch.
+//! rows or the block a row falls in: a row's numbers do not depend on the batch.
 
 use super::avx2_fma;
 

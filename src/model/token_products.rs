@@ -181,12 +181,10 @@ fn scores_block<const H: usize, const T: usize>(
     s: &mut [f32],
     s_stride: usize,
 ) {
-    let dim = x.dim;
-    let rows: [&[f32]; H] = std::array::from_fn(|i| &r.data[(h0 + i) * r.stride..][..dim]);
-    let tokens: [&[f32]; T] = std::array::from_fn(|j| &x.data[(t0 + j) * dim..][..dim]);
+    let (rows, tokens) = block_operands::<H, T>(h0, t0, r, x);
     // Every operand cut to exactly `chunks` chunks, read unchecked below: a bounds check in the
     // loop made the compiler store every accumulator on every step.
-    let chunks = dim / LANES;
+    let chunks = x.dim / LANES;
     let row_chunks = rows.map(|row| &row.as_chunks::<LANES>().0[..chunks]);
     let token_chunks = tokens.map(|token| &token.as_chunks::<LANES>().0[..chunks]);
     let mut acc = [[[0f32; LANES]; T]; H];
@@ -203,6 +201,35 @@ fn scores_block<const H: usize, const T: usize>(
             }
         }
     }
+    store_scores((h0, t0), (rows, tokens), &acc, s, s_stride);
+}
+
+/// A scores block's operands: rows h0..h0+H of R and tokens t0..t0+T, `dim` values each.
+#[inline(always)]
+fn block_operands<'a, const H: usize, const T: usize>(
+    h0: usize,
+    t0: usize,
+    r: Rows<'a>,
+    x: Tokens<'a>,
+) -> ([&'a [f32]; H], [&'a [f32]; T]) {
+    let dim = x.dim;
+    (
+        std::array::from_fn(|i| &r.data[(h0 + i) * r.stride..][..dim]),
+        std::array::from_fn(|j| &x.data[(t0 + j) * dim..][..dim]),
+    )
+}
+
+/// S[h0 + i][t0 + j]: the lanes of pair (i, j)'s accumulator summed, plus the features past the
+/// last whole chunk.
+#[inline(always)]
+fn store_scores<const H: usize, const T: usize>(
+    (h0, t0): (usize, usize),
+    (rows, tokens): ([&[f32]; H], [&[f32]; T]),
+    acc: &[[[f32; LANES]; T]; H],
+    s: &mut [f32],
+    s_stride: usize,
+) {
+    let dim = rows.first().map_or(0, |row| row.len());
     let full = dim - dim % LANES;
     for i in 0..H {
         for j in 0..T {
@@ -228,8 +255,7 @@ unsafe fn scores_3x3_avx2(
     use std::arch::x86_64::{__m256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps};
     const _: () = assert!(ROWS == 3 && TOKENS == 3);
     let dim = x.dim;
-    let rows: [&[f32]; 3] = std::array::from_fn(|i| &r.data[(h0 + i) * r.stride..][..dim]);
-    let tokens: [&[f32]; 3] = std::array::from_fn(|j| &x.data[(t0 + j) * dim..][..dim]);
+    let (rows, tokens) = block_operands::<3, 3>(h0, t0, r, x);
     let [r0, r1, r2] = rows.map(<[f32]>::as_ptr);
     let [x0, x1, x2] = tokens.map(<[f32]>::as_ptr);
     // SAFETY (the intrinsics): the caller's CPU has AVX2 and FMA; every load below reads
@@ -270,14 +296,8 @@ unsafe fn scores_3x3_avx2(
     }
     // SAFETY: an __m256 is eight f32.
     let lanes = |v: __m256| -> [f32; LANES] { unsafe { std::mem::transmute(v) } };
-    let acc = [[a00, a01, a02], [a10, a11, a12], [a20, a21, a22]];
-    let full = dim - dim % LANES;
-    for i in 0..3 {
-        for j in 0..3 {
-            let tail: f32 = (full..dim).map(|d| rows[i][d] * tokens[j][d]).sum();
-            s[(h0 + i) * s_stride + t0 + j] = lanes(acc[i][j]).iter().sum::<f32>() + tail;
-        }
-    }
+    let acc = [[a00, a01, a02], [a10, a11, a12], [a20, a21, a22]].map(|row| row.map(lanes));
+    store_scores((h0, t0), (rows, tokens), &acc, s, s_stride);
 }
 
 /// A strip of features at a time, every row over it while it is in L1 (as for the scores),
