@@ -118,9 +118,7 @@ fn main() {
     );
 
     // ViT-B/16 with random weights: HF ViTConfig defaults.
-    let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-    let vit_base = Vit::load(vb, &VitConfig::default()).unwrap();
+    let vit_base = random_vit_base(&device);
     row(
         "ViT-B/16 (random weights)",
         16,
@@ -153,6 +151,36 @@ fn main() {
         limit,
     );
     profile(vit, bert, &x, &batch);
+}
+
+/// ViT-B/16 (HF ViTConfig defaults) with candle's random initial weights, as plain tensors: a
+/// VarMap's tensors are variables, and a forward over variables tracks gradients, which sends
+/// the attention, the LayerNorms and the GELU through their differentiable generic forms.
+/// Extraction loads plain tensors from a checkpoint, and so must what measures it.
+fn random_vit_base(device: &Device) -> Vit {
+    let varmap = VarMap::new();
+    Vit::load(
+        VarBuilder::from_varmap(&varmap, DType::F32, device),
+        &VitConfig::default(),
+    )
+    .unwrap();
+    let tensors: std::collections::HashMap<String, Tensor> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(name, var)| (name.clone(), var.as_tensor().detach()))
+        .collect();
+    let vit = Vit::load(
+        VarBuilder::from_tensors(tensors, DType::F32, device),
+        &VitConfig::default(),
+    )
+    .unwrap();
+    assert!(
+        !vit.layers[0].attention.query.weight().track_op(),
+        "the bench's ViT-B must run extraction's path"
+    );
+    vit
 }
 
 /// Milliseconds per op of one layer, summed by name in first-seen order.
