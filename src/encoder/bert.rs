@@ -6,8 +6,8 @@ use candle_core::{DType, Result, Tensor};
 use candle_nn::{Activation, Embedding, LayerNorm, Linear, Module, VarBuilder};
 use serde::Deserialize;
 
-use super::dense::Dense;
-use super::layers::{Norm, SelfAttention, activate, additive_mask, first_token};
+use super::dense::{Dense, Then};
+use super::layers::{Norm, SelfAttention, additive_mask, first_token};
 
 /// The fields of HF's `BertConfig` the forward needs; missing keys take HF's defaults.
 #[derive(Clone, Debug, Deserialize)]
@@ -179,14 +179,16 @@ impl BertLayer {
 
     /// The block after attention, given the attention context (shared with the phase-2 layer).
     pub fn after_attention(&self, xs: &Tensor, context: &Tensor) -> Result<Tensor> {
-        let attended = self
-            .attention_norm
-            .forward(&(xs + self.attention_output.forward(context)?)?)?;
-        let mlp = self.output.forward(&activate(
-            self.activation,
-            &self.intermediate.forward(&attended)?,
-        )?)?;
-        self.output_norm.forward(&(attended + mlp)?)
+        let attended = self.attention_norm.forward(
+            &self
+                .attention_output
+                .forward_then(context, Then::AddTo(xs))?,
+        )?;
+        let mlp = self
+            .intermediate
+            .forward_then(&attended, Then::Activate(self.activation))?;
+        self.output_norm
+            .forward(&self.output.forward_then(&mlp, Then::AddTo(&attended))?)
     }
 
     pub fn forward(&self, xs: &Tensor, mask: &Tensor) -> Result<Tensor> {

@@ -4,7 +4,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, D, Layout, Result, Shape, Tensor};
 
-use crate::kernels::{GeluErf, contiguous_f32, gemm_into, softmax};
+use crate::kernels::{GeluErf, PackedMatrix, contiguous_f32, softmax};
 pub use crate::kernels::{additive_mask, unpadded_lengths};
 use candle_nn::{Activation, Linear, Module, VarBuilder};
 use rayon::prelude::*;
@@ -149,24 +149,17 @@ impl CustomOp1 for FusedSelfAttention {
                         d + h * self.head_dim,
                         2 * d + h * self.head_dim,
                     );
-                    // S (T×L) = Q_h (T×d_h, row stride 3D) · K_hᵀ.
-                    gemm_into(
-                        (t, len, self.head_dim),
-                        (&mut scores, len),
-                        (&qkv[q..], three_d as isize, 1),
-                        (&qkv[k..], 1, three_d as isize),
-                    );
+                    // S (T×L) = Q_h (T×d_h, row stride 3D) · K_hᵀ, K_hᵀ packed once for
+                    // all T query rows.
+                    let keys = PackedMatrix::new(&qkv[k..], (self.head_dim, len), (1, three_d));
+                    keys.product(t, (&qkv[q..], three_d), (&mut scores, len));
                     for row in scores.chunks_mut(len) {
                         let mask = mask.map(|m| &m[..len]);
                         softmax(row, scale, mask);
                     }
                     // O_h (T×d_h, row stride D) = P (T×L) · V_h (L×d_h, row stride 3D).
-                    gemm_into(
-                        (t, self.head_dim, len),
-                        (&mut out[h * self.head_dim..], d),
-                        (&scores, len as isize, 1),
-                        (&qkv[v..], three_d as isize, 1),
-                    );
+                    let values = PackedMatrix::new(&qkv[v..], (len, self.head_dim), (three_d, 1));
+                    values.product(t, (&scores, len), (&mut out[h * self.head_dim..], d));
                 }
             });
         Ok((CpuStorage::F32(out), Shape::from((b, t, d))))

@@ -8,8 +8,8 @@ use candle_nn::{Activation, Module, VarBuilder};
 use candle_transformers::models::vit as ct_vit;
 use serde::Deserialize;
 
-use super::dense::Dense;
-use super::layers::{Norm, SelfAttention, activate, first_token};
+use super::dense::{Dense, Then};
+use super::layers::{Norm, SelfAttention, first_token};
 
 /// The fields of HF's `ViTConfig` the forward needs; missing keys take HF's defaults.
 #[derive(Clone, Debug, Deserialize)]
@@ -165,13 +165,14 @@ impl VitLayer {
     /// The block after attention, given the attention context: residual, MLP, residual. Shared
     /// by the full forward and the phase-2 last layer, which supplies its own context.
     pub fn after_attention(&self, xs: &Tensor, context: &Tensor) -> Result<Tensor> {
-        let hidden = (xs + self.attention_output.forward(context)?)?;
+        let hidden = self
+            .attention_output
+            .forward_then(context, Then::AddTo(xs))?;
         let mlp = self.layernorm_after.forward(&hidden)?;
-        let mlp = self.output.forward(&activate(
-            self.activation,
-            &self.intermediate.forward(&mlp)?,
-        )?)?;
-        hidden + mlp
+        let mlp = self
+            .intermediate
+            .forward_then(&mlp, Then::Activate(self.activation))?;
+        self.output.forward_then(&mlp, Then::AddTo(&hidden))
     }
 
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
