@@ -11,19 +11,22 @@
 //!
 //! Then a profile: the per-op time of one layer of ViT-Ti and of MiniLM on the same batch, op by
 //! op through candle's generic ops (the path before the fused attention: separate Q/K/V products,
-//! head split and merge copies, the (B, H, T, T) scores, softmax, P·V) and through the path the
-//! encoders take now (one QKV product and the fused attention pass). `cargo bench --bench encoder`.
+//! head split and merge copies, the (B, H, T, T) scores, softmax, P·V, and each dense layer's
+//! product, bias, residual and GELU as separate tensors) and through the path the encoders take
+//! now (one QKV product and the fused attention pass; each dense layer one product into its bias
+//! and residual, the GELU in place). `cargo bench --bench encoder`.
 
 mod common;
 
 use std::time::Instant;
 
 use benign_attention::encoder::bert::{Bert, BertLayer, TextBatch};
+use benign_attention::encoder::dense::{Dense, Then};
 use benign_attention::encoder::layers::{SelfAttention, activate, additive_mask};
 use benign_attention::encoder::vit::{Vit, VitConfig, VitLayer};
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{Module, VarBuilder, VarMap};
+use candle_nn::{Activation, Module, VarBuilder, VarMap};
 
 fn median_seconds(mut run: impl FnMut()) -> f64 {
     run();
@@ -276,49 +279,87 @@ fn attention_fused(
 
 type Attention = fn(&mut Profile, &SelfAttention, &Tensor, Option<&Tensor>) -> Tensor;
 
-fn vit_layer(p: &mut Profile, layer: &VitLayer, xs: &Tensor, attention: Attention) {
+/// The path a profile takes through a layer.
+#[derive(Clone, Copy)]
+struct Path {
+    attention: Attention,
+    /// Each dense layer as one product into its bias and residual, the GELU in place
+    /// (`Dense::forward_then`), instead of candle's product, bias add, residual add and GELU.
+    fused_products: bool,
+}
+
+const PATHS: [(Path, &str); 2] = [
+    (
+        Path {
+            attention: attention_generic,
+            fused_products: false,
+        },
+        "generic ops (before)",
+    ),
+    (
+        Path {
+            attention: attention_fused,
+            fused_products: true,
+        },
+        "fused (now)",
+    ),
+];
+
+/// `residual` + `layer`(x) through `path`.
+fn add_product(
+    p: &mut Profile,
+    path: Path,
+    layer: &Dense,
+    x: &Tensor,
+    residual: &Tensor,
+) -> Tensor {
+    if path.fused_products {
+        return p.time(
+            "output and MLP products, with bias, residual and GELU",
+            || layer.forward_then(x, Then::AddTo(residual)).unwrap(),
+        );
+    }
+    let out = p.time("output and MLP products", || layer.forward(x).unwrap());
+    p.time("residual adds", || (residual + out).unwrap())
+}
+
+/// `activation`(`layer`(x)) through `path`.
+fn activated_product(
+    p: &mut Profile,
+    path: Path,
+    layer: &Dense,
+    x: &Tensor,
+    activation: Activation,
+) -> Tensor {
+    if path.fused_products {
+        return p.time(
+            "output and MLP products, with bias, residual and GELU",
+            || layer.forward_then(x, Then::Activate(activation)).unwrap(),
+        );
+    }
+    let out = p.time("output and MLP products", || layer.forward(x).unwrap());
+    p.time("GELU", || activate(activation, &out).unwrap())
+}
+
+fn vit_layer(p: &mut Profile, layer: &VitLayer, xs: &Tensor, path: Path) {
     let normed = p.time("LayerNorm", || layer.layernorm_before.forward(xs).unwrap());
-    let context = attention(p, &layer.attention, &normed, None);
-    let out = p.time("output and MLP products", || {
-        layer.attention_output.forward(&context).unwrap()
-    });
-    let hidden = p.time("residual adds", || (xs + out).unwrap());
+    let context = (path.attention)(p, &layer.attention, &normed, None);
+    let hidden = add_product(p, path, &layer.attention_output, &context, xs);
     let mlp = p.time("LayerNorm", || {
         layer.layernorm_after.forward(&hidden).unwrap()
     });
-    let mlp = p.time("output and MLP products", || {
-        layer.intermediate.forward(&mlp).unwrap()
-    });
-    let mlp = p.time("GELU", || activate(layer.activation, &mlp).unwrap());
-    let mlp = p.time("output and MLP products", || {
-        layer.output.forward(&mlp).unwrap()
-    });
-    p.time("residual adds", || drop((hidden + mlp).unwrap()));
+    let mlp = activated_product(p, path, &layer.intermediate, &mlp, layer.activation);
+    drop(add_product(p, path, &layer.output, &mlp, &hidden));
 }
 
-fn bert_layer(
-    p: &mut Profile,
-    layer: &BertLayer,
-    xs: &Tensor,
-    mask: &Tensor,
-    attention: Attention,
-) {
-    let context = attention(p, &layer.attention, xs, Some(mask));
-    let out = p.time("output and MLP products", || {
-        layer.attention_output.forward(&context).unwrap()
-    });
-    let hidden = p.time("residual adds", || (xs + out).unwrap());
+fn bert_layer(p: &mut Profile, layer: &BertLayer, xs: &Tensor, mask: &Tensor, path: Path) {
+    let context = (path.attention)(p, &layer.attention, xs, Some(mask));
+    let hidden = add_product(p, path, &layer.attention_output, &context, xs);
     let attended = p.time("LayerNorm", || {
         layer.attention_norm.forward(&hidden).unwrap()
     });
-    let mlp = p.time("output and MLP products", || {
-        layer.intermediate.forward(&attended).unwrap()
-    });
-    let mlp = p.time("GELU", || activate(layer.activation, &mlp).unwrap());
-    let mlp = p.time("output and MLP products", || {
-        layer.output.forward(&mlp).unwrap()
-    });
-    let sum = p.time("residual adds", || (attended + mlp).unwrap());
+    let mlp = activated_product(p, path, &layer.intermediate, &attended, layer.activation);
+    let sum = add_product(p, path, &layer.output, &mlp, &attended);
     p.time("LayerNorm", || {
         drop(layer.output_norm.forward(&sum).unwrap())
     });
@@ -328,21 +369,15 @@ fn bert_layer(
 fn profile(vit: &Vit, bert: &Bert, pixels: &Tensor, batch: &TextBatch) {
     let xs = vit.embed(pixels).unwrap();
     let layer = &vit.layers[0];
-    for (attention, path) in [
-        (attention_generic as Attention, "generic ops (before)"),
-        (attention_fused as Attention, "fused (now)"),
-    ] {
-        Profile::of(5, |p| vit_layer(p, layer, &xs, attention))
-            .print(&format!("ViT-Ti layer, batch 16, {path}"));
+    for (path, name) in PATHS {
+        Profile::of(5, |p| vit_layer(p, layer, &xs, path))
+            .print(&format!("ViT-Ti layer, batch 16, {name}"));
     }
     let xs = &bert.hidden_states(batch).unwrap()[0];
     let mask = additive_mask(&batch.attention_mask).unwrap();
     let layer = &bert.layers[0];
-    for (attention, path) in [
-        (attention_generic as Attention, "generic ops (before)"),
-        (attention_fused as Attention, "fused (now)"),
-    ] {
-        Profile::of(5, |p| bert_layer(p, layer, xs, &mask, attention))
-            .print(&format!("MiniLM layer, batch 32 × 128, {path}"));
+    for (path, name) in PATHS {
+        Profile::of(5, |p| bert_layer(p, layer, xs, &mask, path))
+            .print(&format!("MiniLM layer, batch 32 × 128, {name}"));
     }
 }
