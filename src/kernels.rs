@@ -85,58 +85,6 @@ pub(crate) fn gemm_into(
     }
 }
 
-/// dst (m×n, contiguous) += lhs (m×k, row stride `lhs_rs`) · rhsᵀ, rhs (n×k, row stride
-/// `rhs_rs`): one large product, gemm's kernels on every thread of the pool. Errors when an
-/// operand is shorter than its shape says.
-pub(crate) fn gemm_add_into(
-    (m, n, k): (usize, usize, usize),
-    dst: &mut [f32],
-    (lhs, lhs_rs): (&[f32], usize),
-    (rhs, rhs_rs): (&[f32], usize),
-) -> Result<()> {
-    let fits = |len: usize, rows: usize, stride: usize, cols: usize| {
-        rows == 0 || (stride >= cols && (rows - 1) * stride + cols <= len)
-    };
-    if !(fits(dst.len(), m, n, n) && fits(lhs.len(), m, lhs_rs, k) && fits(rhs.len(), n, rhs_rs, k))
-    {
-        candle_core::bail!("gemm_add_into: operands out of bounds for {m}×{k} · ({n}×{k})ᵀ");
-    }
-    if m == 0 || n == 0 || k == 0 {
-        return Ok(());
-    }
-    let threads = rayon::current_num_threads();
-    // SAFETY: the check above keeps every element gemm touches inside the slices; dst is
-    // borrowed mutably, so it aliases neither input.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            true,
-            lhs.as_ptr(),
-            1,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_rs as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            if threads > 1 {
-                gemm::Parallelism::Rayon(threads)
-            } else {
-                gemm::Parallelism::None
-            },
-        );
-    }
-    Ok(())
-}
-
 /// Deterministic values in [−1, 1] for the kernels' tests: `len` of them, varied by `seed`.
 #[cfg(test)]
 pub(crate) fn test_values(len: usize, seed: u32) -> Vec<f32> {

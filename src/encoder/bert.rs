@@ -146,18 +146,18 @@ impl BertLayer {
                 c.num_attention_heads,
                 true,
             )?,
-            attention_output: Dense::Linear(candle_nn::linear(
+            attention_output: Dense::new(candle_nn::linear(
                 c.hidden_size,
                 c.hidden_size,
                 vb.pp("attention.output.dense"),
             )?),
             attention_norm: ln("attention.output.LayerNorm")?,
-            intermediate: Dense::Linear(candle_nn::linear(
+            intermediate: Dense::new(candle_nn::linear(
                 c.hidden_size,
                 c.intermediate_size,
                 vb.pp("intermediate.dense"),
             )?),
-            output: Dense::Linear(candle_nn::linear(
+            output: Dense::new(candle_nn::linear(
                 c.intermediate_size,
                 c.hidden_size,
                 vb.pp("output.dense"),

@@ -4,9 +4,10 @@
 
 use candle_core::{CpuStorage, CustomOp1, D, Layout, Result, Shape, Tensor};
 
-use crate::kernels::{GeluErf, PackedMatrix, contiguous_f32, softmax};
+use super::dense::{Dense, Then};
+use crate::kernels::{PackedMatrix, contiguous_f32, softmax};
 pub use crate::kernels::{additive_mask, unpadded_lengths};
-use candle_nn::{Activation, Linear, Module, VarBuilder};
+use candle_nn::{Linear, Module, VarBuilder};
 use rayon::prelude::*;
 
 /// Multi-head self-attention, `{query,key,value}.{weight,bias}` as in HF's ViT/BERT.
@@ -16,7 +17,7 @@ pub struct SelfAttention {
     pub key: Linear,
     pub value: Linear,
     /// The three projections as one (3D × D) product: one pass over the inputs instead of three.
-    qkv: Linear,
+    qkv: Dense,
     pub num_heads: usize,
     pub head_dim: usize,
 }
@@ -42,7 +43,7 @@ impl SelfAttention {
             _ => None,
         };
         Ok(Self {
-            qkv: Linear::new(weight, bias),
+            qkv: Dense::new(Linear::new(weight, bias)),
             query,
             key,
             value,
@@ -74,7 +75,10 @@ impl SelfAttention {
             return self.forward_reference(xs, mask);
         }
         let (b, t, _) = xs.dims3()?;
-        let qkv = self.qkv.forward(&xs.contiguous()?)?.contiguous()?; // (B, T, 3D)
+        let qkv = self
+            .qkv
+            .forward_then(&xs.contiguous()?, Then::Nothing)?
+            .contiguous()?; // (B, T, 3D)
         let mask = match mask {
             Some(m) => Some(m.flatten_all()?.to_vec1::<f32>()?),
             None => None,
@@ -230,63 +234,4 @@ pub fn masked_mean(xs: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
     let mask = attention_mask.to_dtype(xs.dtype())?.unsqueeze(D::Minus1)?;
     let summed = xs.broadcast_mul(&mask)?.sum(1)?;
     summed.broadcast_div(&mask.sum(1)?)
-}
-
-/// The block activation. HF's "gelu" is the exact (erf) GELU; on CPU it runs as [`GeluErf`]
-/// (parallel, vectorisable) instead of candle's scalar single-threaded map.
-pub fn activate(activation: Activation, xs: &Tensor) -> Result<Tensor> {
-    match activation {
-        Activation::Gelu if xs.device().is_cpu() && xs.dtype() == candle_core::DType::F32 => {
-            xs.apply_op1(GeluErf)
-        }
-        other => other.forward(xs),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::{Device, Var};
-
-    #[test]
-    fn parallel_gelu_matches_candles_exact_gelu_and_its_gradient() {
-        let xs = Tensor::new(
-            (0..10_001)
-                .map(|k| -6.0 + 12.0 * k as f32 / 10_000.0)
-                .collect::<Vec<f32>>(),
-            &Device::Cpu,
-        )
-        .unwrap();
-        let ours: Vec<f32> = activate(Activation::Gelu, &xs).unwrap().to_vec1().unwrap();
-        let exact: Vec<f32> = xs.gelu_erf().unwrap().to_vec1().unwrap();
-        let worst = ours
-            .iter()
-            .zip(&exact)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(worst < 1e-6, "max |Δ| {worst}");
-        let var = Var::from_tensor(&xs).unwrap();
-        let grads = activate(Activation::Gelu, var.as_tensor())
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let ours: Vec<f32> = grads.get(&var).unwrap().to_vec1().unwrap();
-        let grads = var
-            .as_tensor()
-            .gelu_erf()
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let exact: Vec<f32> = grads.get(&var).unwrap().to_vec1().unwrap();
-        let worst = ours
-            .iter()
-            .zip(&exact)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(worst < 1e-5, "gradient max |Δ| {worst}");
-    }
 }

@@ -132,18 +132,18 @@ impl VitLayer {
                 c.num_attention_heads,
                 c.qkv_bias,
             )?,
-            attention_output: Dense::Linear(candle_nn::linear(
+            attention_output: Dense::new(candle_nn::linear(
                 c.hidden_size,
                 c.hidden_size,
                 vb.pp("attention.output.dense"),
             )?),
             layernorm_after: ln("layernorm_after")?,
-            intermediate: Dense::Linear(candle_nn::linear(
+            intermediate: Dense::new(candle_nn::linear(
                 c.hidden_size,
                 c.intermediate_size,
                 vb.pp("intermediate.dense"),
             )?),
-            output: Dense::Linear(candle_nn::linear(
+            output: Dense::new(candle_nn::linear(
                 c.intermediate_size,
                 c.hidden_size,
                 vb.pp("output.dense"),

@@ -1,4 +1,5 @@
-//! Products of a few rows by a constant matrix packed once: phase 2's frozen dense layers.
+//! Products of rows by a constant matrix packed once: phase 2's frozen dense layers, and
+//! extraction's dense layers and per-head attention products (in blocks of rows per thread).
 //!
 //! A phase-2 step puts 8 rows through each frozen layer, an evaluation 24. gemm packs its
 //! operands on every call, and for so few rows the packing costs as much as the arithmetic: at
@@ -59,6 +60,26 @@ impl PackedMatrix {
         (a, a_stride): (&[f32], usize),
         (dst, dst_stride): (&mut [f32], usize),
     ) {
+        self.product_into::<false>(m, (a, a_stride), (dst, dst_stride))
+    }
+
+    /// dst += a · B, as [`Self::product`]: each output is its old value plus the finished sum
+    /// (extraction starts dst as the bias plus the residual).
+    pub(crate) fn product_add(
+        &self,
+        m: usize,
+        (a, a_stride): (&[f32], usize),
+        (dst, dst_stride): (&mut [f32], usize),
+    ) {
+        self.product_into::<true>(m, (a, a_stride), (dst, dst_stride))
+    }
+
+    fn product_into<const ADD: bool>(
+        &self,
+        m: usize,
+        (a, a_stride): (&[f32], usize),
+        (dst, dst_stride): (&mut [f32], usize),
+    ) {
         let (k, n) = (self.k, self.n);
         let fits =
             |len: usize, stride: usize, cols: usize| m == 0 || (m - 1) * stride + cols <= len;
@@ -75,7 +96,7 @@ impl PackedMatrix {
         }
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma")]
-        fn avx2(
+        fn avx2<const ADD: bool>(
             b: &PackedMatrix,
             m: usize,
             a: &[f32],
@@ -83,21 +104,21 @@ impl PackedMatrix {
             dst: &mut [f32],
             ds: usize,
         ) {
-            product_kernel::<true>(b, m, a, a_stride, dst, ds)
+            product_kernel::<true, ADD>(b, m, a, a_stride, dst, ds)
         }
         #[cfg(target_arch = "x86_64")]
         if avx2_fma() {
             // SAFETY: the CPU has the features `avx2` is compiled for.
-            return unsafe { avx2(self, m, a, a_stride, dst, dst_stride) };
+            return unsafe { avx2::<ADD>(self, m, a, a_stride, dst, dst_stride) };
         }
-        product_kernel::<false>(self, m, a, a_stride, dst, dst_stride)
+        product_kernel::<false, ADD>(self, m, a, a_stride, dst, dst_stride)
     }
 }
 
 /// Panel by panel; in each, blocks of up to 6 rows. `AVX2`: compiled into a function with AVX2
-/// and FMA enabled, where the blocks use their intrinsics.
+/// and FMA enabled, where the blocks use their intrinsics. `ADD`: the sums are added to dst.
 #[inline(always)]
-fn product_kernel<const AVX2: bool>(
+fn product_kernel<const AVX2: bool, const ADD: bool>(
     b: &PackedMatrix,
     m: usize,
     a: &[f32],
@@ -124,7 +145,12 @@ fn product_kernel<const AVX2: bool>(
             }
             for (r, values) in out[..rows].iter().enumerate() {
                 let at = (r0 + r) * dst_stride + col;
-                dst[at..at + width].copy_from_slice(&values[..width]);
+                let dst = &mut dst[at..at + width];
+                if ADD {
+                    dst.iter_mut().zip(values).for_each(|(d, v)| *d += v);
+                } else {
+                    dst.copy_from_slice(&values[..width]);
+                }
             }
             r0 += rows;
         }
@@ -235,7 +261,7 @@ mod tests {
                 }
                 // The row alone, through the portable form.
                 let mut alone = vec![0f32; n];
-                product_kernel::<false>(
+                product_kernel::<false, false>(
                     &packed,
                     1,
                     &a[r * a_stride..r * a_stride + k],
@@ -243,6 +269,14 @@ mod tests {
                     &mut alone,
                     n,
                 );
+                // Added to a start value: the start plus the same sum, bit for bit.
+                let start = values(n, 3);
+                let mut added = start.clone();
+                packed.product_add(1, (&a[r * a_stride..], a_stride), (&mut added, n));
+                for c in 0..n {
+                    let sum = dst[r * dst_stride + c];
+                    assert_eq!(added[c].to_bits(), (start[c] + sum).to_bits());
+                }
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&alone),
