@@ -26,7 +26,7 @@ use benign_attention::encoder::layers::{SelfAttention, additive_mask};
 use benign_attention::encoder::vit::{Vit, VitConfig, VitLayer};
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{Activation, Module, VarBuilder, VarMap};
+use candle_nn::{Module, VarBuilder, VarMap};
 
 fn median_seconds(mut run: impl FnMut()) -> f64 {
     run();
@@ -305,61 +305,53 @@ const PATHS: [(Path, &str); 2] = [
     ),
 ];
 
-/// `residual` + `layer`(x) through `path`.
-fn add_product(
-    p: &mut Profile,
-    path: Path,
-    layer: &Dense,
-    x: &Tensor,
-    residual: &Tensor,
-) -> Tensor {
+/// `layer`(x) followed by `then`, through `path`.
+fn product(p: &mut Profile, path: Path, layer: &Dense, x: &Tensor, then: Then) -> Tensor {
     if path.fused_products {
         return p.time(
             "output and MLP products, with bias, residual and GELU",
-            || layer.forward_then(x, Then::AddTo(residual)).unwrap(),
+            || layer.forward_then(x, then).unwrap(),
         );
     }
     let out = p.time("output and MLP products", || layer.forward(x).unwrap());
-    p.time("residual adds", || (residual + out).unwrap())
-}
-
-/// `activation`(`layer`(x)) through `path`.
-fn activated_product(
-    p: &mut Profile,
-    path: Path,
-    layer: &Dense,
-    x: &Tensor,
-    activation: Activation,
-) -> Tensor {
-    if path.fused_products {
-        return p.time(
-            "output and MLP products, with bias, residual and GELU",
-            || layer.forward_then(x, Then::Activate(activation)).unwrap(),
-        );
+    match then {
+        Then::Nothing => out,
+        Then::AddTo(residual) => p.time("residual adds", || (residual + out).unwrap()),
+        Then::Activate(activation) => p.time("GELU", || activate(activation, &out).unwrap()),
     }
-    let out = p.time("output and MLP products", || layer.forward(x).unwrap());
-    p.time("GELU", || activate(activation, &out).unwrap())
 }
 
 fn vit_layer(p: &mut Profile, layer: &VitLayer, xs: &Tensor, path: Path) {
     let normed = p.time("LayerNorm", || layer.layernorm_before.forward(xs).unwrap());
     let context = (path.attention)(p, &layer.attention, &normed, None);
-    let hidden = add_product(p, path, &layer.attention_output, &context, xs);
+    let hidden = product(p, path, &layer.attention_output, &context, Then::AddTo(xs));
     let mlp = p.time("LayerNorm", || {
         layer.layernorm_after.forward(&hidden).unwrap()
     });
-    let mlp = activated_product(p, path, &layer.intermediate, &mlp, layer.activation);
-    drop(add_product(p, path, &layer.output, &mlp, &hidden));
+    let mlp = product(
+        p,
+        path,
+        &layer.intermediate,
+        &mlp,
+        Then::Activate(layer.activation),
+    );
+    drop(product(p, path, &layer.output, &mlp, Then::AddTo(&hidden)));
 }
 
 fn bert_layer(p: &mut Profile, layer: &BertLayer, xs: &Tensor, mask: &Tensor, path: Path) {
     let context = (path.attention)(p, &layer.attention, xs, Some(mask));
-    let hidden = add_product(p, path, &layer.attention_output, &context, xs);
+    let hidden = product(p, path, &layer.attention_output, &context, Then::AddTo(xs));
     let attended = p.time("LayerNorm", || {
         layer.attention_norm.forward(&hidden).unwrap()
     });
-    let mlp = activated_product(p, path, &layer.intermediate, &attended, layer.activation);
-    let sum = add_product(p, path, &layer.output, &mlp, &attended);
+    let mlp = product(
+        p,
+        path,
+        &layer.intermediate,
+        &attended,
+        Then::Activate(layer.activation),
+    );
+    let sum = product(p, path, &layer.output, &mlp, Then::AddTo(&attended));
     p.time("LayerNorm", || {
         drop(layer.output_norm.forward(&sum).unwrap())
     });
