@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use super::{LastLayer, QueryKey, Rest};
 use crate::encoder::dense::FrozenLinear;
 use crate::encoder::layers::Norm;
-use crate::kernels::{PackedMatrix, gelu, gelu_backward, gemm_into as matmul, mean_and_inv_std};
+use crate::kernels::{gelu, gelu_backward, gemm_into as matmul, mean_and_inv_std};
 use crate::model::attend::KeyValues;
 use crate::model::token_products::Rows;
 
@@ -147,39 +147,6 @@ pub(super) struct HostQk<'a> {
     pub(super) bk: &'a [f32],
 }
 
-/// The trained query and key as a chunk's products read them, packed once per step or evaluation
-/// (they change at every step) and shared by its chunks: through gemm, every chunk's products
-/// packed them again. Through the packed kernel a row's numbers do not depend on the rows beside
-/// it, so neither does an evaluation's on how its rows are ordered or split.
-struct PackedQk {
-    /// W_Qᵀ (D×D): x̂₀ ↦ x̂₀W_Qᵀ.
-    query: PackedMatrix,
-    /// Per head, W_Kₕ (dₕ×D): q₀ₕ ↦ rₕ = q₀ₕW_Kₕ.
-    key: Vec<PackedMatrix>,
-    /// Per head, W_Kₕᵀ (D×dₕ): ∂L/∂rₕ ↦ ∂L/∂rₕW_Kₕᵀ; empty for an evaluation.
-    key_transposed: Vec<PackedMatrix>,
-}
-
-impl PackedQk {
-    fn new(qk: &HostQk, heads: usize, head_dim: usize, backward: bool) -> Self {
-        let d = heads * head_dim;
-        let head_rows = |head: usize| &qk.wk[head * head_dim * d..(head + 1) * head_dim * d];
-        Self {
-            query: PackedMatrix::new(qk.wq, (d, d), (1, d)),
-            key: (0..heads)
-                .map(|head| PackedMatrix::new(head_rows(head), (head_dim, d), (d, 1)))
-                .collect(),
-            key_transposed: if backward {
-                (0..heads)
-                    .map(|head| PackedMatrix::new(head_rows(head), (d, head_dim), (1, d)))
-                    .collect()
-            } else {
-                Vec::new()
-            },
-        }
-    }
-}
-
 /// The CLS rows of a batch: the layer input x₀ and what the attention reads of it, x̂₀ (B, D).
 pub(super) struct ClsRows<'a> {
     pub(super) inputs: &'a [f32],
@@ -195,9 +162,11 @@ const CHUNK: usize = 8;
 
 /// Rows a chunk of an evaluation holds: with no backward to keep tokens in cache for, larger
 /// chunks make fewer and larger products (fixed for the same reason as [`CHUNK`]). A multiple of
-/// 6, the rows a packed product takes at once ([`PackedMatrix`]), and half of the 48 rows an
-/// evaluation hands over at a time (`train::loops`), so that two cores share them evenly. Every
-/// product of the pass is a packed one, so a row's numbers do not depend on its chunk.
+/// 6, the rows a frozen product takes at once ([`crate::kernels::PackedMatrix`]), and half of the
+/// 48 rows an evaluation hands over at a time (`train::loops`), so that two cores share them
+/// evenly. The frozen products give a row the same numbers in any chunk (unit test); with the
+/// trained products through gemm, the main command logged the same numbers bit for bit with
+/// chunks of 32 and of 24.
 const EVAL_CHUNK: usize = 24;
 
 /// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
@@ -340,13 +309,12 @@ impl HostLayer {
         tokens: &KeyValues,
         rows: &[usize],
     ) -> (Vec<f32>, Vec<f32>) {
-        let packed = PackedQk::new(qk, self.heads, self.head_dim, false);
         let parts: Vec<Trace> = rows
             .par_chunks(EVAL_CHUNK)
             .enumerate()
             .map(|(c, chunk)| {
                 let cls = cls.part(c * EVAL_CHUNK, chunk.len(), self.hidden);
-                self.trace(qk, &packed, &cls, tokens, chunk)
+                self.trace(qk, &cls, tokens, chunk)
             })
             .collect();
         let (mut logits, mut probs) = (Vec::new(), Vec::new());
@@ -374,14 +342,12 @@ impl HostLayer {
             rows.len(),
             self.classes
         );
-        let packed = PackedQk::new(qk, self.heads, self.head_dim, true);
         let parts: Vec<ChunkGradients> = rows
             .par_chunks(CHUNK)
             .zip(targets.par_chunks(CHUNK))
             .enumerate()
             .map(|(c, (chunk, chunk_targets))| {
                 let cls = cls.part(c * CHUNK, chunk.len(), self.hidden);
-                let qk = (qk, &packed);
                 self.chunk_gradients(qk, &cls, tokens, chunk, chunk_targets, rows.len())
             })
             .collect();
@@ -402,43 +368,46 @@ impl HostLayer {
     /// through its rows as far as the query row q₀: every step that is row by row.
     fn chunk_gradients(
         &self,
-        (qk, packed): (&HostQk, &PackedQk),
+        qk: &HostQk,
         cls: &ClsRows,
         tokens: &KeyValues,
         rows: &[usize],
         targets: &[u32],
         batch: usize,
     ) -> ChunkGradients {
-        let trace = self.trace(qk, packed, cls, tokens, rows);
+        let trace = self.trace(qk, cls, tokens, rows);
         let (loss_sum, grad_logits) = cross_entropy(&trace.logits, targets, self.classes, batch);
         let grad_context = self.backward_rest(&trace, &grad_logits);
-        let mut part = self.backward_attention((qk, packed), tokens, rows, &trace, &grad_context);
+        let mut part = self.backward_attention(qk, tokens, rows, &trace, &grad_context);
         part.loss_sum = loss_sum;
         part.q0 = trace.q0;
         part
     }
 
     /// The forward, keeping what the backward reads.
-    fn trace(
-        &self,
-        qk: &HostQk,
-        packed: &PackedQk,
-        cls: &ClsRows,
-        tokens: &KeyValues,
-        rows: &[usize],
-    ) -> Trace {
+    fn trace(&self, qk: &HostQk, cls: &ClsRows, tokens: &KeyValues, rows: &[usize]) -> Trace {
         let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
         let (_, _, t) = tokens.geometry();
         let b = rows.len();
         // q₀ (B×D) = x̂₀ W_Qᵀ + b_Q.
         let mut q0 = vec![0f32; b * d];
-        packed.query.product(b, (cls.normed, d), (&mut q0, d));
+        matmul(
+            (b, d, d),
+            (&mut q0, d),
+            (cls.normed, d as isize, 1),
+            (qk.wq, 1, d as isize),
+        );
         q0.chunks_exact_mut(d).for_each(|row| add_into(row, qk.bq));
         // rₕ (B×D, row stride H·D) = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D); cₕ = q₀ₕ·b_Kₕ drops out of the
         // softmax (`KeyValues::sample_forward`).
         let mut queries = vec![0f32; b * h * d];
-        for (head, key) in packed.key.iter().enumerate() {
-            key.product(b, (&q0[head * dh..], d), (&mut queries[head * d..], h * d));
+        for head in 0..h {
+            matmul(
+                (b, d, dh),
+                (&mut queries[head * d..], h * d),
+                (&q0[head * dh..], d as isize, 1),
+                (&qk.wk[head * dh * d..], d as isize, 1),
+            );
         }
         // The attention, a sample at a time.
         let mut probs = vec![0f32; b * h * t];
@@ -545,7 +514,7 @@ impl HostLayer {
     /// ∂L/∂c and ∂L/∂q₀.
     fn backward_attention(
         &self,
-        (qk, packed): (&HostQk, &PackedQk),
+        qk: &HostQk,
         tokens: &KeyValues,
         rows: &[usize],
         trace: &Trace,
@@ -582,12 +551,13 @@ impl HostLayer {
             );
         }
         let mut grad_q0 = vec![0f32; b * d];
-        for (head, key_transposed) in packed.key_transposed.iter().enumerate() {
+        for head in 0..h {
             // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ.
-            key_transposed.product(
-                b,
-                (&grad_queries[head * d..], h * d),
+            matmul(
+                (b, dh, d),
                 (&mut grad_q0[head * dh..], d),
+                (&grad_queries[head * d..], (h * d) as isize, 1),
+                (&qk.wk[head * dh * d..], 1, d as isize),
             );
             let bias_k = &qk.bk[head * dh..(head + 1) * dh];
             for bi in 0..b {
