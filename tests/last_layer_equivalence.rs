@@ -11,6 +11,7 @@ use benign_attention::encoder::bert::{Bert, BertConfig};
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::layers::unpadded_lengths;
 use benign_attention::encoder::vit::{Vit, VitConfig};
+use benign_attention::model::last_layer::HostSpread;
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
@@ -56,7 +57,7 @@ fn check(
     let hidden = layer_inputs.dim(2).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let qk = QueryKey::reset(hidden, &mut rng, device).unwrap();
-    let layer = LastLayer::new(model, classifier).unwrap();
+    let mut layer = LastLayer::new(model, classifier).unwrap();
 
     let full_logits = layer.full_forward_logits(&qk, layer_inputs, mask).unwrap();
     let full_loss = candle_nn::loss::cross_entropy(&full_logits, labels).unwrap();
@@ -111,7 +112,34 @@ fn check(
         );
     }
     if device.is_cpu() {
-        check_host_pass(&layer, &qk, &resident, &rows, &batch, labels);
+        // Both ways of sharing the rows out over threads, to the same bits.
+        let mut runs = Vec::new();
+        for spread in [HostSpread::Chunks, HostSpread::Operations] {
+            layer.set_host_spread(spread);
+            assert_eq!(layer.host_spread(), Some(spread));
+            runs.push(check_host_pass(
+                &layer, &qk, &resident, &rows, &batch, labels,
+            ));
+        }
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        let (chunks, operations) = (&runs[0], &runs[1]);
+        assert_eq!(chunks.0.to_bits(), operations.0.to_bits(), "loss by spread");
+        for (a, b) in chunks
+            .1
+            .iter()
+            .zip(&operations.1)
+            .chain([(&chunks.2, &operations.2)])
+        {
+            assert_eq!(bits(a), bits(b), "gradients and logits by spread");
+        }
     }
     Phase2Step {
         loss: a,
@@ -125,7 +153,8 @@ fn check(
 
 /// The CPU's host pass (its training step and evaluation, written out by hand) against autograd
 /// through the resident path, on the samples in reverse order: logits and attention to 1e-5,
-/// loss to 1e-5, every gradient to 1e-4, and the same evaluation read straight from cached rows; (the key bias's, whose true value is 0, to 1e-4 of W_Q's).
+/// loss to 1e-5, every gradient to 1e-4, and the same evaluation read straight from cached rows; (the key bias's, whose true value is 0, to 1e-4 of W_Q's). Returns the host pass's loss,
+/// gradients and evaluated logits.
 fn check_host_pass(
     layer: &LastLayer,
     qk: &QueryKey,
@@ -133,7 +162,7 @@ fn check_host_pass(
     cached: &LayerRows,
     batch: &benign_attention::encoder::layer_rows::LayerBatch,
     labels: &Tensor,
-) {
+) -> (f64, Vec<Tensor>, Tensor) {
     let n = labels.dim(0).unwrap();
     let rows: Vec<usize> = (0..n).rev().collect();
     let labels: Vec<u32> = labels.to_vec1().unwrap();
@@ -181,6 +210,7 @@ fn check_host_pass(
     let from_rows = layer.evaluate_rows(qk, cached, &in_order).unwrap();
     assert!(max_rel_diff(&from_rows.logits, &streamed.logits.detach()) < 1e-5);
     assert!(max_abs_diff(&from_rows.cls_attention, &streamed.cls_attention.detach()) < 1e-6);
+    (host_loss, host_grads, evaluated.logits)
 }
 
 /// The same step on another device: loss and gradients to 1e-4 of the CPU's (the key bias's,

@@ -315,14 +315,19 @@ impl FrozenLinear {
     }
 
     /// y = x Wᵀ + b on host rows: x (rows, G·in) → y (rows, out), y overwritten.
-    pub(crate) fn forward_rows(&self, x: &[f32], y: &mut [f32]) {
+    pub(crate) fn forward_rows(&self, x: &[f32], y: &mut [f32], across_threads: bool) {
         let (g, i, out) = (self.groups, self.in_dim, self.out_dim);
         let o = out / g;
         let rows = x.len() / (g * i);
         debug_assert_eq!(y.len(), rows * out);
         for (group, packed) in self.forward_packed.iter().enumerate() {
             // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · W_groupᵀ.
-            packed.product(rows, (&x[group * i..], g * i), (&mut y[group * o..], out));
+            let (x, y) = ((&x[group * i..], g * i), (&mut y[group * o..], out));
+            if across_threads {
+                packed.product_parallel(rows, x, y);
+            } else {
+                packed.product(rows, x, y);
+            }
         }
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(out) {
@@ -332,15 +337,26 @@ impl FrozenLinear {
     }
 
     /// ∂L/∂x from ∂L/∂y on host rows: dy (rows, out) → dx (rows, G·in), dx overwritten.
-    pub(crate) fn backward_rows(&self, dy: &[f32], dx: &mut [f32]) {
+    pub(crate) fn backward_rows(&self, dy: &[f32], dx: &mut [f32], across_threads: bool) {
         let (g, i, out) = (self.groups, self.in_dim, self.out_dim);
         let o = out / g;
         let rows = dy.len() / out;
         debug_assert_eq!(dx.len(), rows * g * i);
         for (group, packed) in self.backward_packed.iter().enumerate() {
             // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
-            packed.product(rows, (&dy[group * o..], out), (&mut dx[group * i..], g * i));
+            let (dy, dx) = ((&dy[group * o..], out), (&mut dx[group * i..], g * i));
+            if across_threads {
+                packed.product_parallel(rows, dy, dx);
+            } else {
+                packed.product(rows, dy, dx);
+            }
         }
+    }
+
+    /// Bytes of its packed weights, forward and transposed: what a product over all of its
+    /// columns reads.
+    pub(crate) fn packed_bytes(&self) -> usize {
+        2 * self.out_dim * self.in_dim * std::mem::size_of::<f32>()
     }
 
     /// Rows of the output, (G·)in of the input.
@@ -389,7 +405,7 @@ impl CustomOp1 for FrozenProduct {
         let layer = &self.0;
         let rows = x.len() / (layer.groups * layer.in_dim);
         let mut y = vec![0f32; rows * layer.out_dim];
-        layer.forward_rows(x, &mut y);
+        layer.forward_rows(x, &mut y, false);
         Ok((CpuStorage::F32(y), Shape::from((rows, layer.out_dim))))
     }
 
@@ -402,7 +418,7 @@ impl CustomOp1 for FrozenProduct {
         let grad = grad_res.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let layer = &self.0;
         let mut grad_x = vec![0f32; grad.len() / layer.out_dim * layer.groups * layer.in_dim];
-        layer.backward_rows(&grad, &mut grad_x);
+        layer.backward_rows(&grad, &mut grad_x, false);
         Ok(Some(Tensor::from_vec(grad_x, arg.shape(), arg.device())?))
     }
 }

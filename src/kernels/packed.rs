@@ -74,11 +74,45 @@ impl PackedMatrix {
         self.product_into::<true>(m, (a, a_stride), (dst, dst_stride))
     }
 
-    fn product_into<const ADD: bool>(
+    /// dst = a · B as [`Self::product`], the panels shared out over the threads of the current
+    /// rayon pool: each thread reads its share of B once for all m rows. Rows split over threads
+    /// instead each read all of B: at ViT-B's width a phase-2 layer's weights (47 MB with their
+    /// transposes) do not fit any cache, and each thread streamed them all from memory. The
+    /// numbers are [`Self::product`]'s, bit for bit, on any number of threads.
+    pub(crate) fn product_parallel(
         &self,
         m: usize,
         (a, a_stride): (&[f32], usize),
         (dst, dst_stride): (&mut [f32], usize),
+    ) {
+        use rayon::prelude::*;
+        self.check(m, (a.len(), a_stride), (dst.len(), dst_stride));
+        let panels = self.n.div_ceil(PANEL);
+        let threads = rayon::current_num_threads().min(panels);
+        if threads <= 1 || m == 0 {
+            return self.product(m, (a, a_stride), (dst, dst_stride));
+        }
+        /// dst's first value, shared by the threads, each writing the columns of its own panels.
+        struct Shared(*mut f32);
+        // SAFETY: the threads write disjoint columns of dst (below), and dst outlives them.
+        unsafe impl Sync for Shared {}
+        let shared = Shared(dst.as_mut_ptr());
+        let avx2 = avx2_fma();
+        (0..threads).into_par_iter().for_each(|t| {
+            let share = panels * t / threads..panels * (t + 1) / threads;
+            let shared = &shared;
+            // SAFETY: `check` put rows < m and columns < n of dst inside it; this thread writes
+            // only the columns of panels `share`, which no other thread writes.
+            unsafe { product_panels(self, share, m, (a, a_stride), (shared.0, dst_stride), avx2) }
+        });
+    }
+
+    /// The operands' shapes, or a panic naming them.
+    fn check(
+        &self,
+        m: usize,
+        (a_len, a_stride): (usize, usize),
+        (dst_len, dst_stride): (usize, usize),
     ) {
         let (k, n) = (self.k, self.n);
         let fits =
@@ -86,48 +120,98 @@ impl PackedMatrix {
         assert!(
             a_stride >= k
                 && dst_stride >= n
-                && fits(a.len(), a_stride, k)
-                && fits(dst.len(), dst_stride, n),
-            "packed product: {m} rows of {k} (stride {a_stride}) into {} values (stride {dst_stride}) for {n} columns",
-            dst.len()
+                && fits(a_len, a_stride, k)
+                && fits(dst_len, dst_stride, n),
+            "packed product: {m} rows of {k} (stride {a_stride}) into {dst_len} values (stride {dst_stride}) for {n} columns",
         );
-        if m == 0 || n == 0 {
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2<const ADD: bool>(
-            b: &PackedMatrix,
-            m: usize,
-            a: &[f32],
-            a_stride: usize,
-            dst: &mut [f32],
-            ds: usize,
-        ) {
-            product_kernel::<true, ADD>(b, m, a, a_stride, dst, ds)
-        }
-        #[cfg(target_arch = "x86_64")]
-        if avx2_fma() {
-            // SAFETY: the CPU has the features `avx2` is compiled for.
-            return unsafe { avx2::<ADD>(self, m, a, a_stride, dst, dst_stride) };
-        }
-        product_kernel::<false, ADD>(self, m, a, a_stride, dst, dst_stride)
     }
+
+    fn product_into<const ADD: bool>(
+        &self,
+        m: usize,
+        (a, a_stride): (&[f32], usize),
+        (dst, dst_stride): (&mut [f32], usize),
+    ) {
+        self.check(m, (a.len(), a_stride), (dst.len(), dst_stride));
+        let all = 0..self.n.div_ceil(PANEL);
+        let dst = (dst.as_mut_ptr(), dst_stride);
+        // SAFETY: `check` put every row and column written inside dst, borrowed mutably here.
+        unsafe { product_panels_with::<ADD>(self, all, m, (a, a_stride), dst, avx2_fma()) }
+    }
+}
+
+/// [`PackedMatrix::product`] over panels `panels` only, into dst at `dst.0` (row stride `dst.1`).
+///
+/// # Safety
+/// Rows < m and the columns of `panels` of dst must lie in memory the caller may write, and no
+/// other thread may touch them meanwhile; `avx2` only where the CPU has AVX2 and FMA.
+unsafe fn product_panels(
+    b: &PackedMatrix,
+    panels: std::ops::Range<usize>,
+    m: usize,
+    a: (&[f32], usize),
+    dst: (*mut f32, usize),
+    avx2: bool,
+) {
+    // SAFETY: the caller's.
+    unsafe { product_panels_with::<false>(b, panels, m, a, dst, avx2) }
+}
+
+/// [`product_panels`], the sums added to dst when `ADD`.
+///
+/// # Safety
+/// As [`product_panels`].
+unsafe fn product_panels_with<const ADD: bool>(
+    b: &PackedMatrix,
+    panels: std::ops::Range<usize>,
+    m: usize,
+    (a, a_stride): (&[f32], usize),
+    (dst, dst_stride): (*mut f32, usize),
+    avx2: bool,
+) {
+    if m == 0 || b.n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn with_avx2<const ADD: bool>(
+        b: &PackedMatrix,
+        panels: std::ops::Range<usize>,
+        m: usize,
+        a: (&[f32], usize),
+        dst: (*mut f32, usize),
+    ) {
+        // SAFETY: the caller's.
+        unsafe { product_kernel::<true, ADD>(b, panels, m, a, dst) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: the caller's; the CPU has the features `with_avx2` is compiled for.
+        return unsafe { with_avx2::<ADD>(b, panels, m, (a, a_stride), (dst, dst_stride)) };
+    }
+    let _ = avx2;
+    // SAFETY: the caller's.
+    unsafe { product_kernel::<false, ADD>(b, panels, m, (a, a_stride), (dst, dst_stride)) }
 }
 
 /// Panel by panel; in each, blocks of up to 6 rows. `AVX2`: compiled into a function with AVX2
 /// and FMA enabled, where the blocks use their intrinsics. `ADD`: the sums are added to dst.
+///
+/// # Safety
+/// As [`product_panels`].
 #[inline(always)]
-fn product_kernel<const AVX2: bool, const ADD: bool>(
+unsafe fn product_kernel<const AVX2: bool, const ADD: bool>(
     b: &PackedMatrix,
+    panels: std::ops::Range<usize>,
     m: usize,
-    a: &[f32],
-    a_stride: usize,
-    dst: &mut [f32],
-    dst_stride: usize,
+    (a, a_stride): (&[f32], usize),
+    (dst, dst_stride): (*mut f32, usize),
 ) {
     let k = b.k;
     for (p, panel) in b.data.chunks_exact(k * PANEL).enumerate() {
+        if !panels.contains(&p) {
+            continue;
+        }
         let col = p * PANEL;
         let width = PANEL.min(b.n - col);
         let mut r0 = 0;
@@ -145,7 +229,8 @@ fn product_kernel<const AVX2: bool, const ADD: bool>(
             }
             for (r, values) in out[..rows].iter().enumerate() {
                 let at = (r0 + r) * dst_stride + col;
-                let dst = &mut dst[at..at + width];
+                // SAFETY: the caller's contract (in bounds, and no other thread's columns).
+                let dst = unsafe { std::slice::from_raw_parts_mut(dst.add(at), width) };
                 if ADD {
                     dst.iter_mut().zip(values).for_each(|(d, v)| *d += v);
                 } else {
@@ -276,6 +361,24 @@ mod tests {
             let dst_stride = n + 2;
             let mut dst = vec![f32::NAN; m * dst_stride];
             packed.product(m, (&a, a_stride), (&mut dst, dst_stride));
+            // The panels shared out over 1, 2 and 3 threads: the same bits, dst's padding
+            // columns untouched.
+            for threads in 1..=3 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut shared = vec![f32::NAN; m * dst_stride];
+                pool.install(|| {
+                    packed.product_parallel(m, (&a, a_stride), (&mut shared, dst_stride))
+                });
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&shared),
+                    bits(&dst),
+                    "{m}×{k}×{n} on {threads} threads"
+                );
+            }
             for r in 0..m {
                 for c in 0..n {
                     let exact: f64 = (0..k)
@@ -289,14 +392,17 @@ mod tests {
                 }
                 // The row alone, through the portable form.
                 let mut alone = vec![0f32; n];
-                product_kernel::<false, false>(
-                    &packed,
-                    1,
-                    &a[r * a_stride..r * a_stride + k],
-                    a_stride,
-                    &mut alone,
-                    n,
-                );
+                // SAFETY: one row of n values into `alone`, all panels, no AVX2.
+                unsafe {
+                    product_panels(
+                        &packed,
+                        0..n.div_ceil(PANEL),
+                        1,
+                        (&a[r * a_stride..r * a_stride + k], a_stride),
+                        (alone.as_mut_ptr(), n),
+                        false,
+                    )
+                };
                 // Added to a start value: the start plus the same sum, bit for bit.
                 let start = values(n, 3);
                 let mut added = start.clone();

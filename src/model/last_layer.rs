@@ -15,6 +15,8 @@
 
 mod host;
 
+pub use host::HostSpread;
+
 use std::sync::Arc;
 
 use anyhow::{Result, ensure};
@@ -254,6 +256,19 @@ impl<'a> LastLayer<'a> {
     /// Whether [`Self::host_step`] and the evaluations run the host pass (the CPU, GELU).
     pub fn has_host_pass(&self) -> bool {
         self.host.is_some()
+    }
+
+    /// How the host pass shares rows out over the threads, when the layer has one (chosen from
+    /// the size of its frozen weights).
+    pub fn host_spread(&self) -> Option<HostSpread> {
+        self.host.as_ref().map(|host| host.spread)
+    }
+
+    /// Sets the host pass's spread (the tests run both; the numbers do not depend on it).
+    pub fn set_host_spread(&mut self, spread: HostSpread) {
+        if let Some(host) = &mut self.host {
+            host.spread = spread;
+        }
     }
 
     /// [`Self::forward_resident`] for evaluation: the same logits and attention, detached, from

@@ -137,6 +137,8 @@ pub(super) struct HostLayer {
     head_dim: usize,
     hidden: usize,
     classes: usize,
+    /// How a step's or an evaluation's rows are shared out over the threads.
+    pub(super) spread: HostSpread,
 }
 
 /// The trained parameters, read in place from their CPU storage.
@@ -153,21 +155,69 @@ pub(super) struct ClsRows<'a> {
     pub(super) normed: &'a [f32],
 }
 
-/// Rows a chunk holds. A step's or an evaluation's rows go through the layer a chunk at a time,
-/// each chunk on one thread from its forward to its query row's gradient (its samples' tokens
-/// stay in that core's cache from the forward to the backward). The chunk's size is fixed, not
-/// the thread count's: the products see the same shapes however many threads there are, so the
-/// numbers do not depend on them.
+/// How the host pass shares a step's or an evaluation's rows out over the threads. Both give
+/// every row the same numbers, bit for bit (tests/last_layer_equivalence.rs), on any number of
+/// threads; they differ in what each thread reads from memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostSpread {
+    /// Chunks of rows ([`CHUNK`] for a step, [`EVAL_CHUNK`] for an evaluation), each on one
+    /// thread from its forward to its backward: a chunk's tokens stay in that core's caches in
+    /// between, and each thread reads every frozen weight for its rows. Best while the weights
+    /// fit the caches (ViT-Ti: 3 MB with their transposes; a ViT-Ti epoch took 20–25 ms this way
+    /// against 22–27 ms the other, two builds alternately on machine E).
+    Chunks,
+    /// All rows through each operation together, its work shared out: the frozen products by
+    /// their columns (each thread reads its part of the weights once for all the rows,
+    /// [`crate::kernels::PackedMatrix::product_parallel`]), the attention by samples, the trained
+    /// products by groups of [`GEMM_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
+    /// transposes) fit no cache, and in chunks each thread streamed them all from memory for its 8
+    /// rows: a ViT-B-size epoch on 2 threads took a median 0.36 s in chunks and 0.32 s this way
+    /// (`scale`'s child, five runs each, two builds alternately on machine E).
+    Operations,
+}
+
+impl HostSpread {
+    /// The spread for a layer whose frozen products hold `weight_bytes` (forward and transposed
+    /// packs): chunks while they are well inside a last-level cache.
+    fn for_weights(weight_bytes: usize) -> Self {
+        const CACHED: usize = 16 << 20;
+        if weight_bytes <= CACHED {
+            Self::Chunks
+        } else {
+            Self::Operations
+        }
+    }
+
+    /// The fewest items a parallel loop inside an operation hands one thread: all of them in
+    /// chunks (the chunks are what run in parallel), one otherwise.
+    fn min_len(self) -> usize {
+        match self {
+            Self::Chunks => usize::MAX,
+            Self::Operations => 1,
+        }
+    }
+}
+
+/// Rows a chunk of a step holds ([`HostSpread::Chunks`]). The chunk's size is fixed, not the
+/// thread count's, so the products see the same shapes however many threads there are.
 const CHUNK: usize = 8;
 
-/// Rows a chunk of an evaluation holds: with no backward to keep tokens in cache for, larger
-/// chunks make fewer and larger products (fixed for the same reason as [`CHUNK`]). A multiple of
-/// 6, the rows a frozen product takes at once ([`crate::kernels::PackedMatrix`]), and half of the
-/// 48 rows an evaluation hands over at a time (`train::loops`), so that two cores share them
-/// evenly. The frozen products give a row the same numbers in any chunk (unit test); with the
-/// trained products through gemm, the main command logged the same numbers bit for bit with
-/// chunks of 32 and of 24.
+/// Rows a chunk of an evaluation holds ([`HostSpread::Chunks`]): with no backward to keep tokens
+/// in cache for, larger chunks make fewer and larger products. A multiple of 6, the rows a frozen
+/// product takes at once ([`crate::kernels::PackedMatrix`]), and half of the 48 rows an
+/// evaluation hands over at a time (`train::loops`), so that two cores share them evenly.
+///
+/// The trained products stay with gemm: packing the query and key once per step and evaluation
+/// (they change every step) for the packed kernel gave ViT-Ti the same numbers bit for bit but
+/// slowed a ViT-B-size epoch (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two builds
+/// alternately): three fresh 2.4 MB matrices per step.
 const EVAL_CHUNK: usize = 24;
+
+/// Rows that go through the trained products (gemm) together, and whose cross-entropies are
+/// summed together before the groups' sums are added, in either spread: a row's numbers then do
+/// not depend on the spread, the chunk or the threads (the frozen products and the attention
+/// give a row the same numbers whatever rows are beside it).
+const GEMM_ROWS: usize = 8;
 
 /// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
 #[derive(Default)]
@@ -286,7 +336,19 @@ impl HostLayer {
             head_dim: attention.head_dim,
             hidden: attention.num_heads * attention.head_dim,
             classes,
+            spread: HostSpread::for_weights(
+                [output, intermediate, mlp_output]
+                    .iter()
+                    .map(|dense| frozen(dense).map(|f| f.packed_bytes()))
+                    .sum::<Result<usize>>()?
+                    + layer.value.packed_bytes(),
+            ),
         }))
+    }
+
+    /// Whether one operation's work is shared out over the threads.
+    fn across_threads(&self) -> bool {
+        self.spread == HostSpread::Operations
     }
 
     /// What the attention reads of layer inputs, in place over the first `lengths[i]` of each
@@ -309,12 +371,20 @@ impl HostLayer {
         tokens: &KeyValues,
         rows: &[usize],
     ) -> (Vec<f32>, Vec<f32>) {
+        let chunk = match self.spread {
+            HostSpread::Chunks => EVAL_CHUNK,
+            HostSpread::Operations => rows.len().max(1),
+        };
         let parts: Vec<Trace> = rows
-            .par_chunks(EVAL_CHUNK)
+            .par_chunks(chunk)
             .enumerate()
-            .map(|(c, chunk)| {
-                let cls = cls.part(c * EVAL_CHUNK, chunk.len(), self.hidden);
-                self.trace(qk, &cls, tokens, chunk)
+            .map(|(c, rows)| {
+                self.trace(
+                    qk,
+                    &cls.part(c * chunk, rows.len(), self.hidden),
+                    tokens,
+                    rows,
+                )
             })
             .collect();
         let (mut logits, mut probs) = (Vec::new(), Vec::new());
@@ -342,13 +412,17 @@ impl HostLayer {
             rows.len(),
             self.classes
         );
+        let chunk = match self.spread {
+            HostSpread::Chunks => CHUNK,
+            HostSpread::Operations => rows.len().max(1),
+        };
         let parts: Vec<ChunkGradients> = rows
-            .par_chunks(CHUNK)
-            .zip(targets.par_chunks(CHUNK))
+            .par_chunks(chunk)
+            .zip(targets.par_chunks(chunk))
             .enumerate()
-            .map(|(c, (chunk, chunk_targets))| {
-                let cls = cls.part(c * CHUNK, chunk.len(), self.hidden);
-                self.chunk_gradients(qk, &cls, tokens, chunk, chunk_targets, rows.len())
+            .map(|(c, (chunk_rows, chunk_targets))| {
+                let cls = cls.part(c * chunk, chunk_rows.len(), self.hidden);
+                self.chunk_gradients(qk, &cls, tokens, chunk_rows, chunk_targets, rows.len())
             })
             .collect();
         let mut whole = ChunkGradients::default();
@@ -376,7 +450,18 @@ impl HostLayer {
         batch: usize,
     ) -> ChunkGradients {
         let trace = self.trace(qk, cls, tokens, rows);
-        let (loss_sum, grad_logits) = cross_entropy(&trace.logits, targets, self.classes, batch);
+        let c = self.classes;
+        let mut grad_logits = Vec::with_capacity(trace.logits.len());
+        let mut loss_sum = 0f32;
+        for (logits, targets) in trace
+            .logits
+            .chunks(GEMM_ROWS * c)
+            .zip(targets.chunks(GEMM_ROWS))
+        {
+            let (sum, grad) = cross_entropy(logits, targets, c, batch);
+            loss_sum += sum;
+            grad_logits.extend_from_slice(&grad);
+        }
         let grad_context = self.backward_rest(&trace, &grad_logits);
         let mut part = self.backward_attention(qk, tokens, rows, &trace, &grad_context);
         part.loss_sum = loss_sum;
@@ -389,52 +474,64 @@ impl HostLayer {
         let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
         let (_, _, t) = tokens.geometry();
         let b = rows.len();
-        // q₀ (B×D) = x̂₀ W_Qᵀ + b_Q.
+        // q₀ (B×D) = x̂₀ W_Qᵀ + b_Q, and rₕ (B×D, row stride H·D) = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D);
+        // cₕ = q₀ₕ·b_Kₕ drops out of the softmax (`KeyValues::sample_forward`).
         let mut q0 = vec![0f32; b * d];
-        matmul(
-            (b, d, d),
-            (&mut q0, d),
-            (cls.normed, d as isize, 1),
-            (qk.wq, 1, d as isize),
-        );
-        q0.chunks_exact_mut(d).for_each(|row| add_into(row, qk.bq));
-        // rₕ (B×D, row stride H·D) = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D); cₕ = q₀ₕ·b_Kₕ drops out of the
-        // softmax (`KeyValues::sample_forward`).
         let mut queries = vec![0f32; b * h * d];
-        for head in 0..h {
-            matmul(
-                (b, d, dh),
-                (&mut queries[head * d..], h * d),
-                (&q0[head * dh..], d as isize, 1),
-                (&qk.wk[head * dh * d..], d as isize, 1),
-            );
-        }
+        let min_len = self.spread.min_len();
+        q0.par_chunks_mut(GEMM_ROWS * d)
+            .zip(queries.par_chunks_mut(GEMM_ROWS * h * d))
+            .zip(cls.normed.par_chunks(GEMM_ROWS * d))
+            .with_min_len(min_len)
+            .for_each(|((q0, queries), normed)| {
+                let rows = q0.len() / d;
+                matmul(
+                    (rows, d, d),
+                    (q0, d),
+                    (normed, d as isize, 1),
+                    (qk.wq, 1, d as isize),
+                );
+                q0.chunks_exact_mut(d).for_each(|row| add_into(row, qk.bq));
+                for head in 0..h {
+                    matmul(
+                        (rows, d, dh),
+                        (&mut queries[head * d..], h * d),
+                        (&q0[head * dh..], d as isize, 1),
+                        (&qk.wk[head * dh * d..], d as isize, 1),
+                    );
+                }
+            });
         // The attention, a sample at a time.
         let mut probs = vec![0f32; b * h * t];
         let mut pooled = vec![0f32; b * h * d];
         probs
-            .chunks_mut(h * t)
-            .zip(pooled.chunks_mut(h * d))
+            .par_chunks_mut(h * t)
+            .zip(pooled.par_chunks_mut(h * d))
             .enumerate()
+            .with_min_len(min_len)
             .for_each(|(bi, (p, y))| {
                 tokens.sample_forward(rows[bi], &queries[bi * h * d..(bi + 1) * h * d], p, y, d)
             });
         let mut context = vec![0f32; b * d];
-        self.value.forward_rows(&pooled, &mut context);
+        self.value
+            .forward_rows(&pooled, &mut context, self.across_threads());
         // h = x₀ + O(context); a = N₁(h).
         let mut sum = vec![0f32; b * d];
-        self.output.forward_rows(&context, &mut sum);
+        self.output
+            .forward_rows(&context, &mut sum, self.across_threads());
         add_into(&mut sum, cls.inputs);
         let mut normed = vec![0f32; b * d];
         let first_norm = self.first_norm.forward(&sum, &mut normed);
         // z = N₂(residual + MLP(a)).
         let m = self.intermediate.dims().0;
         let mut pre_activation = vec![0f32; b * m];
-        self.intermediate.forward_rows(&normed, &mut pre_activation);
+        self.intermediate
+            .forward_rows(&normed, &mut pre_activation, self.across_threads());
         let mut activation = vec![0f32; b * m];
         gelu(&pre_activation, &mut activation);
         let mut out = vec![0f32; b * d];
-        self.mlp_output.forward_rows(&activation, &mut out);
+        self.mlp_output
+            .forward_rows(&activation, &mut out, self.across_threads());
         add_into(
             &mut out,
             match self.residual {
@@ -446,13 +543,16 @@ impl HostLayer {
         let second_norm = self.second_norm.forward(&out, &mut features);
         let pooled_features = self.pooler.as_ref().map(|pooler| {
             let mut y = vec![0f32; b * d];
-            pooler.forward_rows(&features, &mut y);
+            pooler.forward_rows(&features, &mut y, self.across_threads());
             y.iter_mut().for_each(|v| *v = v.tanh());
             y
         });
         let mut logits = vec![0f32; b * self.classes];
-        self.classifier
-            .forward_rows(pooled_features.as_ref().unwrap_or(&features), &mut logits);
+        self.classifier.forward_rows(
+            pooled_features.as_ref().unwrap_or(&features),
+            &mut logits,
+            self.across_threads(),
+        );
         Trace {
             rows: b,
             q0,
@@ -470,7 +570,7 @@ impl HostLayer {
         let (b, d) = (trace.rows, self.hidden);
         let mut grad_features = vec![0f32; b * d];
         self.classifier
-            .backward_rows(grad_logits, &mut grad_features);
+            .backward_rows(grad_logits, &mut grad_features, self.across_threads());
         if let (Some(pooler), Some(y)) = (&self.pooler, &trace.pooled_features) {
             // tanh' = 1 − y².
             grad_features
@@ -478,7 +578,7 @@ impl HostLayer {
                 .zip(y)
                 .for_each(|(g, y)| *g *= 1.0 - y * y);
             let mut grad_in = vec![0f32; b * d];
-            pooler.backward_rows(&grad_features, &mut grad_in);
+            pooler.backward_rows(&grad_features, &mut grad_in, self.across_threads());
             grad_features = grad_in;
         }
         let mut grad_out = vec![0f32; b * d];
@@ -487,11 +587,11 @@ impl HostLayer {
         let m = self.intermediate.dims().0;
         let mut grad_activation = vec![0f32; b * m];
         self.mlp_output
-            .backward_rows(&grad_out, &mut grad_activation);
+            .backward_rows(&grad_out, &mut grad_activation, self.across_threads());
         gelu_backward(&trace.pre_activation, &mut grad_activation);
         let mut grad_normed = vec![0f32; b * d];
         self.intermediate
-            .backward_rows(&grad_activation, &mut grad_normed);
+            .backward_rows(&grad_activation, &mut grad_normed, self.across_threads());
         let mut grad_sum = vec![0f32; b * d];
         match self.residual {
             Residual::BeforeNorm => {
@@ -506,7 +606,8 @@ impl HostLayer {
             }
         }
         let mut grad_context = vec![0f32; b * d];
-        self.output.backward_rows(&grad_sum, &mut grad_context);
+        self.output
+            .backward_rows(&grad_sum, &mut grad_context, self.across_threads());
         grad_context
     }
 
@@ -524,48 +625,55 @@ impl HostLayer {
         let (_, _, t) = tokens.geometry();
         let b = trace.rows;
         let mut grad_pooled = vec![0f32; b * h * d];
-        self.value.backward_rows(grad_context, &mut grad_pooled);
+        self.value
+            .backward_rows(grad_context, &mut grad_pooled, self.across_threads());
         let mut grad_queries = vec![0f32; b * h * d];
         let mut grad_bias = vec![0f32; b * h];
-        // Last sample first: its tokens are the forward's most recent reads, the likeliest to
-        // be in cache still.
-        for (bi, (gq, gc)) in grad_queries
-            .chunks_mut(h * d)
-            .zip(grad_bias.chunks_mut(h))
+        grad_queries
+            .par_chunks_mut(h * d)
+            .zip(grad_bias.par_chunks_mut(h))
             .enumerate()
-            .rev()
-        {
-            tokens.sample_backward(
-                rows[bi],
-                Rows {
-                    data: &trace.probs[bi * h * t..(bi + 1) * h * t],
-                    stride: t,
-                },
-                Rows {
-                    data: &grad_pooled[bi * h * d..(bi + 1) * h * d],
-                    stride: d,
-                },
-                None,
-                gq,
-                gc,
-            );
-        }
+            .with_min_len(self.spread.min_len())
+            .for_each(|(bi, (gq, gc))| {
+                tokens.sample_backward(
+                    rows[bi],
+                    Rows {
+                        data: &trace.probs[bi * h * t..(bi + 1) * h * t],
+                        stride: t,
+                    },
+                    Rows {
+                        data: &grad_pooled[bi * h * d..(bi + 1) * h * d],
+                        stride: d,
+                    },
+                    None,
+                    gq,
+                    gc,
+                );
+            });
         let mut grad_q0 = vec![0f32; b * d];
-        for head in 0..h {
-            // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ.
-            matmul(
-                (b, dh, d),
-                (&mut grad_q0[head * dh..], d),
-                (&grad_queries[head * d..], (h * d) as isize, 1),
-                (&qk.wk[head * dh * d..], 1, d as isize),
-            );
-            let bias_k = &qk.bk[head * dh..(head + 1) * dh];
-            for bi in 0..b {
-                let c = grad_bias[bi * h + head];
-                let row = &mut grad_q0[bi * d + head * dh..bi * d + (head + 1) * dh];
-                row.iter_mut().zip(bias_k).for_each(|(g, k)| *g += c * k);
-            }
-        }
+        grad_q0
+            .par_chunks_mut(GEMM_ROWS * d)
+            .zip(grad_queries.par_chunks(GEMM_ROWS * h * d))
+            .zip(grad_bias.par_chunks(GEMM_ROWS * h))
+            .with_min_len(self.spread.min_len())
+            .for_each(|((grad_q0, grad_queries), grad_bias)| {
+                let rows = grad_q0.len() / d;
+                for head in 0..h {
+                    // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ.
+                    matmul(
+                        (rows, dh, d),
+                        (&mut grad_q0[head * dh..], d),
+                        (&grad_queries[head * d..], (h * d) as isize, 1),
+                        (&qk.wk[head * dh * d..], 1, d as isize),
+                    );
+                    let bias_k = &qk.bk[head * dh..(head + 1) * dh];
+                    for bi in 0..rows {
+                        let c = grad_bias[bi * h + head];
+                        let row = &mut grad_q0[bi * d + head * dh..bi * d + (head + 1) * dh];
+                        row.iter_mut().zip(bias_k).for_each(|(g, k)| *g += c * k);
+                    }
+                }
+            });
         ChunkGradients {
             grad_queries,
             grad_bias,
