@@ -1,7 +1,7 @@
 //! Products of rows by a constant matrix packed once: phase 2's frozen dense layers, and
 //! extraction's dense layers and per-head attention products (in blocks of rows per thread).
 //!
-//! A phase-2 step puts 8 rows through each frozen layer, an evaluation 24. gemm packs its
+//! A phase-2 step puts 8 or 16 rows through each frozen layer, an evaluation 24 or 48. gemm packs its
 //! operands on every call, and for so few rows the packing costs as much as the arithmetic: at
 //! ViT-B's 768 → 3072 it ran at 6 G multiply-adds per second for 8 rows on one AVX2 core, 17 G
 //! for 24 (25–27 G for ViT-Ti's shapes at 8 rows; a separate probe of gemm alone), and its
