@@ -322,12 +322,13 @@ impl FrozenLinear {
         debug_assert_eq!(y.len(), rows * out);
         for (group, packed) in self.forward_packed.iter().enumerate() {
             // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · W_groupᵀ.
-            let (x, y) = ((&x[group * i..], g * i), (&mut y[group * o..], out));
-            if across_threads {
-                packed.product_parallel(rows, x, y);
-            } else {
-                packed.product(rows, x, y);
-            }
+            product(
+                packed,
+                rows,
+                (&x[group * i..], g * i),
+                (&mut y[group * o..], out),
+                across_threads,
+            );
         }
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(out) {
@@ -344,12 +345,13 @@ impl FrozenLinear {
         debug_assert_eq!(dx.len(), rows * g * i);
         for (group, packed) in self.backward_packed.iter().enumerate() {
             // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
-            let (dy, dx) = ((&dy[group * o..], out), (&mut dx[group * i..], g * i));
-            if across_threads {
-                packed.product_parallel(rows, dy, dx);
-            } else {
-                packed.product(rows, dy, dx);
-            }
+            product(
+                packed,
+                rows,
+                (&dy[group * o..], out),
+                (&mut dx[group * i..], g * i),
+                across_threads,
+            );
         }
     }
 
@@ -389,6 +391,21 @@ impl FrozenLinear {
 
 /// The product of a [`FrozenLinear`] as candle's custom op.
 struct FrozenProduct(Arc<FrozenLinear>);
+
+/// `packed`'s product on this thread, or its columns shared out over the pool's threads.
+fn product(
+    packed: &PackedMatrix,
+    rows: usize,
+    a: (&[f32], usize),
+    dst: (&mut [f32], usize),
+    across_threads: bool,
+) {
+    if across_threads {
+        packed.product_parallel(rows, a, dst);
+    } else {
+        packed.product(rows, a, dst);
+    }
+}
 
 impl CustomOp1 for FrozenProduct {
     fn name(&self) -> &'static str {
@@ -559,14 +576,16 @@ mod tests {
             &Device::Cpu,
         )
         .unwrap();
+        let worst = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max)
+        };
         let ours: Vec<f32> = activate(Activation::Gelu, &xs).unwrap().to_vec1().unwrap();
         let exact: Vec<f32> = xs.gelu_erf().unwrap().to_vec1().unwrap();
-        let worst = ours
-            .iter()
-            .zip(&exact)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(worst < 1e-6, "max |Δ| {worst}");
+        let values = worst(&ours, &exact);
+        assert!(values < 1e-6, "max |Δ| {values}");
         let var = Var::from_tensor(&xs).unwrap();
         let grads = activate(Activation::Gelu, var.as_tensor())
             .unwrap()
@@ -584,11 +603,7 @@ mod tests {
             .backward()
             .unwrap();
         let exact: Vec<f32> = grads.get(&var).unwrap().to_vec1().unwrap();
-        let worst = ours
-            .iter()
-            .zip(&exact)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(worst < 1e-5, "gradient max |Δ| {worst}");
+        let gradients = worst(&ours, &exact);
+        assert!(gradients < 1e-5, "gradient max |Δ| {gradients}");
     }
 }

@@ -100,10 +100,13 @@ impl PackedMatrix {
         let avx2 = avx2_fma();
         (0..threads).into_par_iter().for_each(|t| {
             let share = panels * t / threads..panels * (t + 1) / threads;
+            // The whole wrapper (Sync), not its field (a raw pointer, which is not).
             let shared = &shared;
             // SAFETY: `check` put rows < m and columns < n of dst inside it; this thread writes
             // only the columns of panels `share`, which no other thread writes.
-            unsafe { product_panels(self, share, m, (a, a_stride), (shared.0, dst_stride), avx2) }
+            unsafe {
+                product_panels::<false>(self, share, m, (a, a_stride), (shared.0, dst_stride), avx2)
+            }
         });
     }
 
@@ -136,32 +139,17 @@ impl PackedMatrix {
         let all = 0..self.n.div_ceil(PANEL);
         let dst = (dst.as_mut_ptr(), dst_stride);
         // SAFETY: `check` put every row and column written inside dst, borrowed mutably here.
-        unsafe { product_panels_with::<ADD>(self, all, m, (a, a_stride), dst, avx2_fma()) }
+        unsafe { product_panels::<ADD>(self, all, m, (a, a_stride), dst, avx2_fma()) }
     }
 }
 
-/// [`PackedMatrix::product`] over panels `panels` only, into dst at `dst.0` (row stride `dst.1`).
+/// [`PackedMatrix::product`] over panels `panels` only, into dst at `dst.0` (row stride
+/// `dst.1`); the sums added to dst's values when `ADD`.
 ///
 /// # Safety
 /// Rows < m and the columns of `panels` of dst must lie in memory the caller may write, and no
 /// other thread may touch them meanwhile; `avx2` only where the CPU has AVX2 and FMA.
-unsafe fn product_panels(
-    b: &PackedMatrix,
-    panels: std::ops::Range<usize>,
-    m: usize,
-    a: (&[f32], usize),
-    dst: (*mut f32, usize),
-    avx2: bool,
-) {
-    // SAFETY: the caller's.
-    unsafe { product_panels_with::<false>(b, panels, m, a, dst, avx2) }
-}
-
-/// [`product_panels`], the sums added to dst when `ADD`.
-///
-/// # Safety
-/// As [`product_panels`].
-unsafe fn product_panels_with<const ADD: bool>(
+unsafe fn product_panels<const ADD: bool>(
     b: &PackedMatrix,
     panels: std::ops::Range<usize>,
     m: usize,
@@ -208,10 +196,8 @@ unsafe fn product_kernel<const AVX2: bool, const ADD: bool>(
     (dst, dst_stride): (*mut f32, usize),
 ) {
     let k = b.k;
-    for (p, panel) in b.data.chunks_exact(k * PANEL).enumerate() {
-        if !panels.contains(&p) {
-            continue;
-        }
+    let chunks = b.data.chunks_exact(k * PANEL).enumerate();
+    for (p, panel) in chunks.skip(panels.start).take(panels.len()) {
         let col = p * PANEL;
         let width = PANEL.min(b.n - col);
         let mut r0 = 0;
@@ -394,7 +380,7 @@ mod tests {
                 let mut alone = vec![0f32; n];
                 // SAFETY: one row of n values into `alone`, all panels, no AVX2.
                 unsafe {
-                    product_panels(
+                    product_panels::<false>(
                         &packed,
                         0..n.div_ceil(PANEL),
                         1,

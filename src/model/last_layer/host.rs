@@ -188,6 +188,15 @@ impl HostSpread {
         }
     }
 
+    /// Rows a chunk holds when `rows` go through together and chunks of `chunk` rows is the
+    /// chunked spread's size.
+    fn chunk_rows(self, chunk: usize, rows: usize) -> usize {
+        match self {
+            Self::Chunks => chunk,
+            Self::Operations => rows.max(1),
+        }
+    }
+
     /// The fewest items a parallel loop inside an operation hands one thread: all of them in
     /// chunks (the chunks are what run in parallel), one otherwise.
     fn min_len(self) -> usize {
@@ -206,17 +215,17 @@ const CHUNK: usize = 8;
 /// in cache for, larger chunks make fewer and larger products. A multiple of 6, the rows a frozen
 /// product takes at once ([`crate::kernels::PackedMatrix`]), and half of the 48 rows an
 /// evaluation hands over at a time (`train::loops`), so that two cores share them evenly.
-///
-/// The trained products stay with gemm: packing the query and key once per step and evaluation
-/// (they change every step) for the packed kernel gave ViT-Ti the same numbers bit for bit but
-/// slowed a ViT-B-size epoch (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two builds
-/// alternately): three fresh 2.4 MB matrices per step.
 const EVAL_CHUNK: usize = 24;
 
 /// Rows that go through the trained products (gemm) together, and whose cross-entropies are
 /// summed together before the groups' sums are added, in either spread: a row's numbers then do
 /// not depend on the spread, the chunk or the threads (the frozen products and the attention
 /// give a row the same numbers whatever rows are beside it).
+///
+/// The trained products stay with gemm: packing the query and key once per step and evaluation
+/// (they change every step) for the packed kernel gave ViT-Ti the same numbers bit for bit but
+/// slowed a ViT-B-size epoch (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two builds
+/// alternately): three fresh 2.4 MB matrices per step.
 const GEMM_ROWS: usize = 8;
 
 /// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
@@ -321,13 +330,22 @@ impl HostLayer {
             crate::encoder::Model::Vit(v) => Some(HostNorm::new(&v.last_layer().layernorm_before)?),
             crate::encoder::Model::Bert(_) => None,
         };
+        let (output, intermediate, mlp_output) =
+            (frozen(output)?, frozen(intermediate)?, frozen(mlp_output)?);
+        let value = Arc::clone(&layer.value);
+        let spread = HostSpread::for_weights(
+            [&value, &output, &intermediate, &mlp_output]
+                .iter()
+                .map(|dense| dense.packed_bytes())
+                .sum(),
+        );
         Ok(Some(Self {
             pre_norm,
-            value: Arc::clone(&layer.value),
-            output: frozen(output)?,
+            value,
+            output,
             first_norm: HostNorm::new(first_norm)?,
-            intermediate: frozen(intermediate)?,
-            mlp_output: frozen(mlp_output)?,
+            intermediate,
+            mlp_output,
             second_norm: HostNorm::new(second_norm)?,
             residual,
             pooler: pooler.cloned(),
@@ -336,13 +354,7 @@ impl HostLayer {
             head_dim: attention.head_dim,
             hidden: attention.num_heads * attention.head_dim,
             classes,
-            spread: HostSpread::for_weights(
-                [output, intermediate, mlp_output]
-                    .iter()
-                    .map(|dense| frozen(dense).map(|f| f.packed_bytes()))
-                    .sum::<Result<usize>>()?
-                    + layer.value.packed_bytes(),
-            ),
+            spread,
         }))
     }
 
@@ -371,10 +383,7 @@ impl HostLayer {
         tokens: &KeyValues,
         rows: &[usize],
     ) -> (Vec<f32>, Vec<f32>) {
-        let chunk = match self.spread {
-            HostSpread::Chunks => EVAL_CHUNK,
-            HostSpread::Operations => rows.len().max(1),
-        };
+        let chunk = self.spread.chunk_rows(EVAL_CHUNK, rows.len());
         let parts: Vec<Trace> = rows
             .par_chunks(chunk)
             .enumerate()
@@ -412,10 +421,7 @@ impl HostLayer {
             rows.len(),
             self.classes
         );
-        let chunk = match self.spread {
-            HostSpread::Chunks => CHUNK,
-            HostSpread::Operations => rows.len().max(1),
-        };
+        let chunk = self.spread.chunk_rows(CHUNK, rows.len());
         let parts: Vec<ChunkGradients> = rows
             .par_chunks(chunk)
             .zip(targets.par_chunks(chunk))
@@ -629,10 +635,13 @@ impl HostLayer {
             .backward_rows(grad_context, &mut grad_pooled, self.across_threads());
         let mut grad_queries = vec![0f32; b * h * d];
         let mut grad_bias = vec![0f32; b * h];
+        // Last sample first: its tokens are the forward's most recent reads, the likeliest to
+        // be in cache still (in chunks, where one thread takes them in this order).
         grad_queries
             .par_chunks_mut(h * d)
             .zip(grad_bias.par_chunks_mut(h))
             .enumerate()
+            .rev()
             .with_min_len(self.spread.min_len())
             .for_each(|(bi, (gq, gc))| {
                 tokens.sample_backward(
