@@ -7,22 +7,27 @@
 //! With H ≤ 12 rows these are far from the shape a general GEMM is built for: gemm re-packed
 //! X for each of the four products of every sample and step, which perf put at over a third of a
 //! ViT-Ti phase-2 epoch. Here X is streamed once per product, straight from where it lies, and
-//! each loaded chunk of it serves a block of rows held in registers (3 rows × 3 tokens for the
-//! scores, 3 rows × 24 features for the sums). Both are compiled for AVX2 + FMA as well and chosen
-//! at run time, like the encoder's element-wise kernels.
+//! each loaded chunk of it serves a block of rows held in registers (4 rows × 3 tokens for the
+//! scores, 6 rows × 16 features for the sums). Both have an AVX2 + FMA form chosen at run time,
+//! like the encoder's element-wise kernels, which does the same operations in the same order as
+//! the portable one: a row's numbers depend neither on the machine's features nor on the other
+//! rows of the call. The phase-2 host pass also sends two trained products through
+//! [`row_scores`], whose entries are dot products of rows too (`last_layer::host`).
 
 use crate::kernels::avx2_fma;
 
 /// Width of one accumulator: a 256-bit register of f32.
 const LANES: usize = 8;
-/// Rows (heads) a block holds; a remainder is done one row at a time.
-const ROWS: usize = 3;
-/// Tokens a scores block reads at once.
+/// Rows a scores block holds, and tokens it reads at once: 12 accumulators and the 3 loaded
+/// token chunks fit AVX2's 16 registers (each row's chunk is an operand straight from memory).
+/// A remainder of rows takes one smaller block.
+const SCORE_ROWS: usize = 4;
 const TOKENS: usize = 3;
-/// Feature chunks (of LANES) a sums block writes at once. ROWS × TOKENS (or × CHUNKS)
-/// accumulators, the loaded chunks and one row's chunk fit AVX2's 16 registers: a larger block
-/// spills its accumulators to the stack on every step.
-const CHUNKS: usize = 3;
+/// Rows a sums block holds, and feature chunks (of LANES) it writes at once: 12 accumulators,
+/// the 2 loaded chunks and one broadcast weight fit the 16 registers. A 4 × 3 block spilled an
+/// accumulator to the stack at every token. A remainder of rows takes one smaller block.
+const SUM_ROWS: usize = 6;
+const CHUNKS: usize = 2;
 
 /// A matrix operand: its data and row stride (columns are contiguous).
 #[derive(Clone, Copy)]
@@ -78,14 +83,14 @@ pub fn weighted_sums(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     fn avx2(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
-        weighted_sums_kernel(heads, w, x, y, y_stride)
+        weighted_sums_kernel::<true>(heads, w, x, y, y_stride)
     }
     #[cfg(target_arch = "x86_64")]
     if avx2_fma() {
         // SAFETY: the CPU has the features `avx2` is compiled for.
         return unsafe { avx2(heads, w, x, y, y_stride) };
     }
-    weighted_sums_kernel(heads, w, x, y, y_stride)
+    weighted_sums_kernel::<false>(heads, w, x, y, y_stride)
 }
 
 /// Token blocks the scores read ahead of the one they work on.
@@ -106,6 +111,22 @@ fn prefetch_tokens(x: Tokens, first: usize, count: usize) {
                 _mm_prefetch::<_MM_HINT_T0>(x.data.as_ptr().add(at).cast());
             }
             at += 16; // one 64-byte line
+        }
+    }
+}
+
+/// Asks for features `d0..d0 + width` of the SUM_TOKENS tokens from `first` (those that exist)
+/// to be brought into cache: the next block's part of the strip a weighted sum works on now.
+#[inline(always)]
+fn prefetch_strip(x: Tokens, first: usize, d0: usize, width: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for t in first..(first + SUM_TOKENS).min(x.len) {
+        for at in [t * x.dim + d0, t * x.dim + d0 + width - 1] {
+            // SAFETY: a prefetch of an address inside the slice; it reads nothing.
+            unsafe {
+                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+                _mm_prefetch::<_MM_HINT_T0>(x.data.as_ptr().add(at).cast());
+            }
         }
     }
 }
@@ -153,22 +174,36 @@ fn scores_all_rows<const T: usize, const AVX2: bool>(
     s_stride: usize,
 ) {
     let mut h0 = 0;
-    while h0 + ROWS <= heads {
-        #[cfg(target_arch = "x86_64")]
-        if AVX2 && T == TOKENS {
-            // SAFETY: `AVX2` is set only in a function compiled for AVX2 and FMA, which runs
-            // on a CPU that has them.
-            unsafe { scores_3x3_avx2(h0, t0, r, x, s, s_stride) };
-            h0 += ROWS;
-            continue;
-        }
-        scores_block::<ROWS, T>(h0, t0, r, x, s, s_stride);
-        h0 += ROWS;
+    while h0 + SCORE_ROWS <= heads {
+        scores_block_any::<SCORE_ROWS, T, AVX2>(h0, t0, r, x, s, s_stride);
+        h0 += SCORE_ROWS;
     }
-    while h0 < heads {
-        scores_block::<1, T>(h0, t0, r, x, s, s_stride);
-        h0 += 1;
+    match heads - h0 {
+        0 => {}
+        1 => scores_block_any::<1, T, AVX2>(h0, t0, r, x, s, s_stride),
+        2 => scores_block_any::<2, T, AVX2>(h0, t0, r, x, s, s_stride),
+        3 => scores_block_any::<3, T, AVX2>(h0, t0, r, x, s, s_stride),
+        _ => unreachable!("fewer than SCORE_ROWS rows remain"),
     }
+}
+
+/// [`scores_block`] through its AVX2 form when `AVX2` is set.
+#[inline(always)]
+fn scores_block_any<const H: usize, const T: usize, const AVX2: bool>(
+    h0: usize,
+    t0: usize,
+    r: Rows,
+    x: Tokens,
+    s: &mut [f32],
+    s_stride: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: `AVX2` is set only in a function compiled for AVX2 and FMA, which runs on a
+        // CPU that has them.
+        return unsafe { scores_block_avx2::<H, T>(h0, t0, r, x, s, s_stride) };
+    }
+    scores_block::<H, T>(h0, t0, r, x, s, s_stride)
 }
 
 /// S[h0..h0+H][t0..t0+T]: H·T running dot products of LANES lanes each, over the features.
@@ -239,12 +274,12 @@ fn store_scores<const H: usize, const T: usize>(
     }
 }
 
-/// [`scores_block`] of 3 rows × 3 tokens with AVX2 and FMA: the same operations in the same
-/// order, the nine accumulators named registers. The portable form kept its array of
-/// accumulators on the stack and stored all nine at every step of the loop.
+/// [`scores_block`] with AVX2 and FMA: the same operations in the same order, the H·T
+/// accumulators registers (at most 4 × 3: with the 3 loaded token chunks, 15 of AVX2's 16). The
+/// portable form kept its array of accumulators on the stack and stored them at every step.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn scores_3x3_avx2(
+unsafe fn scores_block_avx2<const H: usize, const T: usize>(
     h0: usize,
     t0: usize,
     r: Rows,
@@ -253,70 +288,69 @@ unsafe fn scores_3x3_avx2(
     s_stride: usize,
 ) {
     use std::arch::x86_64::{__m256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps};
-    const _: () = assert!(ROWS == 3 && TOKENS == 3);
     let dim = x.dim;
-    let (rows, tokens) = block_operands::<3, 3>(h0, t0, r, x);
-    let [r0, r1, r2] = rows.map(<[f32]>::as_ptr);
-    let [x0, x1, x2] = tokens.map(<[f32]>::as_ptr);
+    let (rows, tokens) = block_operands::<H, T>(h0, t0, r, x);
+    let rows = rows.map(<[f32]>::as_ptr);
+    let tokens = tokens.map(<[f32]>::as_ptr);
     // SAFETY (the intrinsics): the caller's CPU has AVX2 and FMA; every load below reads
     // LANES values at c·LANES < dim − LANES + 1 of a slice of `dim` values.
-    let zero = unsafe { _mm256_setzero_ps() };
-    let [
-        mut a00,
-        mut a01,
-        mut a02,
-        mut a10,
-        mut a11,
-        mut a12,
-        mut a20,
-        mut a21,
-        mut a22,
-    ] = [zero; 9];
+    let mut acc = [[unsafe { _mm256_setzero_ps() }; T]; H];
     for c in 0..dim / LANES {
         let at = c * LANES;
         unsafe {
-            let (y0, y1, y2) = (
-                _mm256_loadu_ps(x0.add(at)),
-                _mm256_loadu_ps(x1.add(at)),
-                _mm256_loadu_ps(x2.add(at)),
-            );
-            let q = _mm256_loadu_ps(r0.add(at));
-            a00 = _mm256_fmadd_ps(q, y0, a00);
-            a01 = _mm256_fmadd_ps(q, y1, a01);
-            a02 = _mm256_fmadd_ps(q, y2, a02);
-            let q = _mm256_loadu_ps(r1.add(at));
-            a10 = _mm256_fmadd_ps(q, y0, a10);
-            a11 = _mm256_fmadd_ps(q, y1, a11);
-            a12 = _mm256_fmadd_ps(q, y2, a12);
-            let q = _mm256_loadu_ps(r2.add(at));
-            a20 = _mm256_fmadd_ps(q, y0, a20);
-            a21 = _mm256_fmadd_ps(q, y1, a21);
-            a22 = _mm256_fmadd_ps(q, y2, a22);
+            let xs: [__m256; T] = std::array::from_fn(|j| _mm256_loadu_ps(tokens[j].add(at)));
+            for i in 0..H {
+                let q = _mm256_loadu_ps(rows[i].add(at));
+                for j in 0..T {
+                    acc[i][j] = _mm256_fmadd_ps(q, xs[j], acc[i][j]);
+                }
+            }
         }
     }
     // SAFETY: an __m256 is eight f32.
     let lanes = |v: __m256| -> [f32; LANES] { unsafe { std::mem::transmute(v) } };
-    let acc = [[a00, a01, a02], [a10, a11, a12], [a20, a21, a22]].map(|row| row.map(lanes));
+    let acc = acc.map(|row| row.map(lanes));
+    let (rows, tokens) = block_operands::<H, T>(h0, t0, r, x);
     store_scores((h0, t0), (rows, tokens), &acc, s, s_stride);
 }
 
 /// A strip of features at a time, every row over it while it is in L1 (as for the scores),
 /// then the features past the last whole chunk.
 #[inline(always)]
-fn weighted_sums_kernel(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
+fn weighted_sums_kernel<const AVX2: bool>(
+    heads: usize,
+    w: Rows,
+    x: Tokens,
+    y: &mut [f32],
+    y_stride: usize,
+) {
     let dim = x.dim;
-    let mut d0 = 0;
-    while d0 + CHUNKS * LANES <= dim {
-        sums_all_rows::<CHUNKS>(heads, d0, w, x, y, y_stride);
-        d0 += CHUNKS * LANES;
-    }
-    while d0 + LANES <= dim {
-        sums_all_rows::<1>(heads, d0, w, x, y, y_stride);
-        d0 += LANES;
+    const STRIP: usize = CHUNKS * LANES;
+    let (strips_end, chunks_end) = (dim - dim % STRIP, dim - dim % LANES);
+    // A block of tokens at a time, read in order, every strip of features and every row over
+    // it; the accumulators wait in Y between blocks, so each output still sums its tokens in
+    // order. At least one block, which zeroes Y when there are no tokens.
+    let mut t0 = 0;
+    loop {
+        let block = SumTokens {
+            start: t0,
+            end: (t0 + SUM_TOKENS).min(x.len),
+        };
+        for d0 in (0..strips_end).step_by(STRIP) {
+            prefetch_strip(x, block.end, d0, STRIP);
+            sums_all_rows::<CHUNKS, AVX2>(heads, d0, block, w, x, y, y_stride);
+        }
+        for d0 in (strips_end..chunks_end).step_by(LANES) {
+            sums_all_rows::<1, AVX2>(heads, d0, block, w, x, y, y_stride);
+        }
+        t0 = block.end;
+        if t0 >= x.len {
+            break;
+        }
     }
     for h in 0..heads {
         let weights = &w.data[h * w.stride..][..x.len];
-        for d in d0..dim {
+        for d in chunks_end..dim {
             y[h * y_stride + d] = weights
                 .iter()
                 .enumerate()
@@ -326,24 +360,114 @@ fn weighted_sums_kernel(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_strid
     }
 }
 
+/// Tokens a weighted-sums block reads: together with a strip of Y's rows, they stay in L1.
+const SUM_TOKENS: usize = 16;
+
+/// The tokens `start..end` of one block of [`weighted_sums`]; the first block (start 0)
+/// overwrites Y, the others add to it.
+#[derive(Clone, Copy)]
+struct SumTokens {
+    start: usize,
+    end: usize,
+}
+
 /// Features d0..d0+C·LANES of Y, a block of rows at a time.
 #[inline(always)]
-fn sums_all_rows<const C: usize>(
+fn sums_all_rows<const C: usize, const AVX2: bool>(
     heads: usize,
     d0: usize,
+    block: SumTokens,
     w: Rows,
     x: Tokens,
     y: &mut [f32],
     y_stride: usize,
 ) {
     let mut h0 = 0;
-    while h0 + ROWS <= heads {
-        sums_block::<ROWS, C>(h0, d0, w, x, y, y_stride);
-        h0 += ROWS;
+    while h0 + SUM_ROWS <= heads {
+        sums_block_any::<SUM_ROWS, C, AVX2>(h0, d0, block, w, x, y, y_stride);
+        h0 += SUM_ROWS;
     }
-    while h0 < heads {
-        sums_block::<1, C>(h0, d0, w, x, y, y_stride);
-        h0 += 1;
+    match heads - h0 {
+        0 => {}
+        1 => sums_block_any::<1, C, AVX2>(h0, d0, block, w, x, y, y_stride),
+        2 => sums_block_any::<2, C, AVX2>(h0, d0, block, w, x, y, y_stride),
+        3 => sums_block_any::<3, C, AVX2>(h0, d0, block, w, x, y, y_stride),
+        4 => sums_block_any::<4, C, AVX2>(h0, d0, block, w, x, y, y_stride),
+        5 => sums_block_any::<5, C, AVX2>(h0, d0, block, w, x, y, y_stride),
+        _ => unreachable!("fewer than SUM_ROWS rows remain"),
+    }
+}
+
+/// [`sums_block`] through its AVX2 form when `AVX2` is set.
+#[inline(always)]
+fn sums_block_any<const H: usize, const C: usize, const AVX2: bool>(
+    h0: usize,
+    d0: usize,
+    block: SumTokens,
+    w: Rows,
+    x: Tokens,
+    y: &mut [f32],
+    y_stride: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: as in `scores_block_any`.
+        return unsafe { sums_block_avx2::<H, C>(h0, d0, block, w, x, y, y_stride) };
+    }
+    sums_block::<H, C>(h0, d0, block, w, x, y, y_stride)
+}
+
+/// [`sums_block`] with AVX2 and FMA: the same operations in the same order, the accumulators
+/// registers.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn sums_block_avx2<const H: usize, const C: usize>(
+    h0: usize,
+    d0: usize,
+    block: SumTokens,
+    w: Rows,
+    x: Tokens,
+    y: &mut [f32],
+    y_stride: usize,
+) {
+    use std::arch::x86_64::{
+        __m256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps,
+        _mm256_storeu_ps,
+    };
+    let dim = x.dim;
+    assert!(d0 + C * LANES <= dim && x.data.len() >= x.len * dim);
+    let weights: [&[f32]; H] = std::array::from_fn(|i| &w.data[(h0 + i) * w.stride..][..x.len]);
+    let base = x.data.as_ptr();
+    // SAFETY (the intrinsics): the caller's CPU has AVX2 and FMA; token t's chunk c lies at
+    // t·dim + d0 + c·LANES, inside x.data by the assertion above.
+    let mut acc = [[unsafe { _mm256_setzero_ps() }; C]; H];
+    if block.start > 0 {
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            let from = &y[(h0 + i) * y_stride + d0..][..C * LANES];
+            for (c, a) in acc_row.iter_mut().enumerate() {
+                // SAFETY: `from` holds C·LANES values.
+                *a = unsafe { _mm256_loadu_ps(from.as_ptr().add(c * LANES)) };
+            }
+        }
+    }
+    for t in block.start..block.end {
+        unsafe {
+            let xs: [__m256; C] =
+                std::array::from_fn(|c| _mm256_loadu_ps(base.add(t * dim + d0 + c * LANES)));
+            for i in 0..H {
+                let p = _mm256_set1_ps(*weights[i].get_unchecked(t));
+                for c in 0..C {
+                    acc[i][c] = _mm256_fmadd_ps(p, xs[c], acc[i][c]);
+                }
+            }
+        }
+    }
+    for (i, acc_row) in acc.iter().enumerate() {
+        let out = &mut y[(h0 + i) * y_stride + d0..][..C * LANES];
+        for (c, a) in acc_row.iter().enumerate() {
+            // SAFETY: `out` holds C·LANES values.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c * LANES), *a) };
+        }
     }
 }
 
@@ -352,6 +476,7 @@ fn sums_all_rows<const C: usize>(
 fn sums_block<const H: usize, const C: usize>(
     h0: usize,
     d0: usize,
+    block: SumTokens,
     w: Rows,
     x: Tokens,
     y: &mut [f32],
@@ -359,7 +484,14 @@ fn sums_block<const H: usize, const C: usize>(
 ) {
     let dim = x.dim;
     let mut acc = [[[0f32; LANES]; C]; H];
-    for t in 0..x.len {
+    if block.start > 0 {
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            for (c, a) in acc_row.iter_mut().enumerate() {
+                *a = chunk(y, (h0 + i) * y_stride + d0 + c * LANES);
+            }
+        }
+    }
+    for t in block.start..block.end {
         let xs: [[f32; LANES]; C] =
             std::array::from_fn(|c| chunk(x.data, t * dim + d0 + c * LANES));
         for (i, acc_row) in acc.iter_mut().enumerate() {
@@ -384,37 +516,58 @@ mod tests {
     use super::*;
     use crate::kernels::test_values as values;
 
-    /// The AVX2 form of the 3 × 3 scores block gives the portable block's numbers bit for bit
-    /// (the same fused multiply-adds in the same order), tails and remainders included.
+    /// Both kernels' AVX2 forms give the portable forms' numbers bit for bit (the same fused
+    /// multiply-adds in the same order), and each row's numbers do not depend on the rows beside
+    /// it: a call on all rows equals one call per row. Row counts cover every remainder of both
+    /// blocks; token counts cross the sums' token blocks; feature counts have tails.
+    fn rows(data: &[f32], stride: usize) -> Rows<'_> {
+        Rows { data, stride }
+    }
+
     #[test]
-    fn the_avx2_scores_block_equals_the_portable_one_bit_for_bit() {
-        for (heads, len, dim) in [(3, 9, 192), (12, 7, 64), (4, 5, 13), (7, 17, 70)] {
-            let r = values(heads * dim, 5);
-            let x = values(len * dim, 6);
-            let tokens = Tokens { data: &x, len, dim };
-            let rows = Rows {
-                data: &r,
-                stride: dim,
-            };
-            let mut dispatched = vec![0f32; heads * len];
-            let mut portable = vec![0f32; heads * len];
-            row_scores(heads, rows, tokens, &mut dispatched, len);
-            row_scores_kernel::<false>(heads, rows, tokens, &mut portable, len);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                bits(&dispatched),
-                bits(&portable),
-                "{heads} × {len} × {dim}"
-            );
+    fn avx2_and_portable_forms_agree_bit_for_bit_and_rows_are_independent() {
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for heads in 1..=13 {
+            for (len, dim) in [(9, 192), (7, 64), (5, 13), (17, 70), (40, 24), (33, 200)] {
+                let r = values(heads * dim, 5);
+                let x = values(len * dim, 6);
+                let w = values(heads * len, 7);
+                let tokens = Tokens { data: &x, len, dim };
+                let shape = format!("{heads} × {len} × {dim}");
+
+                let mut dispatched = vec![0f32; heads * len];
+                let mut portable = vec![0f32; heads * len];
+                let mut by_row = vec![0f32; heads * len];
+                row_scores(heads, rows(&r, dim), tokens, &mut dispatched, len);
+                row_scores_kernel::<false>(heads, rows(&r, dim), tokens, &mut portable, len);
+                for h in 0..heads {
+                    let one = rows(&r[h * dim..], dim);
+                    row_scores(1, one, tokens, &mut by_row[h * len..], len);
+                }
+                assert_eq!(bits(&dispatched), bits(&portable), "scores {shape}");
+                assert_eq!(bits(&dispatched), bits(&by_row), "scores by row {shape}");
+
+                let mut dispatched = vec![0f32; heads * dim];
+                let mut portable = vec![0f32; heads * dim];
+                let mut by_row = vec![0f32; heads * dim];
+                weighted_sums(heads, rows(&w, len), tokens, &mut dispatched, dim);
+                weighted_sums_kernel::<false>(heads, rows(&w, len), tokens, &mut portable, dim);
+                for h in 0..heads {
+                    let one = rows(&w[h * len..], len);
+                    weighted_sums(1, one, tokens, &mut by_row[h * dim..], dim);
+                }
+                assert_eq!(bits(&dispatched), bits(&portable), "sums {shape}");
+                assert_eq!(bits(&dispatched), bits(&by_row), "sums by row {shape}");
+            }
         }
     }
 
-    /// Every block shape and remainder (rows 1..=7, tokens 1..=9, features with and without a
+    /// Every block shape and remainder (rows 1..=12, tokens 1..=33, features with and without a
     /// tail, strided operands) against the product in f64.
     #[test]
     fn both_products_match_f64_references() {
-        for heads in [1, 2, 3, 4, 7, 12] {
-            for len in [1, 3, 4, 5, 9, 17] {
+        for heads in [1, 2, 3, 4, 5, 7, 12] {
+            for len in [1, 3, 4, 5, 9, 17, 33] {
                 for dim in [1, 5, 8, 13, 40, 64, 70] {
                     let (r_stride, s_stride) = (dim + 3, len + 2);
                     let r = values(heads * r_stride, 1);

@@ -29,7 +29,7 @@ use crate::encoder::dense::FrozenLinear;
 use crate::encoder::layers::Norm;
 use crate::kernels::{gelu, gelu_backward, gemm_into as matmul, mean_and_inv_std};
 use crate::model::attend::KeyValues;
-use crate::model::token_products::Rows;
+use crate::model::token_products::{Rows, Tokens, row_scores};
 
 /// A LayerNorm's parameters on the host.
 struct HostNorm {
@@ -217,15 +217,19 @@ const CHUNK: usize = 8;
 /// evaluation hands over at a time (`train::loops`), so that two cores share them evenly.
 const EVAL_CHUNK: usize = 24;
 
-/// Rows that go through the trained products (gemm) together, and whose cross-entropies are
-/// summed together before the groups' sums are added, in either spread: a row's numbers then do
-/// not depend on the spread, the chunk or the threads (the frozen products and the attention
-/// give a row the same numbers whatever rows are beside it).
+/// Rows that go through the trained products together, and whose cross-entropies are summed
+/// together before the groups' sums are added, in either spread: a row's numbers then do not
+/// depend on the spread, the chunk or the threads (the frozen products, the attention and the
+/// scores kernel give a row the same numbers whatever rows are beside it; gemm, which takes the
+/// per-head rₕ = q₀ₕ W_Kₕ, is only known to when the row count is the same).
 ///
-/// The trained products stay with gemm: packing the query and key once per step and evaluation
-/// (they change every step) for the packed kernel gave ViT-Ti the same numbers bit for bit but
-/// slowed a ViT-B-size epoch (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two builds
-/// alternately): three fresh 2.4 MB matrices per step.
+/// The two trained products whose entries are dot products of rows (x̂₀ W_Qᵀ, ∂L/∂rₕ W_Kₕ) go
+/// through the attention's scores kernel, which reads the weights in place: at 8 rows of ViT-B's
+/// width gemm took 410–430 µs for each, re-packing the weight, and the kernel 180–200 µs
+/// (machine E, 2026-11-26). rₕ stays with gemm (200–220 µs against the weighted-sums kernel's
+/// 280–300). Packing the query and key once per step for the frozen products' kernel was tried
+/// too: the same numbers, but three fresh 2.4 MB matrices per step slowed a ViT-B-size epoch
+/// (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two builds alternately).
 const GEMM_ROWS: usize = 8;
 
 /// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
@@ -481,7 +485,9 @@ impl HostLayer {
         let (_, _, t) = tokens.geometry();
         let b = rows.len();
         // q₀ (B×D) = x̂₀ W_Qᵀ + b_Q, and rₕ (B×D, row stride H·D) = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D);
-        // cₕ = q₀ₕ·b_Kₕ drops out of the softmax (`KeyValues::sample_forward`).
+        // cₕ = q₀ₕ·b_Kₕ drops out of the softmax (`KeyValues::sample_forward`). Each entry of
+        // x̂₀ W_Qᵀ is a dot product of two rows, as a score is: the scores kernel reads W_Q where
+        // it lies, where gemm re-packed it on every call.
         let mut q0 = vec![0f32; b * d];
         let mut queries = vec![0f32; b * h * d];
         let min_len = self.spread.min_len();
@@ -491,11 +497,19 @@ impl HostLayer {
             .with_min_len(min_len)
             .for_each(|((q0, queries), normed)| {
                 let rows = q0.len() / d;
-                matmul(
-                    (rows, d, d),
-                    (q0, d),
-                    (normed, d as isize, 1),
-                    (qk.wq, 1, d as isize),
+                row_scores(
+                    rows,
+                    Rows {
+                        data: normed,
+                        stride: d,
+                    },
+                    Tokens {
+                        data: qk.wq,
+                        len: d,
+                        dim: d,
+                    },
+                    q0,
+                    d,
                 );
                 q0.chunks_exact_mut(d).for_each(|row| add_into(row, qk.bq));
                 for head in 0..h {
@@ -668,12 +682,21 @@ impl HostLayer {
             .for_each(|((grad_q0, grad_queries), grad_bias)| {
                 let rows = grad_q0.len() / d;
                 for head in 0..h {
-                    // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ.
-                    matmul(
-                        (rows, dh, d),
-                        (&mut grad_q0[head * dh..], d),
-                        (&grad_queries[head * d..], (h * d) as isize, 1),
-                        (&qk.wk[head * dh * d..], 1, d as isize),
+                    // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ: dot products of rows
+                    // again, the first term through the scores kernel.
+                    row_scores(
+                        rows,
+                        Rows {
+                            data: &grad_queries[head * d..],
+                            stride: h * d,
+                        },
+                        Tokens {
+                            data: &qk.wk[head * dh * d..(head + 1) * dh * d],
+                            len: dh,
+                            dim: d,
+                        },
+                        &mut grad_q0[head * dh..],
+                        d,
                     );
                     let bias_k = &qk.bk[head * dh..(head + 1) * dh];
                     for bi in 0..rows {
