@@ -250,6 +250,10 @@ impl AdamW {
     }
 }
 
+/// Parameters a thread updates at once: 64 kB of each of the four arrays, large enough that
+/// handing a part to another thread costs little beside it (ViT-Ti's 192 × 192 query: 3 parts).
+const UPDATE_CHUNK: usize = 16 * 1024;
+
 /// One parameter's AdamW update as candle's in-place op on the parameter's storage: the moments
 /// are updated beside it in the same pass.
 struct HostUpdate<'a> {
@@ -299,6 +303,20 @@ impl HostUpdate<'_> {
         if g.len() != theta.len() || m.len() != theta.len() || v.len() != theta.len() {
             candle_core::bail!("AdamW: gradient or moments do not fit the parameter")
         }
+        // Element by element, so the parts are independent and the threads of the current pool
+        // (phase 2's sample pool in a run) share them without changing a bit.
+        use rayon::prelude::*;
+        theta
+            .par_chunks_mut(UPDATE_CHUNK)
+            .zip(g.par_chunks(UPDATE_CHUNK))
+            .zip(m.par_chunks_mut(UPDATE_CHUNK))
+            .zip(v.par_chunks_mut(UPDATE_CHUNK))
+            .for_each(|(((theta, g), m), v)| self.update_part(theta, g, m, v));
+        Ok(())
+    }
+
+    /// [`Self::update_kernel`] in the widest vector instructions the CPU has.
+    fn update_part(&self, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma")]
         fn avx2(update: &HostUpdate, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
@@ -313,16 +331,15 @@ impl HostUpdate<'_> {
         if crate::kernels::avx512_fma() {
             // SAFETY: the CPU has the features `avx512` is compiled for.
             unsafe { avx512(self, theta, g, m, v) };
-            return Ok(());
+            return;
         }
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::avx2_fma() {
             // SAFETY: the CPU has the features `avx2` is compiled for.
             unsafe { avx2(self, theta, g, m, v) };
-            return Ok(());
+            return;
         }
         self.update_kernel(theta, g, m, v);
-        Ok(())
     }
 
     /// The update over slices of equal length, in a form that vectorises (Rust does not contract

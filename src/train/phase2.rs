@@ -320,7 +320,10 @@ fn train_last_layer(
     };
     let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
     let step = |rows: &[usize]| sets.step(rows);
-    run.train(&forward, &step, qk.named(), Some(&rank_probe))
+    // The whole loop on one of the pool's threads, not only its parallel parts: the serial work
+    // between them (the optimizer, the metrics) then runs beside idle pool threads rather than
+    // a third busy one, which on a 2-core machine the waiting workers' yields kept preempting.
+    sample_pool.install(|| run.train(&forward, &step, qk.named(), Some(&rank_probe)))
 }
 
 /// The card's head mode: a token-selection head over the frozen final tokens, read by the frozen
