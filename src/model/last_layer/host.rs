@@ -374,9 +374,10 @@ impl HostLayer {
             return;
         };
         let d = self.hidden;
-        for (sample, &len) in values.chunks_exact_mut(width * d).zip(lengths) {
-            norm.normalise_in_place(&mut sample[..len * d]);
-        }
+        values
+            .par_chunks_exact_mut(width * d)
+            .zip(lengths)
+            .for_each(|(sample, &len)| norm.normalise_in_place(&mut sample[..len * d]));
     }
 
     /// Logits (B×C) and the CLS attention (B×H×T) of samples `rows` of `tokens`.
