@@ -106,24 +106,29 @@ fn train_tiny_last_layer(locater: f64, sample_threads: usize, batch: usize) -> T
     )
     .unwrap();
     let mut log: Vec<EpochMetrics> = Vec::new();
-    train_phase2(
-        &forward,
-        &step,
-        &mut opt,
-        &data,
-        0,
-        epochs,
-        batch,
-        Shuffle::own(1),
-        10,
-        (locater > 0.0).then_some(&penalty as &Penalty),
-        false,
-        &mut |m, _| {
-            log.push(m.clone());
-            Ok(())
-        },
-    )
-    .unwrap();
+    // The whole loop on the sample pool, as `finetune` runs the host pass's: the optimizer, the
+    // metrics and the penalty's autograd on its threads too.
+    sample_pool
+        .install(|| {
+            train_phase2(
+                &forward,
+                &step,
+                &mut opt,
+                &data,
+                0,
+                epochs,
+                batch,
+                Shuffle::own(1),
+                10,
+                (locater > 0.0).then_some(&penalty as &Penalty),
+                false,
+                &mut |m, _| {
+                    log.push(m.clone());
+                    Ok(())
+                },
+            )
+        })
+        .unwrap();
     Trained {
         log,
         steps: opt.step,

@@ -320,10 +320,16 @@ fn train_last_layer(
     };
     let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
     let step = |rows: &[usize]| sets.step(rows);
-    // The whole loop on one of the pool's threads, not only its parallel parts: the serial work
-    // between them (the optimizer, the metrics) then runs beside idle pool threads rather than
-    // a third busy one, which on a 2-core machine the waiting workers' yields kept preempting.
-    sample_pool.install(|| run.train(&forward, &step, qk.named(), Some(&rank_probe)))
+    let train = || run.train(&forward, &step, qk.named(), Some(&rank_probe));
+    if !layer.has_host_pass() {
+        // Autograd's small ops stay on the training pool (`--train-threads`).
+        return train();
+    }
+    // The host pass's whole loop on one of the sample pool's threads, not only its parallel
+    // parts: the serial work between them (the optimizer, the metrics) then runs beside idle pool
+    // threads rather than on a third busy one, which on a 2-core machine the waiting workers'
+    // yields kept preempting (design.md, threads).
+    sample_pool.install(train)
 }
 
 /// The card's head mode: a token-selection head over the frozen final tokens, read by the frozen
