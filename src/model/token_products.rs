@@ -290,17 +290,17 @@ unsafe fn scores_block_avx2<const H: usize, const T: usize>(
     use std::arch::x86_64::{__m256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps};
     let dim = x.dim;
     let (rows, tokens) = block_operands::<H, T>(h0, t0, r, x);
-    let rows = rows.map(<[f32]>::as_ptr);
-    let tokens = tokens.map(<[f32]>::as_ptr);
+    let row_ptrs = rows.map(<[f32]>::as_ptr);
+    let token_ptrs = tokens.map(<[f32]>::as_ptr);
     // SAFETY (the intrinsics): the caller's CPU has AVX2 and FMA; every load below reads
     // LANES values at c·LANES < dim − LANES + 1 of a slice of `dim` values.
     let mut acc = [[unsafe { _mm256_setzero_ps() }; T]; H];
     for c in 0..dim / LANES {
         let at = c * LANES;
         unsafe {
-            let xs: [__m256; T] = std::array::from_fn(|j| _mm256_loadu_ps(tokens[j].add(at)));
+            let xs: [__m256; T] = std::array::from_fn(|j| _mm256_loadu_ps(token_ptrs[j].add(at)));
             for i in 0..H {
-                let q = _mm256_loadu_ps(rows[i].add(at));
+                let q = _mm256_loadu_ps(row_ptrs[i].add(at));
                 for j in 0..T {
                     acc[i][j] = _mm256_fmadd_ps(q, xs[j], acc[i][j]);
                 }
@@ -310,7 +310,6 @@ unsafe fn scores_block_avx2<const H: usize, const T: usize>(
     // SAFETY: an __m256 is eight f32.
     let lanes = |v: __m256| -> [f32; LANES] { unsafe { std::mem::transmute(v) } };
     let acc = acc.map(|row| row.map(lanes));
-    let (rows, tokens) = block_operands::<H, T>(h0, t0, r, x);
     store_scores((h0, t0), (rows, tokens), &acc, s, s_stride);
 }
 
@@ -516,14 +515,15 @@ mod tests {
     use super::*;
     use crate::kernels::test_values as values;
 
-    /// Both kernels' AVX2 forms give the portable forms' numbers bit for bit (the same fused
-    /// multiply-adds in the same order), and each row's numbers do not depend on the rows beside
-    /// it: a call on all rows equals one call per row. Row counts cover every remainder of both
-    /// blocks; token counts cross the sums' token blocks; feature counts have tails.
+    /// A matrix operand of rows `stride` apart.
     fn rows(data: &[f32], stride: usize) -> Rows<'_> {
         Rows { data, stride }
     }
 
+    /// Both kernels' AVX2 forms give the portable forms' numbers bit for bit (the same fused
+    /// multiply-adds in the same order), and each row's numbers do not depend on the rows beside
+    /// it: a call on all rows equals one call per row. Row counts cover every remainder of both
+    /// blocks; token counts cross the sums' token blocks; feature counts have tails.
     #[test]
     fn avx2_and_portable_forms_agree_bit_for_bit_and_rows_are_independent() {
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

@@ -221,7 +221,7 @@ const EVAL_CHUNK: usize = 24;
 /// together before the groups' sums are added, in either spread: a row's numbers then do not
 /// depend on the spread, the chunk or the threads (the frozen products, the attention and the
 /// scores kernel give a row the same numbers whatever rows are beside it; gemm, which takes the
-/// per-head rₕ = q₀ₕ W_Kₕ, is only known to when the row count is the same).
+/// per-head rₕ = q₀ₕ W_Kₕ, is known to do so only for the same row count).
 ///
 /// The two trained products whose entries are dot products of rows (x̂₀ W_Qᵀ, ∂L/∂rₕ W_Kₕ) go
 /// through the attention's scores kernel, which reads the weights in place: at 8 rows of ViT-B's
