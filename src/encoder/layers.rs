@@ -224,9 +224,12 @@ impl Module for Norm {
     }
 }
 
-/// Row 0 of every sequence: (B, T, D) → (B, D).
+/// Row 0 of every sequence: (B, T, D) → (B, D), as its own contiguous tensor. A view would do on
+/// the CPU, whose gemm takes any row stride, but candle's CUDA matmul refuses a left operand whose
+/// rows are T·D apart ("matmul is only supported for contiguous tensors"), and every CLS row
+/// ends in a product (the query row, the pooler, the classifier). The copy is B·D floats.
 pub fn first_token(xs: &Tensor) -> Result<Tensor> {
-    xs.narrow(1, 0, 1)?.squeeze(1)
+    xs.narrow(1, 0, 1)?.squeeze(1)?.contiguous()
 }
 
 /// Mean over the attended positions: (B, T, D), mask (B, T) → (B, D).
