@@ -1,5 +1,7 @@
-//! Backbone throughput on CPU against the named baseline, PyTorch CPU on the same inputs
-//! (scripts/bench_torch.py, run separately on the same machine; docs/performance.md keeps both numbers).
+//! Backbone throughput against the named baseline, PyTorch on the same inputs and device
+//! (scripts/bench_torch.py, run separately on the same machine; docs/performance.md keeps both
+//! numbers). On the CPU by default; `BENIGN_BENCH_DEVICE=cuda` in a `--features cuda` build runs
+//! the three forwards on GPU 0 (`bench_torch.py --device cuda` is its baseline).
 //!
 //!   ViT-Ti/16, real weights ($BENIGN_MODELS_DIR/timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k),
 //!     batch 16 × 3 × 224 × 224                                              → images/s
@@ -25,16 +27,23 @@ use benign_attention::encoder::dense::{Dense, Then, activate};
 use benign_attention::encoder::layers::{SelfAttention, additive_mask};
 use benign_attention::encoder::vit::{Vit, VitConfig, VitLayer};
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
+use benign_attention::runtime::DeviceKind;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Module, VarBuilder, VarMap};
 
-fn median_seconds(mut run: impl FnMut()) -> f64 {
-    run();
-    run();
+/// Seconds per call of `run` on `device`: two warm-up calls, then the median of 5, each timed
+/// until the device has finished (a GPU's ops return at launch).
+fn median_seconds(device: &Device, mut run: impl FnMut()) -> f64 {
+    let mut synced = || {
+        run();
+        device.synchronize().unwrap();
+    };
+    synced();
+    synced();
     let mut times: Vec<f64> = (0..5)
         .map(|_| {
             let started = Instant::now();
-            run();
+            synced();
             started.elapsed().as_secs_f64()
         })
         .collect();
@@ -42,7 +51,7 @@ fn median_seconds(mut run: impl FnMut()) -> f64 {
     times[2]
 }
 
-fn pixels(batch: usize) -> Tensor {
+fn pixels(batch: usize, device: &Device) -> Tensor {
     let mut values = Vec::with_capacity(batch * 3 * 224 * 224);
     for b in 0..batch {
         for c in 0..3 {
@@ -53,7 +62,7 @@ fn pixels(batch: usize) -> Tensor {
             }
         }
     }
-    Tensor::from_vec(values, (batch, 3, 224, 224), &Device::Cpu).unwrap()
+    Tensor::from_vec(values, (batch, 3, 224, 224), device).unwrap()
 }
 
 /// Multiply-adds of one encoder forward over `tokens` tokens: per layer the Q, K, V and output
@@ -85,13 +94,14 @@ fn main() {
     // As the binary starts: its thread and allocator settings (src/runtime.rs).
     // SAFETY: first statement of main, no other thread exists yet.
     unsafe { benign_attention::runtime::configure_process() };
-    let device = Device::Cpu;
-    // The machine's limit in this process and thread pool, the baseline of the rate column.
-    let limit = common::large_product_rate();
-    println!(
-        "| model (candle, {} threads) | batch | s/batch | throughput | arithmetic rate |",
-        rayon::current_num_threads()
-    );
+    let device = bench_device();
+    // The machine's limit in this process (and thread pool), the baseline of the rate column.
+    let limit = common::large_product_rate_on(&device);
+    let runs_on = match &device {
+        Device::Cpu => format!("{} threads", rayon::current_num_threads()),
+        _ => "GPU 0".to_string(),
+    };
+    println!("| model (candle, {runs_on}) | batch | s/batch | throughput | arithmetic rate |");
     println!("|---|---|---|---|---|");
     let load = |id: &str| {
         Backbone::load(
@@ -106,7 +116,7 @@ fn main() {
     let Model::Vit(vit) = &vit_tiny.model else {
         panic!("ViT-Ti is a ViT")
     };
-    let x = pixels(16);
+    let x = pixels(16, &device);
     let full = |vit: &Vit| {
         let states = vit.hidden_states(&x).unwrap();
         vit.layernorm.forward(states.last().unwrap()).unwrap()
@@ -114,7 +124,7 @@ fn main() {
     row(
         "ViT-Ti/16 (real weights)",
         16,
-        median_seconds(|| drop(full(vit))),
+        median_seconds(&device, || drop(full(vit))),
         "images",
         forward_macs(12, 197, 192, 768, Some(16)),
         limit,
@@ -125,13 +135,20 @@ fn main() {
     row(
         "ViT-B/16 (random weights)",
         16,
-        median_seconds(|| drop(full(&vit_base))),
+        median_seconds(&device, || drop(full(&vit_base))),
         "images",
         forward_macs(12, 197, 768, 3072, Some(16)),
         limit,
     );
 
-    let minilm = load("sentence-transformers/all-MiniLM-L6-v2");
+    // A GPU machine is sent what fits in its lease's transfer: the 91 MB MiniLM may stay behind.
+    let Ok(minilm_dir) = resolve("sentence-transformers/all-MiniLM-L6-v2", None) else {
+        println!(
+            "\n(all-MiniLM-L6-v2 is not under BENIGN_MODELS_DIR: its row and the profile skipped)"
+        );
+        return;
+    };
+    let minilm = Backbone::load(minilm_dir, &device, TextOptions::default()).unwrap();
     let Model::Bert(bert) = &minilm.model else {
         panic!("MiniLM is a BERT")
     };
@@ -148,12 +165,28 @@ fn main() {
     row(
         "all-MiniLM-L6-v2 (real weights), length 128",
         32,
-        median_seconds(|| run(bert)),
+        median_seconds(&device, || run(bert)),
         "sentences",
         forward_macs(6, 128, 384, 1536, None),
         limit,
     );
-    profile(vit, bert, &x, &batch);
+    if device.is_cpu() {
+        profile(vit, bert, &x, &batch);
+    } else {
+        println!("\n(the per-op profile times the CPU kernels; it runs only on the CPU)");
+    }
+}
+
+/// The device of `BENIGN_BENCH_DEVICE` (`cpu`, the default, or `cuda`: GPU 0 of a `--features
+/// cuda` build, as `--device cuda` picks it).
+fn bench_device() -> Device {
+    let kind = match std::env::var("BENIGN_BENCH_DEVICE").as_deref() {
+        Err(_) | Ok("cpu") => DeviceKind::Cpu,
+        Ok("cuda") => DeviceKind::Cuda,
+        Ok(other) => panic!("BENIGN_BENCH_DEVICE={other}: expected cpu or cuda"),
+    };
+    kind.device()
+        .unwrap_or_else(|e| panic!("BENIGN_BENCH_DEVICE: {e}"))
 }
 
 /// ViT-B/16 (HF ViTConfig defaults) with candle's random initial weights, as plain tensors: a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch CPU baseline for the Rust (candle) throughput bench.
+"""PyTorch baseline for the Rust (candle) throughput bench, on the CPU or GPU 0.
 
 Times forward passes of the Hugging Face `transformers` models that the Rust
 crate re-implements, on the same deterministic inputs the Rust bench builds,
@@ -21,7 +21,10 @@ Inputs (integer arithmetic, then f32):
 
 Settings: torch.set_num_threads(--threads, default os.cpu_count()), eval mode,
 torch.inference_mode(), float32, attn_implementation="eager". Two warm-up
-iterations, then the median of --iters (>= 5) timed iterations.
+iterations, then the median of --iters (>= 5) timed iterations. With
+--device cuda, model and inputs live on GPU 0, each iteration is timed until
+torch.cuda.synchronize(), and f32 products stay IEEE f32 (no TF32), as
+candle's do by default.
 
 Prints one JSON line per model:
   {"model", "batch", "seconds_per_batch", "items_per_second", "threads", "torch", ...}
@@ -31,7 +34,7 @@ work was competing for the cores and the numbers are not a clean baseline.
 
 Usage:
   BENIGN_MODELS_DIR=... /tmp/parity-venv/bin/python scripts/bench_torch.py \\
-      [--threads N] [--iters K] [--models vit_tiny_patch16_224,all_minilm_l6_v2]
+      [--threads N] [--iters K] [--device cpu|cuda] [--models vit_tiny_patch16_224,all_minilm_l6_v2]
 """
 
 import os
@@ -113,17 +116,19 @@ MODELS = {
 }
 
 
-def bench(name: str, iters: int, threads: int) -> dict:
+def bench(name: str, iters: int, threads: int, device: str) -> dict:
     loader, batch, make_inputs, shape = MODELS[name]
-    model = loader().eval().to(torch.float32)
+    model = loader().eval().to(device=device, dtype=torch.float32)
     assert model.config._attn_implementation == "eager", model.config._attn_implementation
-    inputs = make_inputs()
+    inputs = {key: value.to(device) for key, value in make_inputs().items()}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     times = []
     cpu = 0.0
     with torch.inference_mode():
         for i in range(WARMUP + iters):
             start, cpu_start = time.perf_counter(), time.process_time()
             model(**inputs)
+            sync()
             elapsed, cpu_used = time.perf_counter() - start, time.process_time() - cpu_start
             if i >= WARMUP:
                 times.append(elapsed)
@@ -136,6 +141,7 @@ def bench(name: str, iters: int, threads: int) -> dict:
         "seconds_per_batch": round(seconds, 6),
         "items_per_second": round(batch / seconds, 3),
         "threads": threads,
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
         "iters": iters,
         # CPU seconds this process used per wall second while timed: close to `threads` on an
         # idle machine, well below it when other work competes for the cores.
@@ -147,6 +153,7 @@ def bench(name: str, iters: int, threads: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: os.cpu_count())")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the models run (default: cpu)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations, median reported (>= 5)")
     parser.add_argument(
         "--models",
@@ -162,8 +169,14 @@ def main() -> None:
         parser.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
 
     torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("error: --device cuda: PyTorch sees no GPU")
+        # IEEE f32 products, as candle's cuBLAS calls make them unless told otherwise.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     for name in names:
-        print(json.dumps(bench(name, args.iters, args.threads)), flush=True)
+        print(json.dumps(bench(name, args.iters, args.threads, args.device)), flush=True)
 
 
 if __name__ == "__main__":

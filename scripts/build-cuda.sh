@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the CUDA binary (and the test binaries that scripts/gpu-tests.sh runs) on a machine with
 # no GPU, no CUDA toolkit and no root: CUDA 13.0 from PyPI into .cuda/, a link-time stand-in for
-# the driver library, `cargo build --release --features cuda` into target-cuda/, then everything
-# stripped and packed into .cuda/carry/benign-cuda.tar.xz for a GPU machine (see docs/cuda.md).
+# the driver library, `cargo build --release --features cuda` into target-cuda/, then the binary,
+# the device tests and the encoder bench stripped and packed into .cuda/carry/benign-cuda.tar.xz
+# for a GPU machine (scripts/gpu-tests.sh and scripts/gpu-bench.sh there; see docs/cuda.md).
 # Re-running skips what is already there.
 #
 # Environment: JOBS (cargo -j), CUDAFORGE_THREADS (parallel nvcc runs of candle-kernels' build;
@@ -96,10 +97,13 @@ cargo_args=(--release --features cuda --target-dir "$target_dir" ${JOBS:+-j "$JO
 step "cargo build ${cargo_args[*]}"
 start=$SECONDS
 cargo build "${cargo_args[@]}" || die "cargo build --features cuda failed"
-# The device-parameterised tests, as binaries (the GPU machines have no Rust toolchain).
+# The device-parameterised tests and the encoder bench, as binaries (the GPU machines have no
+# Rust toolchain).
 tests=(encoder_parity last_layer_equivalence fused_attention)
+benches=(encoder)
 test_flags=()
 for t in "${tests[@]}"; do test_flags+=(--test "$t"); done
+for b in "${benches[@]}"; do test_flags+=(--bench "$b"); done
 cargo test "${cargo_args[@]}" --no-run --message-format=json "${test_flags[@]}" >"$cuda_dir/tests.json" ||
   die "cargo test --no-run --features cuda failed"
 step "built in $((SECONDS - start)) s"
@@ -108,7 +112,7 @@ step "built in $((SECONDS - start)) s"
 # unpacks it on a machine without the xz tool.
 mkdir -p "$carry/bin"
 binary=$target_dir/release/benign-attention
-built=$(python3 - "$cuda_dir/tests.json" "${tests[@]}" <<'EOF'
+built=$(python3 - "$cuda_dir/tests.json" "${tests[@]}" "${benches[@]}" <<'EOF'
 import json, sys
 wanted, found = sys.argv[2:], {}
 for line in open(sys.argv[1]):
@@ -130,7 +134,7 @@ if [ ! -f "$tarball" ] || [ -n "$(find "$carry/bin" -newer "$tarball")" ]; then
 fi
 size() { stat -c %s "$1" | awk '{ printf "%.1f MiB", $1 / 1048576 }'; }
 echo "binary: raw $(size "$binary"), stripped $(size "$carry/bin/benign-attention")" >&2
-for t in "${tests[@]}"; do echo "test $t: stripped $(size "$carry/bin/$t")" >&2; done
+for t in "${tests[@]}" "${benches[@]}"; do echo "$t: stripped $(size "$carry/bin/$t")" >&2; done
 echo "packed: $(size "$tarball") in $tarball (a GPU-machine call carries 64 MiB)" >&2
 # libcuda.so.1 is "not found" on a machine without the driver; the others resolve in .cuda/.
 LD_LIBRARY_PATH=$toolkit/lib ldd "$carry/bin/benign-attention" || true

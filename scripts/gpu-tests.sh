@@ -5,19 +5,7 @@
 # The tests compare the GPU with the HF fixtures and the CPU (see tests/common/mod.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-packed=.cuda/carry/benign-cuda.tar.xz
-[ -f "$packed" ] || { echo "gpu-tests.sh: no $packed: run scripts/build-cuda.sh and carry .cuda/carry" >&2; exit 1; }
-unpacked=$(mktemp -d)
-python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$packed" "$unpacked"
-
-# libcudart, libcublas(Lt), libcurand and libnvrtc from the nvidia/*/lib folders of PyTorch's
-# wheels; libcuda.so.1 is the driver's, already on the loader's path.
-libs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "*", "lib", "lib*.so*"))})))')
-[ -n "$libs" ] || { echo "gpu-tests.sh: python3 has no nvidia/*/lib (PyTorch's CUDA wheels)" >&2; exit 1; }
-export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-ldd "$unpacked/bin/benign-attention" | grep -E 'libcuda|libcublas|libcurand|libcudart|libnvrtc|not found' || true
-"$unpacked/bin/benign-attention" --version
+. scripts/gpu-env.sh
 
 # The binaries find tests/fixtures through CARGO_MANIFEST_DIR, as under cargo.
 export BENIGN_TEST_DEVICE=cuda CARGO_MANIFEST_DIR=$PWD

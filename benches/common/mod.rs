@@ -27,15 +27,24 @@ pub fn median_seconds(runs: usize, run: &mut dyn FnMut()) -> f64 {
 /// (1024 × 1024 by 1024 × 1024 through candle, the gemm every op here ends in), measured in the
 /// calling thread pool (`rayon::current_num_threads()` threads), median of 5 after a warm-up.
 pub fn large_product_rate() -> f64 {
-    use candle_core::{Device, Tensor};
-    const SIDE: usize = 1024;
-    let values: Vec<f32> = (0..SIDE * SIDE)
+    large_product_rate_on(&candle_core::Device::Cpu)
+}
+
+/// [`large_product_rate`] on `device`. A GPU gets a 4096-wide product (about 2 ms on an H100;
+/// a 1024-wide one is over before its launch cost is), timed from launch to `synchronize`.
+pub fn large_product_rate_on(device: &candle_core::Device) -> f64 {
+    use candle_core::Tensor;
+    let side: usize = if device.is_cpu() { 1024 } else { 4096 };
+    let values: Vec<f32> = (0..side * side)
         .map(|k| ((k * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
-    let a = Tensor::from_vec(values, (SIDE, SIDE), &Device::Cpu).unwrap();
+    let a = Tensor::from_vec(values, (side, side), device).unwrap();
     let b = a.t().unwrap().contiguous().unwrap();
-    let seconds = median_seconds(5, &mut || drop(a.matmul(&b).unwrap()));
-    (SIDE * SIDE * SIDE) as f64 / seconds
+    let seconds = median_seconds(5, &mut || {
+        drop(a.matmul(&b).unwrap());
+        device.synchronize().unwrap();
+    });
+    (side * side * side) as f64 / seconds
 }
 
 /// [`large_product_rate`] on one thread and on all of the calling pool's, in this process.

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# ON A GPU MACHINE, with the pack that scripts/gpu-tests.sh runs (see there): the encoder bench on
+# GPU 0 beside its PyTorch baseline (scripts/bench_torch.py --device cuda) on the same inputs,
+# then README's main command on GPU 0 from a cold feature cache and again warm. Needs
+# BENIGN_DATA_DIR (cifar10/) and BENIGN_MODELS_DIR (the ViT-Ti; all-MiniLM-L6-v2 for the bench's
+# last row). Usage: scripts/gpu-bench.sh OUT_DIR [encoder] [main]   (logs and summaries land in
+# OUT_DIR; the parts named run, both when none is named)
+# Each step has its own time limit (STEP_LIMIT_S, default 240 s), so that one slow step leaves
+# the others their turn on a lease of minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu-bench.sh OUT_DIR [encoder] [main]}
+shift
+parts=" ${*:-encoder main} "
+mkdir -p "$out"
+. scripts/gpu-env.sh
+limit=${STEP_LIMIT_S:-240}
+: "${BENIGN_DATA_DIR:?set BENIGN_DATA_DIR}" "${BENIGN_MODELS_DIR:?set BENIGN_MODELS_DIR}"
+# The hub is out of reach there: the backbone list's first entry (the paper's ViT-B) is skipped
+# at once instead of asked for.
+export HF_HUB_OFFLINE=1 BENIGN_CACHE_DIR=$(mktemp -d)
+
+main_command() { # $1: cold or warm
+  local started=$(date +%s%N)
+  timeout "$limit" "$unpacked/bin/benign-attention" finetune --dataset cifar10 --eta 0.2 --device cuda \
+    >"$out/summary-$1.json" 2>"$out/finetune-$1.log"
+  local status=$?
+  local ms=$((($(date +%s%N) - started) / 1000000))
+  echo "main command, $1 cache: exit $status, $((ms / 1000)).$(printf %03d $((ms % 1000))) s wall"
+  tail -2 "$out/finetune-$1.log"
+}
+
+if [[ $parts == *" encoder "* ]]; then
+  echo "== encoder bench on cuda (candle)"
+  BENIGN_BENCH_DEVICE=cuda timeout "$limit" "$unpacked/bin/encoder" | tee "$out/encoder-candle.md"
+  echo "== the same on cuda (PyTorch)"
+  models=vit_tiny_patch16_224,vit_base_patch16_224_random
+  [ -d "$BENIGN_MODELS_DIR/sentence-transformers/all-MiniLM-L6-v2" ] && models+=,all_minilm_l6_v2
+  timeout "$limit" python3 scripts/bench_torch.py --device cuda --models "$models" | tee "$out/encoder-torch.jsonl"
+fi
+if [[ $parts == *" main "* ]]; then
+  main_command cold
+  main_command warm
+fi
