@@ -238,3 +238,25 @@ pub fn masked_mean(xs: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
     let summed = xs.broadcast_mul(&mask)?.sum(1)?;
     summed.broadcast_div(&mask.sum(1)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The CLS rows come back as their own tensor: CUDA's matmul, which every CLS row meets,
+    /// refuses the strided view that CPU tests would pass with (docs/cuda.md).
+    #[test]
+    fn first_token_is_a_contiguous_copy_of_row_zero() {
+        let xs = Tensor::arange(0f32, 24.0, &Device::Cpu)
+            .unwrap()
+            .reshape((2, 3, 4))
+            .unwrap();
+        let cls = first_token(&xs).unwrap();
+        assert!(cls.is_contiguous());
+        assert_eq!(
+            cls.to_vec2::<f32>().unwrap(),
+            [[0.0, 1.0, 2.0, 3.0], [12.0, 13.0, 14.0, 15.0]]
+        );
+    }
+}
