@@ -180,10 +180,11 @@ fn main() {
 /// The device of `BENIGN_BENCH_DEVICE` (`cpu`, the default, or `cuda`: GPU 0 of a `--features
 /// cuda` build, as `--device cuda` picks it).
 fn bench_device() -> Device {
-    let kind = match std::env::var("BENIGN_BENCH_DEVICE").as_deref() {
-        Err(_) | Ok("cpu") => DeviceKind::Cpu,
-        Ok("cuda") => DeviceKind::Cuda,
-        Ok(other) => panic!("BENIGN_BENCH_DEVICE={other}: expected cpu or cuda"),
+    // Parsed as `--device` parses its value.
+    let kind = match std::env::var("BENIGN_BENCH_DEVICE") {
+        Err(_) => DeviceKind::Cpu,
+        Ok(value) => <DeviceKind as clap::ValueEnum>::from_str(&value, false)
+            .unwrap_or_else(|e| panic!("BENIGN_BENCH_DEVICE={value}: {e}")),
     };
     kind.device()
         .unwrap_or_else(|e| panic!("BENIGN_BENCH_DEVICE: {e}"))
