@@ -26,7 +26,7 @@ use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
-use benign_attention::train::last_layer_sets::LastLayerSets;
+use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
 use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{Device, Tensor};
@@ -101,7 +101,7 @@ fn main() {
             layer: &layer,
             qk: &qk,
             finetune: &resident,
-            test: &cached,
+            test: TestRows::held_if_within(&layer, &cached, RESIDENT_TEST_BYTES).unwrap(),
             labels: &labels,
             sample_pool: &pool,
         };

@@ -38,7 +38,7 @@ use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Encoded, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
-use benign_attention::train::last_layer_sets::LastLayerSets;
+use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
 use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{DType, Device, Tensor};
@@ -285,7 +285,7 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
         layer: &layer,
         qk: &qk,
         finetune: &resident,
-        test: &test_rows,
+        test: TestRows::held_if_within(&layer, &test_rows, RESIDENT_TEST_BYTES).unwrap(),
         labels: &labels,
         sample_pool: &pool,
     };

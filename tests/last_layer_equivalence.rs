@@ -210,6 +210,23 @@ fn check_host_pass(
     let from_rows = layer.evaluate_rows(qk, cached, &in_order).unwrap();
     assert!(max_rel_diff(&from_rows.logits, &streamed.logits.detach()) < 1e-5);
     assert!(max_abs_diff(&from_rows.cls_attention, &streamed.cls_attention.detach()) < 1e-6);
+    // The test set held in memory (read and normed once) gives the streamed rows' logits bit for
+    // bit, for any rows in any order.
+    let held = layer
+        .host_rows(cached)
+        .unwrap()
+        .expect("the CPU has the host pass");
+    for which in [in_order, rows, vec![n - 1]] {
+        let bits = |out: benign_attention::model::last_layer::Output| -> Vec<u32> {
+            let logits: Vec<f32> = out.logits.flatten_all().unwrap().to_vec1().unwrap();
+            logits.iter().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(
+            bits(layer.evaluate_host_rows(qk, &held, &which).unwrap()),
+            bits(layer.evaluate_rows(qk, cached, &which).unwrap()),
+            "rows {which:?}: held and streamed logits differ"
+        );
+    }
     (host_loss, host_grads, evaluated.logits)
 }
 

@@ -7,7 +7,7 @@ use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::vit::{Vit, VitConfig};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
-use benign_attention::train::last_layer_sets::LastLayerSets;
+use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
 use benign_attention::train::loops::{
     EpochMetrics, Penalty, Phase2Data, Set, steps_per_epoch, train_phase2,
 };
@@ -65,7 +65,7 @@ fn train_tiny_last_layer(locater: f64, sample_threads: usize, batch: usize) -> T
         layer: &layer,
         qk: &qk,
         finetune: &train_set,
-        test: &test_rows,
+        test: TestRows::held_if_within(&layer, &test_rows, RESIDENT_TEST_BYTES).unwrap(),
         labels: &labels,
         sample_pool: &sample_pool,
     };

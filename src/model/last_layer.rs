@@ -105,6 +105,28 @@ pub struct ResidentSet {
     tokens: Arc<KeyValues>,
 }
 
+/// A set's layer inputs on the host as the host pass reads them, read and normed once
+/// ([`LastLayer::host_rows`]).
+pub struct HostRows {
+    /// The CLS row of the layer inputs and that row normed, (N, D) each.
+    cls_inputs: Vec<f32>,
+    cls_normed: Vec<f32>,
+    /// The normed tokens of every sample.
+    tokens: KeyValues,
+    dim: usize,
+}
+
+impl HostRows {
+    /// Rows `which` of `all` (N, D).
+    fn gather(&self, all: &[f32], which: &[usize]) -> Vec<f32> {
+        let d = self.dim;
+        which
+            .iter()
+            .flat_map(|&i| all[i * d..(i + 1) * d].iter().copied())
+            .collect()
+    }
+}
+
 /// The logits and the CLS attention (B, H, T) of a batch.
 pub struct Output {
     pub logits: Tensor,
@@ -300,10 +322,31 @@ impl<'a> LastLayer<'a> {
         rows: &LayerRows,
         which: &[usize],
     ) -> Result<Output> {
-        let Some(host) = &self.host else {
+        if self.host.is_none() {
             let batch = rows.batch(which, self.value_device())?;
             return detached(self.forward(qk, &batch.inputs, &batch.lengths)?);
-        };
+        }
+        let set = self.host_rows_of(rows, which)?;
+        let all: Vec<usize> = (0..which.len()).collect();
+        self.evaluate_host_rows(qk, &set, &all)
+    }
+
+    /// Every sample of `rows` read and normed once for the host pass (the test set, when it fits
+    /// in memory), or `None` when the layer has no host pass. Its evaluations
+    /// ([`Self::evaluate_host_rows`]) give [`Self::evaluate_rows`]'s numbers bit for bit: the
+    /// same reads and the same norm, row by row, and the host pass gives a row the same numbers
+    /// whatever rows are beside it.
+    pub fn host_rows(&self, rows: &LayerRows) -> Result<Option<HostRows>> {
+        if self.host.is_none() || rows.is_empty() {
+            return Ok(None);
+        }
+        let all: Vec<usize> = (0..rows.len()).collect();
+        Ok(Some(self.host_rows_of(rows, &all)?))
+    }
+
+    /// Samples `which` of `rows` in the host pass's form (a layer with one).
+    fn host_rows_of(&self, rows: &LayerRows, which: &[usize]) -> Result<HostRows> {
+        let host = self.host.as_ref().expect("a layer with a host pass");
         let mut batch = rows.host_batch(which)?;
         let (b, width, d) = (which.len(), batch.width, batch.dim);
         let first_rows = |values: &[f32]| -> Vec<f32> {
@@ -312,9 +355,9 @@ impl<'a> LastLayer<'a> {
                 .flat_map(|sample| sample[..d].iter().copied())
                 .collect()
         };
-        let inputs = first_rows(&batch.values);
+        let cls_inputs = first_rows(&batch.values);
         host.normalise_inputs(&mut batch.values, &batch.lengths, width);
-        let normed = first_rows(&batch.values);
+        let cls_normed = first_rows(&batch.values);
         let tokens = KeyValues::from_host(
             batch.values,
             (b, width, d),
@@ -322,13 +365,35 @@ impl<'a> LastLayer<'a> {
             batch.lengths,
             self.scale(),
         )?;
+        Ok(HostRows {
+            cls_inputs,
+            cls_normed,
+            tokens,
+            dim: d,
+        })
+    }
+
+    /// Logits and CLS attention of samples `which` of a [`HostRows`] set, detached.
+    pub fn evaluate_host_rows(
+        &self,
+        qk: &QueryKey,
+        set: &HostRows,
+        which: &[usize],
+    ) -> Result<Output> {
+        let host = self
+            .host
+            .as_ref()
+            .expect("HostRows exist only for a host pass");
+        let (inputs, normed) = (
+            set.gather(&set.cls_inputs, which),
+            set.gather(&set.cls_normed, which),
+        );
         let cls = host::ClsRows {
             inputs: &inputs,
             normed: &normed,
         };
-        let all: Vec<usize> = (0..b).collect();
-        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, &tokens, &all))?;
-        self.output(logits, probs, b, &tokens)
+        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, &set.tokens, which))?;
+        self.output(logits, probs, which.len(), &set.tokens)
     }
 
     /// The mean cross-entropy of resident samples `rows` against `targets`, and its gradient for

@@ -1,5 +1,6 @@
 //! The paper's phase-2 model as the loops call it: the last layer with its query and key over the
-//! fine-tune set held in memory and the test set streamed, evaluated and stepped. `finetune`, the
+//! fine-tune set held in memory and the test set held or streamed ([`TestRows`]), evaluated and
+//! stepped. `finetune`, the
 //! benches and the tests share it, so all of them time and check the route a run takes.
 
 use anyhow::Result;
@@ -7,15 +8,48 @@ use candle_core::Tensor;
 
 use super::loops::{Set, autograd_step};
 use crate::encoder::layer_rows::LayerRows;
-use crate::model::last_layer::ResidentSet;
+use crate::model::last_layer::{HostRows, ResidentSet};
 use crate::model::{LastLayer, QueryKey};
+
+/// Test-set tokens held in memory, read and normed once, up to this size; past it the set streams,
+/// and memory stays bounded whatever `--test-n` is (docs/performance.md, memory of a full-size
+/// run: ViT-Ti over MNIST's 10 000 test images takes 1.5 GB and streams). Held: the partial
+/// CIFAR-10's 1017 test images at ViT-Ti (154 MB), BreastMNIST's, TREC's. A scored epoch that
+/// streams re-reads and re-norms the set: at ViT-Ti over the 1017 that was 46 ms of its 0.11 s
+/// (machine E, 2026-11-26).
+pub const RESIDENT_TEST_BYTES: usize = 256 << 20;
+
+/// The test set as the evaluations read it. Both give the same numbers, bit for bit
+/// (tests/last_layer_equivalence.rs).
+pub enum TestRows<'a> {
+    /// Read from the feature cache and normed a chunk at a time, so that no set-sized buffer
+    /// exists whatever the set's size.
+    Streamed(&'a LayerRows),
+    /// Read and normed once, into the host pass's form ([`LastLayer::host_rows`]).
+    Resident(HostRows),
+}
+
+impl<'a> TestRows<'a> {
+    /// Held in memory when the layer has a host pass and the tokens fit `budget` bytes,
+    /// streamed otherwise.
+    pub fn held_if_within(layer: &LastLayer, rows: &'a LayerRows, budget: usize) -> Result<Self> {
+        let width = rows.lengths().iter().copied().max().unwrap_or(0);
+        let bytes = rows.len() * width * rows.dim() * size_of::<f32>();
+        if bytes <= budget
+            && let Some(held) = layer.host_rows(rows)?
+        {
+            return Ok(Self::Resident(held));
+        }
+        Ok(Self::Streamed(rows))
+    }
+}
 
 pub struct LastLayerSets<'a> {
     pub layer: &'a LastLayer<'a>,
     pub qk: &'a QueryKey,
     /// The fine-tune set, normed once ([`LastLayer::resident`]).
     pub finetune: &'a ResidentSet,
-    pub test: &'a LayerRows,
+    pub test: TestRows<'a>,
     /// The fine-tune set's (noisy) labels, what a step trains on.
     pub labels: &'a [u32],
     /// Where the host pass's per-sample work runs ([`crate::train::run::FinetuneJob::sample_threads`]).
@@ -31,7 +65,10 @@ impl LastLayerSets<'_> {
     fn evaluate_here(&self, set: Set, rows: &[usize]) -> Result<(Tensor, Tensor)> {
         let out = match set {
             Set::Finetune => self.layer.evaluate_resident(self.qk, self.finetune, rows)?,
-            Set::Test => self.layer.evaluate_rows(self.qk, self.test, rows)?,
+            Set::Test => match &self.test {
+                TestRows::Streamed(test) => self.layer.evaluate_rows(self.qk, test, rows)?,
+                TestRows::Resident(test) => self.layer.evaluate_host_rows(self.qk, test, rows)?,
+            },
         };
         Ok((out.logits, out.cls_attention))
     }

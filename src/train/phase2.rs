@@ -9,7 +9,7 @@ use candle_core::{Tensor, Var};
 
 use super::attention_maps::{self, PER_KIND, Picks, Snapshot};
 use super::checkpoint::Checkpoint;
-use super::last_layer_sets::LastLayerSets;
+use super::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
 use super::loops::{
     EpochMetrics, Forward, Penalty, Phase2Data, Set, Step, autograd_step, steps_per_epoch,
     train_phase2,
@@ -276,8 +276,9 @@ pub(super) fn phase_two(
         resumed,
         progress,
     };
-    // The n ≤ 1000 fine-tune samples are read once into memory; the test set streams from the
-    // cache a chunk at a time, so no set-sized tensor exists whatever its size.
+    // The n ≤ 1000 fine-tune samples are read once into memory; the test set too when it fits
+    // `RESIDENT_TEST_BYTES`, else it streams from the cache a chunk at a time, so that no
+    // set-sized buffer exists whatever its size.
     let train_rows = layer_inputs(&features.finetune)?.resident()?;
     let test_rows = layer_inputs(&features.test)?.clone();
     drop(features);
@@ -314,7 +315,7 @@ fn train_last_layer(
         layer: &layer,
         qk: &qk,
         finetune: &resident,
-        test: test_rows,
+        test: TestRows::held_if_within(&layer, test_rows, RESIDENT_TEST_BYTES)?,
         labels: run.data.labels,
         sample_pool: &sample_pool,
     };
