@@ -344,29 +344,31 @@ impl<'a> LastLayer<'a> {
         Ok(Some(self.host_rows_of(rows, &all)?))
     }
 
-    /// Samples `which` of `rows` in the host pass's form (a layer with one).
+    /// Samples `which` of `rows` in the host pass's form (a layer with one): each sample's CLS
+    /// row kept, then its tokens normed, right after it is read.
     fn host_rows_of(&self, rows: &LayerRows, which: &[usize]) -> Result<HostRows> {
         let host = self.host.as_ref().expect("a layer with a host pass");
-        let mut batch = rows.host_batch(which)?;
-        let (b, width, d) = (which.len(), batch.width, batch.dim);
-        let first_rows = |values: &[f32]| -> Vec<f32> {
-            values
-                .chunks_exact(width * d)
-                .flat_map(|sample| sample[..d].iter().copied())
-                .collect()
-        };
-        let cls_inputs = first_rows(&batch.values);
-        host.normalise_inputs(&mut batch.values, &batch.lengths, width);
-        let cls_normed = first_rows(&batch.values);
+        let d = rows.dim();
+        let (batch, cls_inputs) = rows.host_batch_then(which, |tokens| {
+            let cls_input = tokens[..d].to_vec();
+            host.normalise_sample(tokens);
+            cls_input
+        })?;
+        let width = batch.width;
+        let cls_normed = batch
+            .values
+            .chunks_exact(width * d)
+            .flat_map(|sample| sample[..d].iter().copied())
+            .collect();
         let tokens = KeyValues::from_host(
             batch.values,
-            (b, width, d),
+            (which.len(), width, d),
             self.attention().num_heads,
             batch.lengths,
             self.scale(),
         )?;
         Ok(HostRows {
-            cls_inputs,
+            cls_inputs: cls_inputs.concat(),
             cls_normed,
             tokens,
             dim: d,

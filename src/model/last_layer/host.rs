@@ -27,7 +27,9 @@ use rayon::prelude::*;
 use super::{LastLayer, QueryKey, Rest};
 use crate::encoder::dense::FrozenLinear;
 use crate::encoder::layers::Norm;
-use crate::kernels::{gelu, gelu_backward, gemm_into as matmul, mean_and_inv_std};
+use crate::kernels::{
+    gelu, gelu_backward, gemm_into as matmul, mean_and_inv_std, mean_and_inv_std_rows,
+};
 use crate::model::attend::KeyValues;
 use crate::model::token_products::{Rows, Tokens, row_scores};
 
@@ -79,14 +81,29 @@ impl HostNorm {
         trace
     }
 
-    /// [`Self::forward`]'s output in place over rows of `x`, with no trace.
+    /// [`Self::forward`]'s output in place over rows of `x`, with no trace. The statistics of
+    /// four rows at a time, each row's numbers as alone.
     fn normalise_in_place(&self, x: &mut [f32]) {
+        const ROWS: usize = 4;
         let d = self.weight.len();
-        for x in x.chunks_exact_mut(d) {
-            let (mean, inv) = mean_and_inv_std(x, self.eps);
-            for ((v, w), b) in x.iter_mut().zip(&self.weight).zip(&self.bias) {
-                *v = (*v - mean) * inv * w + b;
+        let mut groups = x.chunks_exact_mut(ROWS * d);
+        for group in &mut groups {
+            let rows: [&[f32]; ROWS] = std::array::from_fn(|i| &group[i * d..(i + 1) * d]);
+            let stats = mean_and_inv_std_rows(rows, self.eps);
+            for (row, (mean, inv)) in group.chunks_exact_mut(d).zip(stats) {
+                self.apply(row, mean, inv);
             }
+        }
+        for row in groups.into_remainder().chunks_exact_mut(d) {
+            let (mean, inv) = mean_and_inv_std(row, self.eps);
+            self.apply(row, mean, inv);
+        }
+    }
+
+    /// (x − μ)·(1/σ)·γ + β over one row, in place.
+    fn apply(&self, row: &mut [f32], mean: f32, inv: f32) {
+        for ((v, w), b) in row.iter_mut().zip(&self.weight).zip(&self.bias) {
+            *v = (*v - mean) * inv * w + b;
         }
     }
 
@@ -367,17 +384,11 @@ impl HostLayer {
         self.spread == HostSpread::Operations
     }
 
-    /// What the attention reads of layer inputs, in place over the first `lengths[i]` of each
-    /// sample's `width` token rows (padding is never read).
-    pub(super) fn normalise_inputs(&self, values: &mut [f32], lengths: &[usize], width: usize) {
-        let Some(norm) = &self.pre_norm else {
-            return;
-        };
-        let d = self.hidden;
-        values
-            .par_chunks_exact_mut(width * d)
-            .zip(lengths)
-            .for_each(|(sample, &len)| norm.normalise_in_place(&mut sample[..len * d]));
+    /// What the attention reads of one sample's layer inputs (its unpadded token rows), in place.
+    pub(super) fn normalise_sample(&self, tokens: &mut [f32]) {
+        if let Some(norm) = &self.pre_norm {
+            norm.normalise_in_place(tokens);
+        }
     }
 
     /// Logits (B×C) and the CLS attention (B×H×T) of samples `rows` of `tokens`.
