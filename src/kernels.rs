@@ -295,40 +295,65 @@ pub(crate) fn mean_and_inv_std_rows<const R: usize>(
 
 #[inline(always)]
 fn mean_and_inv_std_kernel<const R: usize>(rows: [&[f32]; R], eps: f32) -> [(f32, f32); R] {
+    let full = whole_chunks(&rows);
+    let mut lanes = [[0f32; LANES]; R];
+    for c in (0..full).step_by(LANES) {
+        for (lanes, row) in lanes.iter_mut().zip(&rows) {
+            for (lane, &v) in lanes.iter_mut().zip(&row[c..c + LANES]) {
+                *lane += v;
+            }
+        }
+    }
+    let means = row_means(&rows, &lanes);
+    let mut lanes = [[0f32; LANES]; R];
+    for c in (0..full).step_by(LANES) {
+        for ((lanes, row), &mean) in lanes.iter_mut().zip(&rows).zip(&means) {
+            for (lane, &v) in lanes.iter_mut().zip(&row[c..c + LANES]) {
+                *lane += (v - mean) * (v - mean);
+            }
+        }
+    }
+    row_statistics(&rows, means, &lanes, eps)
+}
+
+/// The values of `rows` (all of one length) that fill whole chunks of LANES.
+#[inline(always)]
+fn whole_chunks<const R: usize>(rows: &[&[f32]; R]) -> usize {
     let len = rows.first().map_or(0, |row| row.len());
     assert!(
         rows.iter().all(|row| row.len() == len),
         "rows of one length"
     );
-    let d = len as f32;
-    let chunks = len / LANES;
-    let full = chunks * LANES;
-    let mut lanes = [[0f32; LANES]; R];
-    for c in 0..chunks {
-        for (lanes, row) in lanes.iter_mut().zip(&rows) {
-            for (lane, &v) in lanes.iter_mut().zip(&row[c * LANES..(c + 1) * LANES]) {
-                *lane += v;
-            }
-        }
-    }
-    let means: [f32; R] = std::array::from_fn(|i| {
-        (lanes[i].iter().sum::<f32>() + rows[i][full..].iter().sum::<f32>()) / d
-    });
-    let mut lanes = [[0f32; LANES]; R];
-    for c in 0..chunks {
-        for ((lanes, row), &mean) in lanes.iter_mut().zip(&rows).zip(&means) {
-            for (lane, &v) in lanes.iter_mut().zip(&row[c * LANES..(c + 1) * LANES]) {
-                *lane += (v - mean) * (v - mean);
-            }
-        }
-    }
+    len - len % LANES
+}
+
+/// Each row's mean from its lanes' sums, plus the values past the last whole chunk.
+#[inline(always)]
+fn row_means<const R: usize>(rows: &[&[f32]; R], lanes: &[[f32; LANES]; R]) -> [f32; R] {
+    let full = whole_chunks(rows);
     std::array::from_fn(|i| {
-        let mean = means[i];
+        let len = rows[i].len() as f32;
+        (lanes[i].iter().sum::<f32>() + rows[i][full..].iter().sum::<f32>()) / len
+    })
+}
+
+/// Each row's (mean, 1/√(variance + ε)) from its lanes' squared deviations, plus the values
+/// past the last whole chunk.
+#[inline(always)]
+fn row_statistics<const R: usize>(
+    rows: &[&[f32]; R],
+    means: [f32; R],
+    lanes: &[[f32; LANES]; R],
+    eps: f32,
+) -> [(f32, f32); R] {
+    let full = whole_chunks(rows);
+    std::array::from_fn(|i| {
+        let (mean, len) = (means[i], rows[i].len() as f32);
         let rest: f32 = rows[i][full..]
             .iter()
             .map(|v| (v - mean) * (v - mean))
             .sum();
-        let var = (lanes[i].iter().sum::<f32>() + rest) / d;
+        let var = (lanes[i].iter().sum::<f32>() + rest) / len;
         (mean, 1.0 / (var + eps).sqrt())
     })
 }
@@ -343,47 +368,30 @@ unsafe fn mean_and_inv_std_avx2<const R: usize>(rows: [&[f32]; R], eps: f32) -> 
         __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps,
         _mm256_sub_ps,
     };
-    let len = rows.first().map_or(0, |row| row.len());
-    assert!(
-        rows.iter().all(|row| row.len() == len),
-        "rows of one length"
-    );
-    let d = len as f32;
-    let chunks = len / LANES;
-    let full = chunks * LANES;
+    let full = whole_chunks(&rows);
     let starts = rows.map(<[f32]>::as_ptr);
     // SAFETY: an __m256 is eight f32.
     let lanes = |v: __m256| -> [f32; LANES] { unsafe { std::mem::transmute(v) } };
     // SAFETY (the intrinsics): the caller's CPU has AVX2; every load reads LANES values at
-    // c·LANES ≤ full − LANES of a row of `len` ≥ full values.
+    // c ≤ full − LANES of a row of at least `full` values.
     let mut sums = [unsafe { _mm256_setzero_ps() }; R];
-    for c in 0..chunks {
+    for c in (0..full).step_by(LANES) {
         for i in 0..R {
-            sums[i] = unsafe { _mm256_add_ps(sums[i], _mm256_loadu_ps(starts[i].add(c * LANES))) };
+            sums[i] = unsafe { _mm256_add_ps(sums[i], _mm256_loadu_ps(starts[i].add(c))) };
         }
     }
-    let means: [f32; R] = std::array::from_fn(|i| {
-        (lanes(sums[i]).iter().sum::<f32>() + rows[i][full..].iter().sum::<f32>()) / d
-    });
+    let means = row_means(&rows, &sums.map(lanes));
     let centres = means.map(|mean| unsafe { _mm256_set1_ps(mean) });
     let mut squares = [unsafe { _mm256_setzero_ps() }; R];
-    for c in 0..chunks {
+    for c in (0..full).step_by(LANES) {
         for i in 0..R {
             unsafe {
-                let v = _mm256_sub_ps(_mm256_loadu_ps(starts[i].add(c * LANES)), centres[i]);
+                let v = _mm256_sub_ps(_mm256_loadu_ps(starts[i].add(c)), centres[i]);
                 squares[i] = _mm256_add_ps(squares[i], _mm256_mul_ps(v, v));
             }
         }
     }
-    std::array::from_fn(|i| {
-        let mean = means[i];
-        let rest: f32 = rows[i][full..]
-            .iter()
-            .map(|v| (v - mean) * (v - mean))
-            .sum();
-        let var = (lanes(squares[i]).iter().sum::<f32>() + rest) / d;
-        (mean, 1.0 / (var + eps).sqrt())
-    })
+    row_statistics(&rows, means, &squares.map(lanes), eps)
 }
 
 /// Σ x² in f64, in eight independent lanes so that it vectorises (the optimizer's gradient norm).
