@@ -19,7 +19,7 @@ pub use host::HostSpread;
 
 use std::sync::Arc;
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::Module;
 use rand::RngExt;
@@ -322,11 +322,11 @@ impl<'a> LastLayer<'a> {
         rows: &LayerRows,
         which: &[usize],
     ) -> Result<Output> {
-        if self.host.is_none() {
+        let Some(host) = &self.host else {
             let batch = rows.batch(which, self.value_device())?;
             return detached(self.forward(qk, &batch.inputs, &batch.lengths)?);
-        }
-        let set = self.host_rows_of(rows, which)?;
+        };
+        let set = self.host_rows_of(host, rows, which)?;
         let all: Vec<usize> = (0..which.len()).collect();
         self.evaluate_host_rows(qk, &set, &all)
     }
@@ -337,17 +337,21 @@ impl<'a> LastLayer<'a> {
     /// same reads and the same norm, row by row, and the host pass gives a row the same numbers
     /// whatever rows are beside it.
     pub fn host_rows(&self, rows: &LayerRows) -> Result<Option<HostRows>> {
-        if self.host.is_none() || rows.is_empty() {
+        let Some(host) = self.host.as_ref().filter(|_| !rows.is_empty()) else {
             return Ok(None);
-        }
+        };
         let all: Vec<usize> = (0..rows.len()).collect();
-        Ok(Some(self.host_rows_of(rows, &all)?))
+        Ok(Some(self.host_rows_of(host, rows, &all)?))
     }
 
-    /// Samples `which` of `rows` in the host pass's form (a layer with one): each sample's CLS
-    /// row kept, then its tokens normed, right after it is read.
-    fn host_rows_of(&self, rows: &LayerRows, which: &[usize]) -> Result<HostRows> {
-        let host = self.host.as_ref().expect("a layer with a host pass");
+    /// Samples `which` of `rows` in the form of the layer's host pass: each sample's CLS row
+    /// kept, then its tokens normed, right after it is read.
+    fn host_rows_of(
+        &self,
+        host: &host::HostLayer,
+        rows: &LayerRows,
+        which: &[usize],
+    ) -> Result<HostRows> {
         let d = rows.dim();
         let (batch, cls_inputs) = rows.host_batch_then(which, |tokens| {
             let cls_input = tokens[..d].to_vec();
@@ -382,10 +386,13 @@ impl<'a> LastLayer<'a> {
         set: &HostRows,
         which: &[usize],
     ) -> Result<Output> {
-        let host = self
-            .host
-            .as_ref()
-            .expect("HostRows exist only for a host pass");
+        let Some(host) = &self.host else {
+            bail!("held rows are evaluated by the host pass, and this layer has none");
+        };
+        let held = set.cls_inputs.len() / set.dim.max(1);
+        if let Some(&bad) = which.iter().find(|&&i| i >= held) {
+            bail!("held rows: sample {bad} of {held}");
+        }
         let (inputs, normed) = (
             set.gather(&set.cls_inputs, which),
             set.gather(&set.cls_normed, which),
