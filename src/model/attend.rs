@@ -103,6 +103,11 @@ impl KeyValues {
         })
     }
 
+    /// The host values it was made from ([`Self::from_host`]), for a buffer to be used again.
+    pub fn into_host_values(self) -> Vec<f32> {
+        self.tokens_data
+    }
+
     fn sample_tokens(&self, i: usize) -> &[f32] {
         let len = self.tokens * self.dim;
         &self.tokens_data[i * len..(i + 1) * len]

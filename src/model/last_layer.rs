@@ -17,7 +17,7 @@ mod host;
 
 pub use host::HostSpread;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Result, bail, ensure};
 use candle_core::{D, DType, Device, Tensor, Var};
@@ -144,6 +144,8 @@ pub struct LastLayer<'a> {
     readout: FrozenClassifier,
     /// The same pass written out by hand (`host`), on the CPU.
     host: Option<host::HostLayer>,
+    /// The last streamed batch's values, the next one's buffer ([`LayerRows::host_batch_then`]).
+    streamed_buffer: Mutex<Vec<f32>>,
 }
 
 /// The last layer after its attention, and for ViT the final LayerNorm.
@@ -175,6 +177,7 @@ impl<'a> LastLayer<'a> {
             rest,
             readout: classifier.frozen()?,
             host: None,
+            streamed_buffer: Mutex::new(Vec::new()),
         };
         layer.host = host::HostLayer::new(&layer)?;
         Ok(layer)
@@ -326,9 +329,20 @@ impl<'a> LastLayer<'a> {
             let batch = rows.batch(which, self.value_device())?;
             return detached(self.forward(qk, &batch.inputs, &batch.lengths)?);
         };
-        let set = self.host_rows_of(host, rows, which)?;
+        let buffer = std::mem::take(
+            &mut *self
+                .streamed_buffer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let set = self.host_rows_of(host, rows, which, buffer)?;
         let all: Vec<usize> = (0..which.len()).collect();
-        self.evaluate_host_rows(qk, &set, &all)
+        let out = self.evaluate_host_rows(qk, &set, &all);
+        *self
+            .streamed_buffer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = set.tokens.into_host_values();
+        out
     }
 
     /// Every sample of `rows` read and normed once for the host pass (the test set, when it fits
@@ -341,19 +355,20 @@ impl<'a> LastLayer<'a> {
             return Ok(None);
         };
         let all: Vec<usize> = (0..rows.len()).collect();
-        Ok(Some(self.host_rows_of(host, rows, &all)?))
+        Ok(Some(self.host_rows_of(host, rows, &all, Vec::new())?))
     }
 
-    /// Samples `which` of `rows` in the form of the layer's host pass: each sample's CLS row
-    /// kept, then its tokens normed, right after it is read.
+    /// Samples `which` of `rows` in the form of the layer's host pass, written into `buffer`:
+    /// each sample's CLS row kept, then its tokens normed, right after it is read.
     fn host_rows_of(
         &self,
         host: &host::HostLayer,
         rows: &LayerRows,
         which: &[usize],
+        buffer: Vec<f32>,
     ) -> Result<HostRows> {
         let d = rows.dim();
-        let (batch, cls_inputs) = rows.host_batch_then(which, |tokens| {
+        let (batch, cls_inputs) = rows.host_batch_then(which, buffer, |tokens| {
             let cls_input = tokens[..d].to_vec();
             host.normalise_sample(tokens);
             cls_input
