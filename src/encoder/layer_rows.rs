@@ -495,6 +495,25 @@ mod tests {
         assert!(rows.batch(&[2], &Device::Cpu).is_err());
     }
 
+    /// A batch written into an earlier batch's buffer, longer or shorter and full of other
+    /// values, is the fresh batch: every value read or set to the padding's 0.
+    #[test]
+    fn a_reused_buffer_leaves_nothing_of_the_earlier_batch() {
+        let values: Vec<f32> = (0..2 * 3 * 2).map(|v| v as f32 + 1.0).collect();
+        let padded = Tensor::from_vec(values, (2, 3, 2), &Device::Cpu).unwrap();
+        let rows = LayerRows::from_padded(&padded, vec![3, 1]).unwrap();
+        let fresh = rows.host_batch(&[1, 0]).unwrap();
+        for buffer in [vec![f32::NAN; 40], vec![f32::NAN; 5], Vec::new()] {
+            let (reused, firsts) = rows
+                .host_batch_then(&[1, 0], buffer, |sample| sample[0])
+                .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&reused.values), bits(&fresh.values));
+            assert_eq!(reused.values[2..6], [0.0; 4]);
+            assert_eq!(firsts, [7.0, 1.0]);
+        }
+    }
+
     /// Rows spilled to `dir`: two samples of 3 × 2 values.
     fn spilled(dir: &std::path::Path) -> (LayerRows, Vec<Vec<Vec<f32>>>) {
         let values: Vec<f32> = (0..2 * 3 * 2).map(|v| v as f32 * 0.25).collect();
