@@ -307,13 +307,7 @@ impl<'a> LastLayer<'a> {
         let Some(host) = &self.host else {
             return detached(self.forward_resident(qk, set, rows)?);
         };
-        let (inputs, normed) = set.cls_rows(rows);
-        let cls = host::ClsRows {
-            inputs: &inputs,
-            normed: &normed,
-        };
-        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, &set.tokens, rows))?;
-        self.output(logits, probs, rows.len(), &set.tokens)
+        self.host_output(host, qk, set.cls_rows(rows), &set.tokens, rows)
     }
 
     /// [`Self::forward`] for evaluation, on samples `which` of cached layer inputs: detached, and
@@ -408,16 +402,29 @@ impl<'a> LastLayer<'a> {
         if let Some(&bad) = which.iter().find(|&&i| i >= held) {
             bail!("held rows: sample {bad} of {held}");
         }
-        let (inputs, normed) = (
+        let cls_rows = (
             set.gather(&set.cls_inputs, which),
             set.gather(&set.cls_normed, which),
         );
+        self.host_output(host, qk, cls_rows, &set.tokens, which)
+    }
+
+    /// The host pass's logits and CLS attention of samples `rows` of `tokens`, given their CLS
+    /// rows (the layer inputs', and normed), detached.
+    fn host_output(
+        &self,
+        host: &host::HostLayer,
+        qk: &QueryKey,
+        (inputs, normed): (Vec<f32>, Vec<f32>),
+        tokens: &KeyValues,
+        rows: &[usize],
+    ) -> Result<Output> {
         let cls = host::ClsRows {
             inputs: &inputs,
             normed: &normed,
         };
-        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, &set.tokens, which))?;
-        self.output(logits, probs, which.len(), &set.tokens)
+        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, tokens, rows))?;
+        self.output(logits, probs, rows.len(), tokens)
     }
 
     /// The mean cross-entropy of resident samples `rows` against `targets`, and its gradient for
