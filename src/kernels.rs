@@ -304,7 +304,7 @@ fn mean_and_inv_std_kernel<const R: usize>(rows: [&[f32]; R], eps: f32) -> [(f32
             }
         }
     }
-    let means = row_means(&rows, &lanes);
+    let means = row_means(&rows, full, &lanes);
     let mut lanes = [[0f32; LANES]; R];
     for c in (0..full).step_by(LANES) {
         for ((lanes, row), &mean) in lanes.iter_mut().zip(&rows).zip(&means) {
@@ -313,7 +313,7 @@ fn mean_and_inv_std_kernel<const R: usize>(rows: [&[f32]; R], eps: f32) -> [(f32
             }
         }
     }
-    row_statistics(&rows, means, &lanes, eps)
+    row_statistics(&rows, full, means, &lanes, eps)
 }
 
 /// The values of `rows` (all of one length) that fill whole chunks of LANES.
@@ -327,10 +327,14 @@ fn whole_chunks<const R: usize>(rows: &[&[f32]; R]) -> usize {
     len - len % LANES
 }
 
-/// Each row's mean from its lanes' sums, plus the values past the last whole chunk.
+/// Each row's mean from its lanes' sums, plus the values from `full` (past the last whole
+/// chunk).
 #[inline(always)]
-fn row_means<const R: usize>(rows: &[&[f32]; R], lanes: &[[f32; LANES]; R]) -> [f32; R] {
-    let full = whole_chunks(rows);
+fn row_means<const R: usize>(
+    rows: &[&[f32]; R],
+    full: usize,
+    lanes: &[[f32; LANES]; R],
+) -> [f32; R] {
     std::array::from_fn(|i| {
         let len = rows[i].len() as f32;
         (lanes[i].iter().sum::<f32>() + rows[i][full..].iter().sum::<f32>()) / len
@@ -338,15 +342,15 @@ fn row_means<const R: usize>(rows: &[&[f32]; R], lanes: &[[f32; LANES]; R]) -> [
 }
 
 /// Each row's (mean, 1/√(variance + ε)) from its lanes' squared deviations, plus the values
-/// past the last whole chunk.
+/// from `full` (past the last whole chunk).
 #[inline(always)]
 fn row_statistics<const R: usize>(
     rows: &[&[f32]; R],
+    full: usize,
     means: [f32; R],
     lanes: &[[f32; LANES]; R],
     eps: f32,
 ) -> [(f32, f32); R] {
-    let full = whole_chunks(rows);
     std::array::from_fn(|i| {
         let (mean, len) = (means[i], rows[i].len() as f32);
         let rest: f32 = rows[i][full..]
@@ -380,7 +384,7 @@ unsafe fn mean_and_inv_std_avx2<const R: usize>(rows: [&[f32]; R], eps: f32) -> 
             sums[i] = unsafe { _mm256_add_ps(sums[i], _mm256_loadu_ps(starts[i].add(c))) };
         }
     }
-    let means = row_means(&rows, &sums.map(lanes));
+    let means = row_means(&rows, full, &sums.map(lanes));
     let centres = means.map(|mean| unsafe { _mm256_set1_ps(mean) });
     let mut squares = [unsafe { _mm256_setzero_ps() }; R];
     for c in (0..full).step_by(LANES) {
@@ -391,7 +395,7 @@ unsafe fn mean_and_inv_std_avx2<const R: usize>(rows: [&[f32]; R], eps: f32) -> 
             }
         }
     }
-    row_statistics(&rows, means, &squares.map(lanes), eps)
+    row_statistics(&rows, full, means, &squares.map(lanes), eps)
 }
 
 /// Σ x² in f64, in eight independent lanes so that it vectorises (the optimizer's gradient norm).

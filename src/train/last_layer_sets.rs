@@ -1,7 +1,7 @@
 //! The paper's phase-2 model as the loops call it: the last layer with its query and key over the
 //! fine-tune set held in memory and the test set held or streamed ([`TestRows`]), evaluated and
-//! stepped. `finetune`, the
-//! benches and the tests share it, so all of them time and check the route a run takes.
+//! stepped. `finetune`, the benches and the tests share it, so all of them time and check the
+//! route a run takes.
 
 use anyhow::Result;
 use candle_core::Tensor;
@@ -15,8 +15,8 @@ use crate::model::{LastLayer, QueryKey};
 /// and memory stays bounded whatever `--test-n` is (docs/performance.md, memory of a full-size
 /// run: ViT-Ti over MNIST's 10 000 test images takes 1.5 GB and streams). Held: the partial
 /// CIFAR-10's 1017 test images at ViT-Ti (154 MB), BreastMNIST's, TREC's. A scored epoch that
-/// streams re-reads and re-norms the set: at ViT-Ti over the 1017 that was 46 ms of its 0.11 s
-/// (machine E, 2026-11-26).
+/// streams re-reads and re-norms the set: at ViT-Ti over the 1017 a scored epoch took 100 ms
+/// streamed by the build before and 69 ms held (machine E, 2026-11-26; docs/performance.md).
 pub const RESIDENT_TEST_BYTES: usize = 256 << 20;
 
 /// The test set as the evaluations read it. Both give the same numbers, bit for bit
