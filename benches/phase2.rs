@@ -27,6 +27,7 @@ use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
 use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
+use benign_attention::train::look_ahead::LookAhead;
 use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{Device, Tensor};
@@ -107,6 +108,9 @@ fn main() {
         };
         let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
         let step = |rows: &[usize]| sets.step(rows);
+        // The fine-tune set's evaluation during the next epoch's steps, as `finetune` runs it.
+        let evaluating_step =
+            |rows: &[usize], earlier: &[Tensor]| sets.step_evaluating(rows, earlier);
         median(
             (0..5)
                 .map(|_| {
@@ -114,9 +118,14 @@ fn main() {
                         AdamW::new(qk.named(), OptimizerConfig::default(), block * steps).unwrap();
                     let started = Instant::now();
                     pool.install(|| {
+                        let look_ahead = LookAhead {
+                            step: &evaluating_step,
+                            kept: &|_| false,
+                        };
                         train_phase2(
                             &forward,
                             &step,
+                            Some(&look_ahead),
                             &mut opt,
                             &data,
                             0,

@@ -174,10 +174,19 @@ fn check_host_pass(
     )
     .unwrap();
     let grads = loss.backward().unwrap();
-    let (host_loss, host_grads) = layer
-        .host_step(qk, resident, &rows, &targets)
+    let step = layer
+        .host_step(qk, resident, &rows, &targets, None)
         .unwrap()
         .expect("the CPU has the host pass");
+    let (host_loss, host_grads) = (step.loss, step.gradients);
+    check_look_ahead(
+        layer,
+        qk,
+        resident,
+        &rows,
+        &targets,
+        (host_loss, &host_grads),
+    );
     let reference_loss = f64::from(loss.to_scalar::<f32>().unwrap());
     assert!(
         (host_loss - reference_loss).abs() <= 1e-5 * reference_loss.abs().max(1.0),
@@ -228,6 +237,56 @@ fn check_host_pass(
         );
     }
     (host_loss, host_grads, evaluated.logits)
+}
+
+/// A step that also evaluates its rows at other parameters (the training loop's look-ahead) is
+/// the plain step, bit for bit, and its evaluation is [`LastLayer::evaluate_resident`]'s at those
+/// parameters, bit for bit.
+fn check_look_ahead(
+    layer: &LastLayer,
+    qk: &QueryKey,
+    resident: &benign_attention::model::last_layer::ResidentSet,
+    rows: &[usize],
+    targets: &[u32],
+    (loss, grads): (f64, &[Tensor]),
+) {
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let values: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        values.iter().map(|v| v.to_bits()).collect()
+    };
+    let hidden = qk.wq.dim(0).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let earlier = QueryKey::reset(hidden, &mut rng, &Device::Cpu).unwrap();
+    let step = layer
+        .host_step(qk, resident, rows, targets, Some(&earlier))
+        .unwrap()
+        .expect("the CPU has the host pass");
+    assert_eq!(
+        step.loss.to_bits(),
+        loss.to_bits(),
+        "look-ahead step's loss"
+    );
+    for (a, b) in step.gradients.iter().zip(grads) {
+        assert_eq!(bits(a), bits(b), "look-ahead step's gradients");
+    }
+    let ahead = step.evaluated.expect("the step evaluated its rows");
+    let alone = layer.evaluate_resident(&earlier, resident, rows).unwrap();
+    assert_eq!(
+        bits(&ahead.logits),
+        bits(&alone.logits),
+        "look-ahead logits"
+    );
+    assert_eq!(
+        bits(&ahead.cls_attention),
+        bits(&alone.cls_attention),
+        "look-ahead attention"
+    );
+    let at_qk = layer.evaluate_resident(qk, resident, rows).unwrap();
+    assert_ne!(
+        bits(&ahead.logits),
+        bits(&at_qk.logits),
+        "the evaluation read the step's own parameters"
+    );
 }
 
 /// The same step on another device: loss and gradients to 1e-4 of the CPU's (the key bias's,

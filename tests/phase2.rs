@@ -8,6 +8,7 @@ use benign_attention::encoder::vit::{Vit, VitConfig};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
 use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
+use benign_attention::train::look_ahead::LookAhead;
 use benign_attention::train::loops::{
     EpochMetrics, Penalty, Phase2Data, Set, steps_per_epoch, train_phase2,
 };
@@ -71,6 +72,8 @@ fn train_tiny_last_layer(locater: f64, sample_threads: usize, batch: usize) -> T
     };
     let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
     let step = |rows: &[usize]| sets.step(rows);
+    // The fine-tune set's evaluation during the next epoch's steps, as `finetune` runs it.
+    let evaluating_step = |rows: &[usize], earlier: &[Tensor]| sets.step_evaluating(rows, earlier);
     let data = Phase2Data {
         labels: &labels,
         clean_labels: &clean,
@@ -110,9 +113,14 @@ fn train_tiny_last_layer(locater: f64, sample_threads: usize, batch: usize) -> T
     // metrics and the penalty's autograd on its threads too.
     sample_pool
         .install(|| {
+            let look_ahead = LookAhead {
+                step: &evaluating_step,
+                kept: &|_| false,
+            };
             train_phase2(
                 &forward,
                 &step,
+                Some(&look_ahead),
                 &mut opt,
                 &data,
                 0,

@@ -205,15 +205,15 @@ impl KeyValues {
         Ok(())
     }
 
-    /// Probabilities of every head of sample `i` in `probs` (H, T): scores R Xᵀ over its first L
-    /// tokens, then softmax(scale·s); the padding is set to exactly 0. softmax(scale·(s + c)) is
-    /// the same function: a head's bias c shifts its every score alike (which is also why its
-    /// gradient is 0), so it does not enter here.
+    /// Probabilities of the query rows of sample `i` in `probs` (one row of T per query in
+    /// `queries`, R×D): scores R Xᵀ over its first L tokens, then softmax(scale·s); the padding is
+    /// set to exactly 0. softmax(scale·(s + c)) is the same function: a head's bias c shifts its
+    /// every score alike (which is also why its gradient is 0), so it does not enter here.
     fn probabilities(&self, i: usize, queries: &[f32], probs: &mut [f32]) {
-        let (h, t, d, len) = (self.heads, self.tokens, self.dim, self.lengths[i]);
-        // S (H×T, columns past L unwritten) = R (H×D) · Xᵀ.
+        let (t, d, len) = (self.tokens, self.dim, self.lengths[i]);
+        // S (R×T, columns past L unwritten) = R (R×D) · Xᵀ.
         row_scores(
-            h,
+            queries.len() / d,
             Rows {
                 data: queries,
                 stride: d,
@@ -222,7 +222,7 @@ impl KeyValues {
             probs,
             t,
         );
-        for row in probs.chunks_mut(t) {
+        for row in probs.chunks_mut(t).take(queries.len() / d) {
             let (row, padding) = row.split_at_mut(len);
             padding.fill(0.0);
             // The vectorised softmax the encoder's attention uses.
@@ -232,7 +232,9 @@ impl KeyValues {
 
     /// Sample `i`'s attention for its H `queries` (H×D) (any bias c drops out: see
     /// `probabilities`): the probabilities into `probs` (H×T, padding 0) and Σₜ pₜ xₜ into
-    /// `pooled` (H rows of row stride `pooled_stride`).
+    /// `pooled` (H rows of row stride `pooled_stride`). Any whole number of heads' rows may come
+    /// at once (the host pass's look-ahead evaluation sends the queries of two parameter sets):
+    /// each row's numbers are those it gets alone, and the sample's tokens are read once for all.
     pub(crate) fn sample_forward(
         &self,
         i: usize,
@@ -242,9 +244,9 @@ impl KeyValues {
         pooled_stride: usize,
     ) {
         self.probabilities(i, queries, probs);
-        // Pooled (H×D) = P (H×L) · X (L×D).
+        // Pooled (R×D) = P (R×L) · X (L×D).
         weighted_sums(
-            self.heads,
+            queries.len() / self.dim,
             Rows {
                 data: probs,
                 stride: self.tokens,

@@ -82,6 +82,23 @@ impl QueryKey {
         })
     }
 
+    /// The query and key as `params` hold them, in [`Self::named`]'s order: earlier values
+    /// kept by the training loop.
+    pub fn from_params(params: &[Tensor]) -> Result<Self> {
+        let [wq, bq, wk, bk] = params else {
+            bail!(
+                "the query and key take 4 tensors (weights and biases), got {}",
+                params.len()
+            );
+        };
+        Ok(Self {
+            wq: Var::from_tensor(wq)?,
+            bq: Var::from_tensor(bq)?,
+            wk: Var::from_tensor(wk)?,
+            bk: Var::from_tensor(bk)?,
+        })
+    }
+
     pub fn named(&self) -> Vec<(String, Var)> {
         vec![
             ("query.weight".into(), self.wq.clone()),
@@ -90,6 +107,15 @@ impl QueryKey {
             ("key.bias".into(), self.bk.clone()),
         ]
     }
+}
+
+/// What [`LastLayer::host_step`] gives: the batch's mean loss, its gradient for each of
+/// [`QueryKey::named`] in that order, and the rows evaluated at the look-ahead's parameters
+/// when it was given some.
+pub struct HostStep {
+    pub loss: f64,
+    pub gradients: Vec<Tensor>,
+    pub evaluated: Option<Output>,
 }
 
 /// A set held in memory as phase 2 reads it every step.
@@ -429,14 +455,18 @@ impl<'a> LastLayer<'a> {
 
     /// The mean cross-entropy of resident samples `rows` against `targets`, and its gradient for
     /// each of [`QueryKey::named`] in that order, from the host pass; `None` when the layer has
-    /// none (then autograd through [`Self::forward_resident`] is the route).
+    /// none (then autograd through [`Self::forward_resident`] is the route). With `look_ahead`,
+    /// the step also evaluates its rows at those parameters: the logits and attention
+    /// [`Self::evaluate_resident`] gives them, bit for bit, with each sample's tokens read once
+    /// for both.
     pub fn host_step(
         &self,
         qk: &QueryKey,
         set: &ResidentSet,
         rows: &[usize],
         targets: &[u32],
-    ) -> Result<Option<(f64, Vec<Tensor>)>> {
+        look_ahead: Option<&QueryKey>,
+    ) -> Result<Option<HostStep>> {
         let Some(host) = &self.host else {
             return Ok(None);
         };
@@ -445,19 +475,29 @@ impl<'a> LastLayer<'a> {
             inputs: &inputs,
             normed: &normed,
         };
-        let grads =
-            qk.on_host(|qk| host.loss_and_gradients(qk, &cls, &set.tokens, rows, targets))??;
+        let tokens = &set.tokens;
+        let grads = qk.on_host(|qk| match look_ahead {
+            None => host.loss_and_gradients(qk, &cls, tokens, rows, targets, None),
+            Some(ahead) => ahead.on_host(|ahead| {
+                host.loss_and_gradients(qk, &cls, tokens, rows, targets, Some(ahead))
+            })?,
+        })??;
         let device = qk.wq.device();
         let d = grads.bq.len();
-        Ok(Some((
-            f64::from(grads.loss),
-            vec![
+        let evaluated = match grads.evaluated {
+            Some(e) => Some(self.output(e.logits, e.probs, rows.len(), tokens)?),
+            None => None,
+        };
+        Ok(Some(HostStep {
+            loss: f64::from(grads.loss),
+            gradients: vec![
                 Tensor::from_vec(grads.wq, (d, d), device)?,
                 Tensor::from_vec(grads.bq, d, device)?,
                 Tensor::from_vec(grads.wk, (d, d), device)?,
                 Tensor::from_vec(grads.bk, d, device)?,
             ],
-        )))
+            evaluated,
+        }))
     }
 
     /// The host pass's logits (B×C) and attention (B×H×T) as an [`Output`].

@@ -3,9 +3,10 @@
 //! stepped. `finetune`, the benches and the tests share it, so all of them time and check the
 //! route a run takes.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use candle_core::Tensor;
 
+use super::look_ahead::EvaluatingStep;
 use super::loops::{Set, autograd_step};
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::last_layer::{HostRows, ResidentSet};
@@ -77,11 +78,11 @@ impl LastLayerSets<'_> {
     /// layer has one, else autograd through the differentiable resident forward.
     pub fn step(&self, rows: &[usize]) -> Result<(f64, Vec<Tensor>)> {
         let targets: Vec<u32> = rows.iter().map(|&i| self.labels[i]).collect();
-        if let Some(step) = self
-            .sample_pool
-            .install(|| self.layer.host_step(self.qk, self.finetune, rows, &targets))?
-        {
-            return Ok(step);
+        if let Some(step) = self.sample_pool.install(|| {
+            self.layer
+                .host_step(self.qk, self.finetune, rows, &targets, None)
+        })? {
+            return Ok((step.loss, step.gradients));
         }
         let forward = |_: Set, rows: &[usize]| {
             let out = self.layer.forward_resident(self.qk, self.finetune, rows)?;
@@ -89,5 +90,29 @@ impl LastLayerSets<'_> {
         };
         let vars = self.qk.named().into_iter().map(|(_, v)| v).collect();
         autograd_step(&forward, self.labels, vars)(rows)
+    }
+
+    /// [`Self::step`] through the host pass, with the rows also evaluated at `earlier`
+    /// parameters (in [`QueryKey::named`]'s order): what [`Self::evaluate`] gives them, bit for
+    /// bit, each sample's tokens read once for both ([`crate::train::look_ahead::LookAhead`]).
+    /// An error when the layer has no host pass.
+    pub fn step_evaluating(&self, rows: &[usize], earlier: &[Tensor]) -> Result<EvaluatingStep> {
+        let targets: Vec<u32> = rows.iter().map(|&i| self.labels[i]).collect();
+        let earlier = QueryKey::from_params(earlier)?;
+        let step = self
+            .sample_pool
+            .install(|| {
+                self.layer
+                    .host_step(self.qk, self.finetune, rows, &targets, Some(&earlier))
+            })?
+            .context("a step that evaluates too needs the host pass")?;
+        let evaluated = step
+            .evaluated
+            .context("the host pass returned no evaluation")?;
+        Ok((
+            step.loss,
+            step.gradients,
+            (evaluated.logits, evaluated.cls_attention),
+        ))
     }
 }

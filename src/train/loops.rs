@@ -6,6 +6,8 @@ use anyhow::Result;
 use candle_core::{D, Tensor, Var};
 use serde::Serialize;
 
+use super::look_ahead::LookAhead;
+use super::look_ahead::Pending;
 use super::metrics::{accuracy_where, attention_stats, evaluate};
 use super::optim::{AdamW, OptimizerConfig};
 use crate::encoder::layer_rows::LayerRows;
@@ -242,14 +244,27 @@ fn measure(
     score_test: bool,
 ) -> Result<EpochMetrics> {
     let (logits, attention) = forward_all(forward, Set::Finetune, data.labels.len())?;
-    let train = evaluate(&logits, data.labels)?;
-    let (max_cls_attention, attention_entropy) = attention_stats(&attention)?;
     let test = if score_test {
         let logits = test_logits(forward, data.test_labels.len())?;
         Some(evaluate(&logits, data.test_labels)?)
     } else {
         None
     };
+    metrics_of(&logits, &attention, data, epoch, batch_losses, test)
+}
+
+/// The metrics after `epoch` epochs from the fine-tune set's `logits` (N, C) and `attention`
+/// (N, …, T), the epoch's `batch_losses` and the test set's evaluation when scored.
+fn metrics_of(
+    logits: &Tensor,
+    attention: &Tensor,
+    data: &Phase2Data,
+    epoch: usize,
+    batch_losses: Option<&[f64]>,
+    test: Option<super::metrics::Evaluation>,
+) -> Result<EpochMetrics> {
+    let train = evaluate(logits, data.labels)?;
+    let (max_cls_attention, attention_entropy) = attention_stats(attention)?;
     Ok(EpochMetrics {
         epoch,
         train_loss: batch_losses.map_or(f64::NAN, |l| l.iter().sum::<f64>() / l.len() as f64),
@@ -270,12 +285,18 @@ fn measure(
 
 /// Phase 2: trains the optimizer's parameters by `step` on the noisy labels for epochs
 /// `start_epoch..epochs` (0-based) in the batch order of `shuffle`, evaluating through `forward`
-/// after each epoch and scoring the test set every `eval_every` epochs and after the last one. `optimizer` must have been built for all `epochs` (its state restored on resume).
-/// `penalty` joins the descended objective; the logged train loss stays the data loss.
+/// after each epoch and scoring the test set every `eval_every` epochs and after the last one.
+/// `optimizer` must have been built for all `epochs` (its state restored on resume). `penalty`
+/// joins the descended objective; the logged train loss stays the data loss.
+///
+/// `on_epoch` gets each epoch's metrics in order, with the optimizer when it still holds that
+/// epoch's end state; with `look_ahead` an epoch that is not scored, not kept and not
+/// interrupted is evaluated during the next one, and its metrics come without the optimizer.
 #[allow(clippy::too_many_arguments)]
 pub fn train_phase2(
     forward: &Forward,
     step: &Step,
+    look_ahead: Option<&LookAhead>,
     optimizer: &mut AdamW,
     data: &Phase2Data,
     start_epoch: usize,
@@ -285,19 +306,27 @@ pub fn train_phase2(
     eval_every: usize,
     penalty: Option<&Penalty>,
     measure_reset: bool,
-    on_epoch: &mut dyn FnMut(&EpochMetrics, &AdamW) -> Result<()>,
+    on_epoch: &mut dyn FnMut(&EpochMetrics, Option<&AdamW>) -> Result<()>,
 ) -> Result<()> {
     let n = data.labels.len();
     if measure_reset {
         // Epoch 0: right after the reset, before any step, with the test set scored, so that
         // the reset's cost and the noise's are two numbers.
-        on_epoch(&measure(forward, data, 0, None, true)?, optimizer)?;
+        on_epoch(&measure(forward, data, 0, None, true)?, Some(optimizer))?;
     }
+    let mut pending: Option<Pending> = None;
     for epoch in start_epoch..epochs {
         let order = shuffle.order(n, Stream::FinetuneShuffle, epoch);
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
         for batch in order.chunks(batch_size) {
-            let (loss, mut grads) = step(batch)?;
+            let (loss, mut grads) = match (&mut pending, look_ahead) {
+                (Some(pending), Some(look_ahead)) => {
+                    let (loss, grads, evaluated) = (look_ahead.step)(batch, &pending.params)?;
+                    pending.record(n, batch, &evaluated)?;
+                    (loss, grads)
+                }
+                _ => step(batch)?,
+            };
             if let Some(penalty) = penalty {
                 // The penalty's gradient joins the data loss's: they are the objective's.
                 let store = penalty()?.backward()?;
@@ -308,10 +337,30 @@ pub fn train_phase2(
             optimizer.apply(grads)?;
             losses.push(loss);
         }
-        let last = epoch + 1 == epochs;
-        let score_test = last || (epoch + 1) % eval_every.max(1) == 0;
-        let metrics = measure(forward, data, epoch + 1, Some(&losses), score_test)?;
-        on_epoch(&metrics, optimizer)?;
+        if let Some(pending) = pending.take() {
+            let earlier = pending.finish(n)?;
+            let metrics = metrics_of(
+                &earlier.logits,
+                &earlier.attention,
+                data,
+                earlier.epoch,
+                Some(&earlier.batch_losses),
+                None,
+            )?;
+            on_epoch(&metrics, None)?;
+        }
+        let done = epoch + 1;
+        let last = done == epochs;
+        let score_test = last || done.is_multiple_of(eval_every.max(1));
+        let defer = look_ahead.is_some_and(|l| !(l.kept)(done))
+            && !score_test
+            && crate::interrupt::requested().is_none();
+        if defer {
+            pending = Some(Pending::new(done, losses, optimizer)?);
+        } else {
+            let metrics = measure(forward, data, done, Some(&losses), score_test)?;
+            on_epoch(&metrics, Some(optimizer))?;
+        }
     }
     Ok(())
 }
@@ -319,6 +368,7 @@ pub fn train_phase2(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::look_ahead::EvaluatingStep;
     use crate::train::metrics::evaluate;
     use candle_core::{DType, Device, Var};
     use rand::SeedableRng;
@@ -354,6 +404,95 @@ mod tests {
         let (max, _) = attention_stats(&attention).unwrap();
         let expected = (b as f64 * 0.5 + b as f64 / 3.0 + 22.0 * 0.25) / n as f64;
         assert!((max - expected).abs() < 1e-6, "{max} vs {expected}");
+    }
+
+    /// With a look-ahead, every epoch's metrics are those the loop measures at each epoch's end
+    /// without one, in the same order; the deferred epochs come without the optimizer, and the
+    /// kept, scored and last ones with it.
+    #[test]
+    fn look_ahead_gives_every_epochs_metrics_in_order() {
+        let (n, batch, epochs, eval_every, kept_epoch) = (10, 4, 7, 5, 3);
+        let labels: Vec<u32> = (0..n as u32).map(|k| k % 2).collect();
+        let mask: Vec<bool> = (0..n).map(|k| k % 3 == 0).collect();
+        let data = Phase2Data {
+            labels: &labels,
+            clean_labels: &labels,
+            noisy_mask: &mask,
+            test_labels: &labels[..4],
+        };
+        // Logits and attention that differ from row to row, at parameters `bias`.
+        let at = |bias: &Tensor, rows: &[usize]| -> Result<(Tensor, Tensor)> {
+            let scale: Vec<f32> = rows.iter().map(|&r| 1.0 + 0.1 * r as f32).collect();
+            let scale = Tensor::from_vec(scale, (rows.len(), 1), &Device::Cpu)?;
+            let logits = bias.unsqueeze(0)?.broadcast_mul(&scale)?;
+            let share = |r: usize| (r + 1) as f32 / (n + 1) as f32;
+            let attention: Vec<f32> = rows
+                .iter()
+                .flat_map(|&r| [share(r), 1.0 - share(r)])
+                .collect();
+            Ok((
+                logits,
+                Tensor::from_vec(attention, (rows.len(), 1, 2), &Device::Cpu)?,
+            ))
+        };
+        let run = |look: bool| -> Vec<(String, bool)> {
+            let bias =
+                Var::from_tensor(&Tensor::new(&[0.3f32, -0.2], &Device::Cpu).unwrap()).unwrap();
+            let forward = |_: Set, rows: &[usize]| at(bias.as_tensor(), rows);
+            let step = autograd_step(&forward, &labels, vec![bias.clone()]);
+            let evaluating = |rows: &[usize], earlier: &[Tensor]| -> Result<EvaluatingStep> {
+                let (loss, grads) = step(rows)?;
+                Ok((loss, grads, at(&earlier[0], rows)?))
+            };
+            let look_ahead = LookAhead {
+                step: &evaluating,
+                kept: &|epoch| epoch == kept_epoch,
+            };
+            let mut opt = AdamW::new(
+                vec![("bias".into(), bias.clone())],
+                OptimizerConfig {
+                    learning_rate: 0.1,
+                    ..Default::default()
+                },
+                epochs * steps_per_epoch(n, batch),
+            )
+            .unwrap();
+            let mut seen = Vec::new();
+            train_phase2(
+                &forward,
+                &step,
+                look.then_some(&look_ahead),
+                &mut opt,
+                &data,
+                0,
+                epochs,
+                batch,
+                Shuffle::own(3),
+                eval_every,
+                None,
+                true,
+                &mut |m, opt| {
+                    seen.push((format!("{m:?}"), opt.is_some()));
+                    Ok(())
+                },
+            )
+            .unwrap();
+            seen
+        };
+        let (plain, ahead) = (run(false), run(true));
+        assert_eq!(plain.len(), epochs + 1);
+        for (epoch, (a, b)) in plain.iter().zip(&ahead).enumerate() {
+            assert_eq!(a.0, b.0, "epoch {epoch}'s metrics");
+            assert!(a.1, "without a look-ahead every epoch has its optimizer");
+            let at_its_end =
+                epoch == 0 || epoch == kept_epoch || epoch % eval_every == 0 || epoch == epochs;
+            assert_eq!(b.1, at_its_end, "epoch {epoch}: optimizer given");
+        }
+        // The parameters moved: a deferred epoch's metrics differ from its neighbours'.
+        assert_ne!(
+            plain[1].0.replace("epoch: 1", ""),
+            plain[2].0.replace("epoch: 2", "")
+        );
     }
 
     fn authors(seed: u64) -> Shuffle {
@@ -396,6 +535,7 @@ mod tests {
         train_phase2(
             &forward,
             &step,
+            None,
             &mut opt,
             &data,
             0,

@@ -199,6 +199,15 @@ impl AdamW {
         self.params.iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }
 
+    /// A copy of every parameter as it is now, in the optimizer's order: the parameters change
+    /// in place at the next step.
+    pub fn snapshot(&self) -> Result<Vec<Tensor>> {
+        self.params
+            .iter()
+            .map(|(_, var)| Ok(var.as_tensor().copy()?))
+            .collect()
+    }
+
     /// Parameters and moments by name, for checkpoints.
     pub fn state(&self) -> Result<HashMap<String, Tensor>> {
         let mut state = HashMap::new();

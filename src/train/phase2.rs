@@ -10,6 +10,7 @@ use candle_core::{Tensor, Var};
 use super::attention_maps::{self, PER_KIND, Picks, Snapshot};
 use super::checkpoint::Checkpoint;
 use super::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
+use super::look_ahead::{EvaluatingStepFn, LookAhead};
 use super::loops::{
     EpochMetrics, Forward, Penalty, Phase2Data, Set, Step, autograd_step, steps_per_epoch,
     train_phase2,
@@ -169,6 +170,7 @@ impl Phase2Run<'_> {
         &self,
         forward: &Forward,
         step: &Step,
+        evaluating_step: Option<&EvaluatingStepFn>,
         params: Vec<(String, Var)>,
         rank_probe: Option<&dyn Fn() -> Result<f64>>,
     ) -> Result<Phase2Log> {
@@ -196,9 +198,12 @@ impl Phase2Run<'_> {
         }
         progress.stage("phase 2 epochs", config.epochs);
         progress.advance(start_epoch);
+        let kept = |epoch: usize| checkpoints.writes(epoch);
+        let look_ahead = evaluating_step.map(|step| LookAhead { step, kept: &kept });
         train_phase2(
             forward,
             step,
+            look_ahead.as_ref(),
             &mut opt,
             data,
             start_epoch,
@@ -212,9 +217,9 @@ impl Phase2Run<'_> {
             penalty.as_deref(),
             // A fresh run logs epoch 0 (right after the reset) first; a resumed one has it.
             log.is_empty(),
-            &mut |m: &EpochMetrics, opt: &AdamW| {
+            &mut |m: &EpochMetrics, opt: Option<&AdamW>| {
                 let mut m = m.clone();
-                if m.test_acc.is_some() {
+                if let (Some(opt), true) = (opt, m.test_acc.is_some()) {
                     m.qk_spectrum = Some(qk_spectrum(opt, shape)?);
                     m.rank_collapse = rank_probe.map(|probe| probe()).transpose()?;
                 }
@@ -224,6 +229,11 @@ impl Phase2Run<'_> {
                 let epoch = m.epoch;
                 progress.logged(&m);
                 log.push(m);
+                // An epoch evaluated during the next one: the optimizer has moved on, and that
+                // epoch's end is neither kept nor the place to stop.
+                let Some(opt) = opt else {
+                    return Ok(());
+                };
                 let stop = crate::interrupt::requested();
                 if checkpoints.due(epoch) || stop.is_some() {
                     checkpoints.save(epoch, Some(opt), &log, Some(&reset))?;
@@ -321,7 +331,20 @@ fn train_last_layer(
     };
     let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
     let step = |rows: &[usize]| sets.step(rows);
-    let train = || run.train(&forward, &step, qk.named(), Some(&rank_probe));
+    let evaluating_step = |rows: &[usize], earlier: &[Tensor]| sets.step_evaluating(rows, earlier);
+    let train = || {
+        // The look-ahead evaluation is the host pass's.
+        let evaluating_step = layer
+            .has_host_pass()
+            .then_some(&evaluating_step as &EvaluatingStepFn);
+        run.train(
+            &forward,
+            &step,
+            evaluating_step,
+            qk.named(),
+            Some(&rank_probe),
+        )
+    };
     if !layer.has_host_pass() {
         // Autograd's small ops stay on the training pool (`--train-threads`).
         return train();
@@ -375,7 +398,7 @@ fn train_head(
         Ok((classifier.forward(&selection.pooled)?, selection.attention))
     };
     let step = autograd_step(&forward, run.data.labels, vars(&head.named()));
-    run.train(&forward, &step, head.named(), None)
+    run.train(&forward, &step, None, head.named(), None)
 }
 
 /// The variables of named parameters.

@@ -145,6 +145,11 @@ impl Checkpoints<'_> {
         anyhow::Error::new(stop).context(line)
     }
 
+    /// Whether [`Self::save`] writes a checkpoint after `epoch` epochs (no interrupt asked).
+    pub(super) fn writes(&self, epoch: usize) -> bool {
+        self.job.out.is_some() && self.job.checkpoint_every > 0 && self.due(epoch)
+    }
+
     pub(super) fn due(&self, epoch: usize) -> bool {
         epoch.is_multiple_of(self.job.checkpoint_every.max(1)) || epoch == self.job.config.epochs
     }

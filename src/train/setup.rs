@@ -62,7 +62,8 @@ pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
     // An unwritable cache is found now, not after the backbone work.
     let cache = FeatureCache::open(cache_root(job.places.cache_dir.as_deref()))?;
     let root = data::data_root(job.places.data_dir.as_deref());
-    let dataset = data::fetch::load_or_fetch(&config.dataset, &root, job.places.data_mirror.as_deref())?;
+    let dataset =
+        data::fetch::load_or_fetch(&config.dataset, &root, job.places.data_mirror.as_deref())?;
     let completeness = Completeness::of(&dataset);
     let (backbone, mut deviations) = load_backbone(config, &job.places, &device)?;
     let (plan, notes) = split_plan(config, &dataset, &completeness)?;

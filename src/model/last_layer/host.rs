@@ -262,6 +262,19 @@ struct ChunkGradients {
     grad_bias: Vec<f32>,
     /// ∂L/∂q₀ (rows, D)
     grad_q0: Vec<f32>,
+    /// The rows evaluated at the look-ahead's parameters.
+    evaluated: Option<Evaluated>,
+}
+
+/// What one chunk of a step reads: the parameters trained, those it evaluates its rows at as
+/// well (the look-ahead), and its rows.
+#[derive(Clone, Copy)]
+struct ChunkStep<'a> {
+    qk: &'a HostQk<'a>,
+    look_ahead: Option<&'a HostQk<'a>>,
+    cls: &'a ClsRows<'a>,
+    tokens: &'a KeyValues,
+    rows: &'a [usize],
 }
 
 impl ClsRows<'_> {
@@ -290,6 +303,30 @@ struct Trace {
     logits: Vec<f32>,
 }
 
+impl Trace {
+    /// Rows `b..` split off: their logits (what an evaluation keeps of them); the trace keeps
+    /// the first `b` rows' parts, for the backward.
+    fn split_off_rows(&mut self, b: usize) -> Vec<f32> {
+        let rows = self.rows.max(1);
+        let width = |v: &[f32]| v.len() / rows;
+        let (d, m, c) = (
+            width(&self.first_norm.normalised),
+            width(&self.pre_activation),
+            width(&self.logits),
+        );
+        for norm in [&mut self.first_norm, &mut self.second_norm] {
+            norm.normalised.truncate(b * d);
+            norm.inv_std.truncate(b);
+        }
+        self.pre_activation.truncate(b * m);
+        if let Some(y) = &mut self.pooled_features {
+            y.truncate(b * d);
+        }
+        self.rows = b;
+        self.logits.split_off(b * c)
+    }
+}
+
 /// The data loss of a batch and its gradient for each trained parameter.
 pub struct HostGradients {
     pub loss: f32,
@@ -297,6 +334,15 @@ pub struct HostGradients {
     pub bq: Vec<f32>,
     pub wk: Vec<f32>,
     pub bk: Vec<f32>,
+    /// The batch's rows evaluated at the look-ahead's parameters, when the step was given some.
+    pub evaluated: Option<Evaluated>,
+}
+
+/// Rows evaluated by a forward: logits (B×C) and the attention of each head (B×H×T).
+#[derive(Default)]
+pub struct Evaluated {
+    pub logits: Vec<f32>,
+    pub probs: Vec<f32>,
 }
 
 /// `a += b` element-wise.
@@ -409,7 +455,9 @@ impl HostLayer {
                     &cls.part(c * chunk, rows.len(), self.hidden),
                     tokens,
                     rows,
+                    None,
                 )
+                .0
             })
             .collect();
         let (mut logits, mut probs) = (Vec::new(), Vec::new());
@@ -421,7 +469,9 @@ impl HostLayer {
     }
 
     /// The mean cross-entropy of samples `rows` against `targets` and its gradient for the
-    /// query and key.
+    /// query and key; with `look_ahead`, the same rows evaluated at those parameters as well,
+    /// as [`Self::forward`] evaluates them (a row's numbers do not depend on the rows beside it),
+    /// reading each sample's tokens once for both.
     pub(super) fn loss_and_gradients(
         &self,
         qk: &HostQk,
@@ -429,6 +479,7 @@ impl HostLayer {
         tokens: &KeyValues,
         rows: &[usize],
         targets: &[u32],
+        look_ahead: Option<&HostQk>,
     ) -> Result<HostGradients> {
         ensure!(
             targets.len() == rows.len() && targets.iter().all(|&t| (t as usize) < self.classes),
@@ -444,34 +495,46 @@ impl HostLayer {
             .enumerate()
             .map(|(c, (chunk_rows, chunk_targets))| {
                 let cls = cls.part(c * chunk, chunk_rows.len(), self.hidden);
-                self.chunk_gradients(qk, &cls, tokens, chunk_rows, chunk_targets, rows.len())
+                let step = ChunkStep {
+                    qk,
+                    look_ahead,
+                    cls: &cls,
+                    tokens,
+                    rows: chunk_rows,
+                };
+                self.chunk_gradients(&step, chunk_targets, rows.len())
             })
             .collect();
         let mut whole = ChunkGradients::default();
+        let mut evaluated = look_ahead.map(|_| Evaluated::default());
         for part in parts {
             whole.loss_sum += part.loss_sum;
             whole.q0.extend_from_slice(&part.q0);
             whole.grad_queries.extend_from_slice(&part.grad_queries);
             whole.grad_bias.extend_from_slice(&part.grad_bias);
             whole.grad_q0.extend_from_slice(&part.grad_q0);
+            if let (Some(all), Some(part)) = (&mut evaluated, part.evaluated) {
+                all.logits.extend_from_slice(&part.logits);
+                all.probs.extend_from_slice(&part.probs);
+            }
         }
         let mut gradients = self.weight_gradients(cls, &whole, rows.len());
         gradients.loss = whole.loss_sum / rows.len() as f32;
+        gradients.evaluated = evaluated;
         Ok(gradients)
     }
 
     /// One chunk's forward, its share of the loss (the batch has `batch` rows) and the backward
     /// through its rows as far as the query row q₀: every step that is row by row.
-    fn chunk_gradients(
-        &self,
-        qk: &HostQk,
-        cls: &ClsRows,
-        tokens: &KeyValues,
-        rows: &[usize],
-        targets: &[u32],
-        batch: usize,
-    ) -> ChunkGradients {
-        let trace = self.trace(qk, cls, tokens, rows);
+    fn chunk_gradients(&self, step: &ChunkStep, targets: &[u32], batch: usize) -> ChunkGradients {
+        let ChunkStep {
+            qk,
+            look_ahead,
+            cls,
+            tokens,
+            rows,
+        } = *step;
+        let (trace, evaluated) = self.trace(qk, cls, tokens, rows, look_ahead);
         let c = self.classes;
         let mut grad_logits = Vec::with_capacity(trace.logits.len());
         let mut loss_sum = 0f32;
@@ -488,25 +551,54 @@ impl HostLayer {
         let mut part = self.backward_attention(qk, tokens, rows, &trace, &grad_context);
         part.loss_sum = loss_sum;
         part.q0 = trace.q0;
+        part.evaluated = evaluated;
         part
     }
 
-    /// The forward, keeping what the backward reads.
-    fn trace(&self, qk: &HostQk, cls: &ClsRows, tokens: &KeyValues, rows: &[usize]) -> Trace {
-        let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
-        let (_, _, t) = tokens.geometry();
+    /// The forward, keeping what the backward reads; with `look_ahead`, the same rows at those
+    /// parameters as well, returned as an evaluation. Both share each sample's read of its tokens
+    /// and the frozen products, whose rows are then twice as many.
+    fn trace(
+        &self,
+        qk: &HostQk,
+        cls: &ClsRows,
+        tokens: &KeyValues,
+        rows: &[usize],
+        look_ahead: Option<&HostQk>,
+    ) -> (Trace, Option<Evaluated>) {
         let b = rows.len();
-        // q₀ (B×D) = x̂₀ W_Qᵀ + b_Q, and rₕ (B×D, row stride H·D) = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D);
-        // cₕ = q₀ₕ·b_Kₕ drops out of the softmax (`KeyValues::sample_forward`). Each entry of
-        // x̂₀ W_Qᵀ is a dot product of two rows, as a score is: the scores kernel reads W_Q where
-        // it lies, where gemm re-packed it on every call.
+        let (q0, queries) = self.query_rows(qk, cls.normed);
+        let Some(look_ahead) = look_ahead else {
+            let (probs, pooled) = self.attend(tokens, rows, &queries);
+            return (self.trace_rest(q0, probs, &pooled, cls.inputs), None);
+        };
+        let (_, ahead_queries) = self.query_rows(look_ahead, cls.normed);
+        let (probs, ahead_probs, pooled) = self.attend_both(tokens, rows, &queries, &ahead_queries);
+        // Each evaluated row's residual is its sample's input, as the trained row's.
+        let inputs = [cls.inputs, cls.inputs].concat();
+        let mut trace = self.trace_rest(q0, probs, &pooled, &inputs);
+        let logits = trace.split_off_rows(b);
+        let evaluated = Evaluated {
+            logits,
+            probs: ahead_probs,
+        };
+        (trace, Some(evaluated))
+    }
+
+    /// q₀ (B×D) = x̂₀ W_Qᵀ + b_Q of the CLS rows `normed`, and the query directions rₕ (B×H×D)
+    /// = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D); cₕ = q₀ₕ·b_Kₕ drops out of the softmax
+    /// (`KeyValues::sample_forward`).
+    fn query_rows(&self, qk: &HostQk, normed: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
+        let b = normed.len() / d;
+        // Each entry of x̂₀ W_Qᵀ is a dot product of two rows, as a score is: the scores kernel
+        // reads W_Q where it lies, where gemm re-packed it on every call.
         let mut q0 = vec![0f32; b * d];
         let mut queries = vec![0f32; b * h * d];
-        let min_len = self.spread.min_len();
         q0.par_chunks_mut(GEMM_ROWS * d)
             .zip(queries.par_chunks_mut(GEMM_ROWS * h * d))
-            .zip(cls.normed.par_chunks(GEMM_ROWS * d))
-            .with_min_len(min_len)
+            .zip(normed.par_chunks(GEMM_ROWS * d))
+            .with_min_len(self.spread.min_len())
             .for_each(|((q0, queries), normed)| {
                 let rows = q0.len() / d;
                 row_scores(
@@ -533,25 +625,86 @@ impl HostLayer {
                     );
                 }
             });
-        // The attention, a sample at a time.
+        (q0, queries)
+    }
+
+    /// The attention of samples `rows` for their `queries` (B×H×D), a sample at a time: the
+    /// probabilities (B×H×T) and the pooled tokens (B×H×D).
+    fn attend(&self, tokens: &KeyValues, rows: &[usize], queries: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let (h, d) = (self.heads, self.hidden);
+        let (_, _, t) = tokens.geometry();
+        let b = rows.len();
         let mut probs = vec![0f32; b * h * t];
         let mut pooled = vec![0f32; b * h * d];
         probs
             .par_chunks_mut(h * t)
             .zip(pooled.par_chunks_mut(h * d))
             .enumerate()
-            .with_min_len(min_len)
+            .with_min_len(self.spread.min_len())
             .for_each(|(bi, (p, y))| {
                 tokens.sample_forward(rows[bi], &queries[bi * h * d..(bi + 1) * h * d], p, y, d)
             });
+        (probs, pooled)
+    }
+
+    /// [`Self::attend`] for two sets of queries of the same samples, each sample's tokens read
+    /// once for both: the probabilities of each (B×H×T), and the pooled tokens of the first set's
+    /// rows followed by the second's (2B×H×D).
+    fn attend_both(
+        &self,
+        tokens: &KeyValues,
+        rows: &[usize],
+        queries: &[f32],
+        ahead_queries: &[f32],
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (h, d) = (self.heads, self.hidden);
+        let (_, _, t) = tokens.geometry();
+        let b = rows.len();
+        let (mut probs, mut ahead_probs) = (vec![0f32; b * h * t], vec![0f32; b * h * t]);
+        let mut pooled = vec![0f32; 2 * b * h * d];
+        let (first, second) = pooled.split_at_mut(b * h * d);
+        probs
+            .par_chunks_mut(h * t)
+            .zip(ahead_probs.par_chunks_mut(h * t))
+            .zip(first.par_chunks_mut(h * d))
+            .zip(second.par_chunks_mut(h * d))
+            .enumerate()
+            .with_min_len(self.spread.min_len())
+            .for_each_init(
+                || {
+                    (
+                        vec![0f32; 2 * h * d],
+                        vec![0f32; 2 * h * t],
+                        vec![0f32; 2 * h * d],
+                    )
+                },
+                |(both_queries, both_probs, both_pooled), (bi, (((p, ahead_p), y), ahead_y))| {
+                    let one = bi * h * d..(bi + 1) * h * d;
+                    both_queries[..h * d].copy_from_slice(&queries[one.clone()]);
+                    both_queries[h * d..].copy_from_slice(&ahead_queries[one]);
+                    tokens.sample_forward(rows[bi], both_queries, both_probs, both_pooled, d);
+                    p.copy_from_slice(&both_probs[..h * t]);
+                    ahead_p.copy_from_slice(&both_probs[h * t..]);
+                    y.copy_from_slice(&both_pooled[..h * d]);
+                    ahead_y.copy_from_slice(&both_pooled[h * d..]);
+                },
+            );
+        (probs, ahead_probs, pooled)
+    }
+
+    /// The layer after the attention and the classifier, over the rows of `pooled` (B×H×D) with
+    /// their residual `inputs` (B×D), keeping what the backward reads.
+    fn trace_rest(&self, q0: Vec<f32>, probs: Vec<f32>, pooled: &[f32], inputs: &[f32]) -> Trace {
+        let d = self.hidden;
+        let b = inputs.len() / d;
         let mut context = vec![0f32; b * d];
         self.value
-            .forward_rows(&pooled, &mut context, self.across_threads());
+            .forward_rows(pooled, &mut context, self.across_threads());
         // h = x₀ + O(context); a = N₁(h).
         let mut sum = vec![0f32; b * d];
         self.output
             .forward_rows(&context, &mut sum, self.across_threads());
-        add_into(&mut sum, cls.inputs);
+        add_into(&mut sum, inputs);
         let mut normed = vec![0f32; b * d];
         let first_norm = self.first_norm.forward(&sum, &mut normed);
         // z = N₂(residual + MLP(a)).
@@ -774,6 +927,7 @@ impl HostLayer {
             bq,
             wk,
             bk,
+            evaluated: None,
         }
     }
 }
