@@ -520,6 +520,42 @@ impl CustomOp1 for GeluErf {
 mod tests {
     use super::*;
 
+    /// gemm gives a row the same numbers whatever rows are beside it and however many, at the
+    /// shape of the host pass's per-head rₕ = q₀ₕW_Kₕ (k = dₕ: 32 for MiniLM, 64 for ViT-Ti/B and
+    /// BERT; D up to 768): the look-ahead evaluates a row in its step's group of rows, the
+    /// evaluation alone in groups of 8 in order, and both must give the same bits.
+    #[test]
+    fn gemm_rows_do_not_depend_on_the_rows_beside_them() {
+        for (d, dh) in [(384, 32), (192, 64), (768, 64)] {
+            let (heads, rows) = (d / dh, 8);
+            let q0 = test_values(rows * d, 3);
+            let wk = test_values(d * d, 5);
+            let product = |first: usize, count: usize, head: usize| -> Vec<f32> {
+                let mut out = vec![0f32; count * d];
+                gemm_into(
+                    (count, d, dh),
+                    (&mut out, d),
+                    (&q0[first * d + head * dh..], d as isize, 1),
+                    (&wk[head * dh * d..], d as isize, 1),
+                );
+                out
+            };
+            for head in [0, heads - 1] {
+                let all = product(0, rows, head);
+                for first in 0..rows {
+                    for count in 1..=rows - first {
+                        let some = product(first, count, head);
+                        let same = some
+                            .iter()
+                            .zip(&all[first * d..(first + count) * d])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "D {d}, dₕ {dh}: rows {first}..{} of 8", first + count);
+                    }
+                }
+            }
+        }
+    }
+
     /// A row's LayerNorm statistics among four are its own, bit for bit: the norms of the test
     /// set's tokens take four rows at a time, the CLS rows' one.
     #[test]
