@@ -93,7 +93,7 @@ impl Pending {
 
     /// The whole set's logits (N, C) and attention (N, …, T), once every row of the set of `n`
     /// has been evaluated, with the epoch and its batch losses.
-    pub(super) fn finish(self, n: usize) -> Result<Evaluated> {
+    pub(super) fn finish(self, n: usize) -> Result<EvaluatedEpoch> {
         ensure!(
             self.filled == n,
             "look-ahead: {} of {n} rows evaluated",
@@ -102,7 +102,7 @@ impl Pending {
         let classes = self.logits.len() / n.max(1);
         let mut shape = vec![n];
         shape.extend_from_slice(&self.attention_row);
-        Ok(Evaluated {
+        Ok(EvaluatedEpoch {
             epoch: self.epoch,
             batch_losses: self.batch_losses,
             logits: Tensor::from_vec(self.logits, (n, classes), &Device::Cpu)?,
@@ -112,7 +112,7 @@ impl Pending {
 }
 
 /// An epoch's fine-tune set evaluated by the look-ahead.
-pub(super) struct Evaluated {
+pub(super) struct EvaluatedEpoch {
     pub(super) epoch: usize,
     pub(super) batch_losses: Vec<f64>,
     pub(super) logits: Tensor,
