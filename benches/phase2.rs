@@ -28,7 +28,7 @@ use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
 use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
 use benign_attention::train::look_ahead::LookAhead;
-use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
+use benign_attention::train::loops::{Phase2Data, Phase2Model, Phase2Schedule, Set, train_phase2};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
@@ -123,18 +123,22 @@ fn main() {
                             kept: &|_| false,
                         };
                         train_phase2(
-                            &forward,
-                            &step,
-                            Some(&look_ahead),
+                            &Phase2Model {
+                                forward: &forward,
+                                step: &step,
+                                look_ahead: Some(&look_ahead),
+                                penalty: None,
+                            },
                             &mut opt,
                             &data,
-                            0,
-                            block,
-                            BATCH,
-                            Shuffle::own(0),
-                            usize::MAX,
-                            None,
-                            false,
+                            &Phase2Schedule {
+                                start_epoch: 0,
+                                epochs: block,
+                                batch_size: BATCH,
+                                shuffle: Shuffle::own(0),
+                                eval_every: usize::MAX,
+                                measure_reset: false,
+                            },
                             &mut |_, _| Ok(()),
                         )
                     })

@@ -40,7 +40,7 @@ use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::rng::Shuffle;
 use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
 use benign_attention::train::look_ahead::LookAhead;
-use benign_attention::train::loops::{Phase2Data, Set, train_phase2};
+use benign_attention::train::loops::{Phase2Data, Phase2Model, Phase2Schedule, Set, train_phase2};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
@@ -307,18 +307,22 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
         };
         let mut last = Instant::now();
         train_phase2(
-            &forward,
-            &step,
-            Some(&look_ahead),
+            &Phase2Model {
+                forward: &forward,
+                step: &step,
+                look_ahead: Some(&look_ahead),
+                penalty: None,
+            },
             &mut opt,
             &data,
-            0,
-            epochs,
-            BATCH,
-            Shuffle::own(0),
-            usize::MAX,
-            None,
-            false,
+            &Phase2Schedule {
+                start_epoch: 0,
+                epochs,
+                batch_size: BATCH,
+                shuffle: Shuffle::own(0),
+                eval_every: usize::MAX,
+                measure_reset: false,
+            },
             &mut |_, _| {
                 times.push(last.elapsed().as_secs_f64());
                 last = Instant::now();

@@ -10,7 +10,8 @@ use benign_attention::rng::Shuffle;
 use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
 use benign_attention::train::look_ahead::LookAhead;
 use benign_attention::train::loops::{
-    EpochMetrics, Penalty, Phase2Data, Set, steps_per_epoch, train_phase2,
+    EpochMetrics, Penalty, Phase2Data, Phase2Model, Phase2Schedule, Set, steps_per_epoch,
+    train_phase2,
 };
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use candle_core::{Device, Tensor};
@@ -118,18 +119,22 @@ fn train_tiny_last_layer(locater: f64, sample_threads: usize, batch: usize) -> T
                 kept: &|_| false,
             };
             train_phase2(
-                &forward,
-                &step,
-                Some(&look_ahead),
+                &Phase2Model {
+                    forward: &forward,
+                    step: &step,
+                    look_ahead: Some(&look_ahead),
+                    penalty: (locater > 0.0).then_some(&penalty as &Penalty),
+                },
                 &mut opt,
                 &data,
-                0,
-                epochs,
-                batch,
-                Shuffle::own(1),
-                10,
-                (locater > 0.0).then_some(&penalty as &Penalty),
-                false,
+                &Phase2Schedule {
+                    start_epoch: 0,
+                    epochs,
+                    batch_size: batch,
+                    shuffle: Shuffle::own(1),
+                    eval_every: 10,
+                    measure_reset: false,
+                },
                 &mut |m, _| {
                     log.push(m.clone());
                     Ok(())

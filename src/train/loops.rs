@@ -283,31 +283,60 @@ fn metrics_of(
     })
 }
 
-/// Phase 2: trains the optimizer's parameters by `step` on the noisy labels for epochs
-/// `start_epoch..epochs` (0-based) in the batch order of `shuffle`, evaluating through `forward`
-/// after each epoch and scoring the test set every `eval_every` epochs and after the last one.
-/// `optimizer` must have been built for all `epochs` (its state restored on resume). `penalty`
-/// joins the descended objective; the logged train loss stays the data loss.
+/// What phase 2 computes with: the evaluation of a set, the training step, and optionally the
+/// step that also evaluates the last epoch's parameters and a penalty on the trained ones.
+pub struct Phase2Model<'a> {
+    pub forward: &'a Forward<'a>,
+    pub step: &'a Step<'a>,
+    /// With it, an epoch that is not scored, not kept and not interrupted is evaluated during
+    /// the next one.
+    pub look_ahead: Option<&'a LookAhead<'a>>,
+    /// Joins the descended objective; the logged train loss stays the data loss.
+    pub penalty: Option<&'a Penalty<'a>>,
+}
+
+/// How phase 2 steps: the epochs to run, the batches, and when the test set is scored.
+pub struct Phase2Schedule {
+    /// Epochs `start_epoch..epochs` (0-based) run; `epochs` is the run's whole length.
+    pub start_epoch: usize,
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub shuffle: Shuffle,
+    /// The test set is scored every `eval_every` epochs and after the last one.
+    pub eval_every: usize,
+    /// Epoch 0 (right after the reset, before any step) is measured and logged first.
+    pub measure_reset: bool,
+}
+
+/// Phase 2: trains the optimizer's parameters by the model's step on the noisy labels for the
+/// schedule's epochs, in its batch order, evaluating through the model's forward after each
+/// epoch. `optimizer` must have been built for all the schedule's epochs (its state restored on
+/// resume).
 ///
 /// `on_epoch` gets each epoch's metrics in order, with the optimizer when it still holds that
-/// epoch's end state; with `look_ahead` an epoch that is not scored, not kept and not
-/// interrupted is evaluated during the next one, and its metrics come without the optimizer.
-#[allow(clippy::too_many_arguments)]
+/// epoch's end state; with a look-ahead, an epoch evaluated during the next one comes without
+/// the optimizer.
 pub fn train_phase2(
-    forward: &Forward,
-    step: &Step,
-    look_ahead: Option<&LookAhead>,
+    model: &Phase2Model,
     optimizer: &mut AdamW,
     data: &Phase2Data,
-    start_epoch: usize,
-    epochs: usize,
-    batch_size: usize,
-    shuffle: Shuffle,
-    eval_every: usize,
-    penalty: Option<&Penalty>,
-    measure_reset: bool,
+    schedule: &Phase2Schedule,
     on_epoch: &mut dyn FnMut(&EpochMetrics, Option<&AdamW>) -> Result<()>,
 ) -> Result<()> {
+    let Phase2Model {
+        forward,
+        step,
+        look_ahead,
+        penalty,
+    } = *model;
+    let Phase2Schedule {
+        start_epoch,
+        epochs,
+        batch_size,
+        shuffle,
+        eval_every,
+        measure_reset,
+    } = *schedule;
     let n = data.labels.len();
     if measure_reset {
         // Epoch 0: right after the reset, before any step, with the test set scored, so that
@@ -459,18 +488,22 @@ mod tests {
             .unwrap();
             let mut seen = Vec::new();
             train_phase2(
-                &forward,
-                &step,
-                look.then_some(&look_ahead),
+                &Phase2Model {
+                    forward: &forward,
+                    step: &step,
+                    look_ahead: look.then_some(&look_ahead),
+                    penalty: None,
+                },
                 &mut opt,
                 &data,
-                0,
-                epochs,
-                batch,
-                Shuffle::own(3),
-                eval_every,
-                None,
-                true,
+                &Phase2Schedule {
+                    start_epoch: 0,
+                    epochs,
+                    batch_size: batch,
+                    shuffle: Shuffle::own(3),
+                    eval_every,
+                    measure_reset: true,
+                },
                 &mut |m, opt| {
                     seen.push((format!("{m:?}"), opt.is_some()));
                     Ok(())
@@ -533,18 +566,22 @@ mod tests {
         let mut epoch_calls = Vec::new();
         let step = autograd_step(&forward, &labels, vec![bias.clone()]);
         train_phase2(
-            &forward,
-            &step,
-            None,
+            &Phase2Model {
+                forward: &forward,
+                step: &step,
+                look_ahead: None,
+                penalty: None,
+            },
             &mut opt,
             &data,
-            0,
-            epochs,
-            batch,
-            authors(seed),
-            usize::MAX,
-            None,
-            false,
+            &Phase2Schedule {
+                start_epoch: 0,
+                epochs,
+                batch_size: batch,
+                shuffle: authors(seed),
+                eval_every: usize::MAX,
+                measure_reset: false,
+            },
             &mut |_, _| {
                 epoch_calls.push(calls.borrow_mut().split_off(0));
                 Ok(())

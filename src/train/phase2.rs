@@ -12,8 +12,8 @@ use super::checkpoint::Checkpoint;
 use super::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
 use super::look_ahead::{EvaluatingStepFn, LookAhead};
 use super::loops::{
-    EpochMetrics, Forward, Penalty, Phase2Data, Set, Step, autograd_step, steps_per_epoch,
-    train_phase2,
+    EpochMetrics, Forward, Penalty, Phase2Data, Phase2Model, Phase2Schedule, Set, Step,
+    autograd_step, steps_per_epoch, train_phase2,
 };
 use super::optim::AdamW;
 use super::progress::Progress;
@@ -201,22 +201,26 @@ impl Phase2Run<'_> {
         let kept = |epoch: usize| checkpoints.writes(epoch);
         let look_ahead = evaluating_step.map(|step| LookAhead { step, kept: &kept });
         train_phase2(
-            forward,
-            step,
-            look_ahead.as_ref(),
+            &Phase2Model {
+                forward,
+                step,
+                look_ahead: look_ahead.as_ref(),
+                penalty: penalty.as_deref(),
+            },
             &mut opt,
             data,
-            start_epoch,
-            config.epochs,
-            config.batch_size,
-            Shuffle {
-                rng: config.rng,
-                seed: config.seed,
+            &Phase2Schedule {
+                start_epoch,
+                epochs: config.epochs,
+                batch_size: config.batch_size,
+                shuffle: Shuffle {
+                    rng: config.rng,
+                    seed: config.seed,
+                },
+                eval_every: config.eval_every,
+                // A fresh run logs epoch 0 (right after the reset) first; a resumed one has it.
+                measure_reset: log.is_empty(),
             },
-            config.eval_every,
-            penalty.as_deref(),
-            // A fresh run logs epoch 0 (right after the reset) first; a resumed one has it.
-            log.is_empty(),
             &mut |m: &EpochMetrics, opt: Option<&AdamW>| {
                 let mut m = m.clone();
                 if let (Some(opt), true) = (opt, m.test_acc.is_some()) {
