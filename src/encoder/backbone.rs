@@ -25,7 +25,8 @@ pub enum Model {
 
 pub enum Preprocessing {
     Image(ImagePreprocessor),
-    Text(TextPreprocessor),
+    /// Boxed: a tokenizer is over a kilobyte, an image preprocessor about a hundred bytes.
+    Text(Box<TextPreprocessor>),
 }
 
 /// Text options the authors fixed (max_length 128, no special tokens), as flags.
@@ -164,7 +165,7 @@ impl Backbone {
                     .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
                 let tokenizer =
                     TextPreprocessor::from_file(path, text.max_length, text.special_tokens)?;
-                (Model::Bert(model), Preprocessing::Text(tokenizer))
+                (Model::Bert(model), Preprocessing::Text(Box::new(tokenizer)))
             }
             other => bail!(
                 "{}: model_type {other:?} is not supported (vit or bert)",

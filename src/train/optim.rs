@@ -200,11 +200,19 @@ impl AdamW {
     }
 
     /// A copy of every parameter as it is now, in the optimizer's order: the parameters change
-    /// in place at the next step.
+    /// in place at the next step. The copies are variables, so that a model built on them
+    /// (`QueryKey::from_params`, at every step of the look-ahead) takes them without copying
+    /// them again.
     pub fn snapshot(&self) -> Result<Vec<Tensor>> {
         self.params
             .iter()
-            .map(|(_, var)| Ok(var.as_tensor().copy()?))
+            // `detach` shares the storage without the variable flag, so `from_tensor` copies it
+            // (a variable itself would be shared, and move at the next step).
+            .map(|(_, var)| {
+                Ok(Var::from_tensor(&var.as_tensor().detach())?
+                    .as_tensor()
+                    .clone())
+            })
             .collect()
     }
 
