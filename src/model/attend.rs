@@ -235,6 +235,8 @@ impl KeyValues {
     /// `pooled` (H rows of row stride `pooled_stride`). Any whole number of heads' rows may come
     /// at once (the host pass's look-ahead evaluation sends the queries of two parameter sets):
     /// each row's numbers are those it gets alone, and the sample's tokens are read once for all.
+    /// `next` is the sample the caller goes on to, if it knows: its tokens are brought into cache
+    /// meanwhile ([`weighted_sums`]).
     pub(crate) fn sample_forward(
         &self,
         i: usize,
@@ -242,6 +244,7 @@ impl KeyValues {
         probs: &mut [f32],
         pooled: &mut [f32],
         pooled_stride: usize,
+        next: Option<usize>,
     ) {
         self.probabilities(i, queries, probs);
         // Pooled (R×D) = P (R×L) · X (L×D).
@@ -254,13 +257,21 @@ impl KeyValues {
             self.unpadded(i),
             pooled,
             pooled_stride,
+            self.upcoming(next),
         );
+    }
+
+    /// The tokens of sample `next` a product prefetches, when there is one on the CPU.
+    fn upcoming(&self, next: Option<usize>) -> &[f32] {
+        next.filter(|&n| n < self.samples)
+            .map_or(&[], |n| self.unpadded(n).data)
     }
 
     /// The backward of [`Self::sample_forward`]. With g = ∂L/∂pooled and γ = ∂L/∂p (none: 0):
     /// ∂L/∂pₜ = g·xₜ + γₜ, ∂L/∂sₜ = pₜ(∂L/∂pₜ − Σᵤ pᵤ ∂L/∂pᵤ), ∂L/∂r = scale Σₜ (∂L/∂sₜ) xₜ into
     /// `grad_queries` (H×D), ∂L/∂c = scale Σₜ ∂L/∂sₜ into `grad_bias` (H). `probs`, g and γ are
-    /// H rows each.
+    /// H rows each. `next` as for [`Self::sample_forward`].
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn sample_backward(
         &self,
         i: usize,
@@ -269,6 +280,7 @@ impl KeyValues {
         grad_probs: Option<Rows>,
         grad_queries: &mut [f32],
         grad_bias: &mut [f32],
+        next: Option<usize>,
     ) {
         let (h, t) = (self.heads, self.tokens);
         // Past L every probability is 0, and so is every ∂L/∂s.
@@ -302,6 +314,7 @@ impl KeyValues {
             tokens,
             grad_queries,
             self.dim,
+            self.upcoming(next),
         );
     }
 
@@ -347,6 +360,7 @@ impl CustomOp2 for FusedAttend {
                     &mut probs,
                     sample_out,
                     width,
+                    self.rows.get(b + 1).copied(),
                 );
                 for (k, head_out) in sample_out.chunks_mut(width).enumerate() {
                     head_out[d..].copy_from_slice(&probs[k * t..(k + 1) * t]);
@@ -398,6 +412,7 @@ impl CustomOp2 for FusedAttend {
                     }),
                     gq,
                     gc,
+                    self.rows.get(bi + 1).copied(),
                 );
             });
         let device = queries.device();

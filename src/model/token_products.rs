@@ -70,7 +70,21 @@ pub fn row_scores(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usi
 }
 
 /// Y[h] = Σₜ W[h][t] X[t] for `heads` rows of W over the L tokens; Y's rows are overwritten.
-pub fn weighted_sums(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
+///
+/// `next` is what the caller reads after this (the next sample's tokens; empty for none): it is
+/// brought into cache a little at every block of rows, while this product works from the cache.
+/// The scores are the first product to touch a sample's tokens, and from memory they ran at
+/// about half their in-cache speed, however far ahead they asked for their own tokens: 24 rows
+/// of ViT-B's scores took 125–145 µs a sample from memory, 77 µs in cache, and 78–86 µs after
+/// the sums before them had asked for their tokens (a probe, machine G, 2026-11-27).
+pub fn weighted_sums(
+    heads: usize,
+    w: Rows,
+    x: Tokens,
+    y: &mut [f32],
+    y_stride: usize,
+    next: &[f32],
+) {
     check(
         heads,
         x.len,
@@ -82,15 +96,15 @@ pub fn weighted_sums(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: 
     check(heads, x.dim, y_stride, y.len(), "weighted_sums output");
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn avx2(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize) {
-        weighted_sums_kernel::<true>(heads, w, x, y, y_stride)
+    fn avx2(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize, next: &[f32]) {
+        weighted_sums_kernel::<true>(heads, w, x, y, y_stride, next)
     }
     #[cfg(target_arch = "x86_64")]
     if avx2_fma() {
         // SAFETY: the CPU has the features `avx2` is compiled for.
-        return unsafe { avx2(heads, w, x, y, y_stride) };
+        return unsafe { avx2(heads, w, x, y, y_stride, next) };
     }
-    weighted_sums_kernel::<false>(heads, w, x, y, y_stride)
+    weighted_sums_kernel::<false>(heads, w, x, y, y_stride, next)
 }
 
 /// Token blocks the scores read ahead of the one they work on.
@@ -115,19 +129,49 @@ fn prefetch_tokens(x: Tokens, first: usize, count: usize) {
     }
 }
 
-/// Asks for features `d0..d0 + width` of the SUM_TOKENS tokens from `first` (those that exist)
-/// to be brought into cache: the next block's part of the strip a weighted sum works on now.
-#[inline(always)]
-fn prefetch_strip(x: Tokens, first: usize, d0: usize, width: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for t in first..(first + SUM_TOKENS).min(x.len) {
-        for at in [t * x.dim + d0, t * x.dim + d0 + width - 1] {
+/// Brings a slice into cache in even parts over a fixed number of steps, a few lines at each.
+struct SpreadPrefetch<'a> {
+    data: &'a [f32],
+    steps: usize,
+    step: usize,
+}
+
+impl<'a> SpreadPrefetch<'a> {
+    /// 16 f32: one 64-byte line.
+    const LINE: usize = 16;
+
+    /// Nothing to bring.
+    fn none() -> Self {
+        Self::new(&[], 1)
+    }
+
+    fn new(data: &'a [f32], steps: usize) -> Self {
+        Self {
+            data,
+            steps: steps.max(1),
+            step: 0,
+        }
+    }
+
+    /// Asks for the next part (nothing once all steps are taken).
+    #[inline(always)]
+    fn advance(&mut self) {
+        let lines = self.data.len().div_ceil(Self::LINE);
+        let (from, to) = (
+            self.step * lines / self.steps,
+            (self.step + 1).min(self.steps) * lines / self.steps,
+        );
+        self.step += 1;
+        #[cfg(target_arch = "x86_64")]
+        for line in from..to {
             // SAFETY: a prefetch of an address inside the slice; it reads nothing.
             unsafe {
                 use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-                _mm_prefetch::<_MM_HINT_T0>(x.data.as_ptr().add(at).cast());
+                _mm_prefetch::<_MM_HINT_T0>(self.data.as_ptr().add(line * Self::LINE).cast());
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (from, to);
     }
 }
 
@@ -322,10 +366,15 @@ fn weighted_sums_kernel<const AVX2: bool>(
     x: Tokens,
     y: &mut [f32],
     y_stride: usize,
+    next: &[f32],
 ) {
     let dim = x.dim;
     const STRIP: usize = CHUNKS * LANES;
     let (strips_end, chunks_end) = (dim - dim % STRIP, dim - dim % LANES);
+    let mut upcoming = SpreadPrefetch::new(
+        next,
+        x.len.div_ceil(SUM_TOKENS).max(1) * (strips_end / STRIP) * heads.div_ceil(SUM_ROWS),
+    );
     // A block of tokens at a time, read in order, every strip of features and every row over
     // it; the accumulators wait in Y between blocks, so each output still sums its tokens in
     // order. At least one block, which zeroes Y when there are no tokens.
@@ -336,11 +385,19 @@ fn weighted_sums_kernel<const AVX2: bool>(
             end: (t0 + SUM_TOKENS).min(x.len),
         };
         for d0 in (0..strips_end).step_by(STRIP) {
-            prefetch_strip(x, block.end, d0, STRIP);
-            sums_all_rows::<CHUNKS, AVX2>(heads, d0, block, w, x, y, y_stride);
+            sums_all_rows::<CHUNKS, AVX2>(heads, d0, block, w, x, y, y_stride, &mut upcoming);
         }
         for d0 in (strips_end..chunks_end).step_by(LANES) {
-            sums_all_rows::<1, AVX2>(heads, d0, block, w, x, y, y_stride);
+            sums_all_rows::<1, AVX2>(
+                heads,
+                d0,
+                block,
+                w,
+                x,
+                y,
+                y_stride,
+                &mut SpreadPrefetch::none(),
+            );
         }
         t0 = block.end;
         if t0 >= x.len {
@@ -359,8 +416,12 @@ fn weighted_sums_kernel<const AVX2: bool>(
     }
 }
 
-/// Tokens a weighted-sums block reads: together with a strip of Y's rows, they stay in L1.
-const SUM_TOKENS: usize = 16;
+/// Tokens a weighted-sums block reads: together with a strip of Y's rows, they stay in L1. A
+/// block of rows loads its accumulators from Y and stores them back once per block, so a long
+/// block spends less on that: 24 rows of ViT-B's sums took 95–100 µs a sample in blocks of 16
+/// tokens and 73 µs in blocks of 64, their tokens in cache (machine G, 2026-11-27). The length
+/// does not change the numbers: each output still adds its tokens in order.
+const SUM_TOKENS: usize = 64;
 
 /// The tokens `start..end` of one block of [`weighted_sums`]; the first block (start 0)
 /// overwrites Y, the others add to it.
@@ -370,8 +431,10 @@ struct SumTokens {
     end: usize,
 }
 
-/// Features d0..d0+C·LANES of Y, a block of rows at a time.
+/// Features d0..d0+C·LANES of Y, a block of rows at a time, each block first asking for the
+/// next part of `upcoming`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn sums_all_rows<const C: usize, const AVX2: bool>(
     heads: usize,
     d0: usize,
@@ -380,9 +443,11 @@ fn sums_all_rows<const C: usize, const AVX2: bool>(
     x: Tokens,
     y: &mut [f32],
     y_stride: usize,
+    upcoming: &mut SpreadPrefetch,
 ) {
     let mut h0 = 0;
     while h0 + SUM_ROWS <= heads {
+        upcoming.advance();
         sums_block_any::<SUM_ROWS, C, AVX2>(h0, d0, block, w, x, y, y_stride);
         h0 += SUM_ROWS;
     }
@@ -550,11 +615,18 @@ mod tests {
                 let mut dispatched = vec![0f32; heads * dim];
                 let mut portable = vec![0f32; heads * dim];
                 let mut by_row = vec![0f32; heads * dim];
-                weighted_sums(heads, rows(&w, len), tokens, &mut dispatched, dim);
-                weighted_sums_kernel::<false>(heads, rows(&w, len), tokens, &mut portable, dim);
+                weighted_sums(heads, rows(&w, len), tokens, &mut dispatched, dim, &x);
+                weighted_sums_kernel::<false>(
+                    heads,
+                    rows(&w, len),
+                    tokens,
+                    &mut portable,
+                    dim,
+                    &[],
+                );
                 for h in 0..heads {
                     let one = rows(&w[h * len..], len);
-                    weighted_sums(1, one, tokens, &mut by_row[h * dim..], dim);
+                    weighted_sums(1, one, tokens, &mut by_row[h * dim..], dim, &[]);
                 }
                 assert_eq!(bits(&dispatched), bits(&portable), "sums {shape}");
                 assert_eq!(bits(&dispatched), bits(&by_row), "sums by row {shape}");
@@ -596,6 +668,7 @@ mod tests {
                         tokens,
                         &mut y,
                         y_stride,
+                        &r,
                     );
                     for h in 0..heads {
                         for t in 0..len {

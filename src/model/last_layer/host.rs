@@ -243,7 +243,8 @@ const EVAL_CHUNK: usize = 24;
 /// The two trained products whose entries are dot products of rows (x̂₀ W_Qᵀ, ∂L/∂rₕ W_Kₕ) go
 /// through the attention's scores kernel, which reads the weights in place: at 8 rows of ViT-B's
 /// width gemm took 410–430 µs for each, re-packing the weight, and the kernel 180–200 µs
-/// (machine E, 2026-11-26). rₕ stays with gemm (200–220 µs against the weighted-sums kernel's
+/// (machine E, 2026-11-26). Their numbers depend on no group, so they take all the rows at once
+/// and read each weight once ([`HostLayer::against_rows`]). rₕ stays with gemm (200–220 µs against the weighted-sums kernel's
 /// 280–300). Packing the query and key once per step for the frozen products' kernel was tried
 /// too: the same numbers, but three fresh 2.4 MB matrices per step slowed a ViT-B-size epoch
 /// (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two builds alternately).
@@ -430,6 +431,47 @@ impl HostLayer {
         self.spread == HostSpread::Operations
     }
 
+    /// The `b` rows of `rows` against every row of `weights` (N×D, D = the hidden width): the
+    /// B×N dot products, through the scores kernel. Across threads, each takes a share of the
+    /// weights' rows for all of `rows`, so the weights are read once.
+    fn against_rows(&self, rows: Rows, b: usize, weights: &[f32]) -> Vec<f32> {
+        let d = self.hidden;
+        let n = weights.len() / d;
+        let parts = if self.across_threads() {
+            rayon::current_num_threads().clamp(1, n.max(1))
+        } else {
+            1
+        };
+        let part_len = n.div_ceil(parts);
+        let blocks: Vec<Vec<f32>> = weights
+            .par_chunks(part_len * d)
+            .map(|part| {
+                let len = part.len() / d;
+                let mut block = vec![0f32; b * len];
+                row_scores(
+                    b,
+                    rows,
+                    Tokens {
+                        data: part,
+                        len,
+                        dim: d,
+                    },
+                    &mut block,
+                    len,
+                );
+                block
+            })
+            .collect();
+        let mut out = vec![0f32; b * n];
+        for (k, block) in blocks.iter().enumerate() {
+            let len = block.len() / b.max(1);
+            for (row, from) in out.chunks_exact_mut(n).zip(block.chunks_exact(len.max(1))) {
+                row[k * part_len..k * part_len + len].copy_from_slice(from);
+            }
+        }
+        out
+    }
+
     /// What the attention reads of one sample's layer inputs (its unpadded token rows), in place.
     pub(super) fn normalise_sample(&self, tokens: &mut [f32]) {
         if let Some(norm) = &self.pre_norm {
@@ -592,30 +634,24 @@ impl HostLayer {
         let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
         let b = normed.len() / d;
         // Each entry of x̂₀ W_Qᵀ is a dot product of two rows, as a score is: the scores kernel
-        // reads W_Q where it lies, where gemm re-packed it on every call.
-        let mut q0 = vec![0f32; b * d];
+        // reads W_Q where it lies, where gemm re-packed it on every call, and once for all the
+        // rows (a row's numbers do not depend on the rows beside it).
+        let mut q0 = self.against_rows(
+            Rows {
+                data: normed,
+                stride: d,
+            },
+            b,
+            qk.wq,
+        );
+        q0.chunks_exact_mut(d).for_each(|row| add_into(row, qk.bq));
         let mut queries = vec![0f32; b * h * d];
-        q0.par_chunks_mut(GEMM_ROWS * d)
-            .zip(queries.par_chunks_mut(GEMM_ROWS * h * d))
-            .zip(normed.par_chunks(GEMM_ROWS * d))
+        queries
+            .par_chunks_mut(GEMM_ROWS * h * d)
+            .zip(q0.par_chunks(GEMM_ROWS * d))
             .with_min_len(self.spread.min_len())
-            .for_each(|((q0, queries), normed)| {
+            .for_each(|(queries, q0)| {
                 let rows = q0.len() / d;
-                row_scores(
-                    rows,
-                    Rows {
-                        data: normed,
-                        stride: d,
-                    },
-                    Tokens {
-                        data: qk.wq,
-                        len: d,
-                        dim: d,
-                    },
-                    q0,
-                    d,
-                );
-                q0.chunks_exact_mut(d).for_each(|row| add_into(row, qk.bq));
                 for head in 0..h {
                     matmul(
                         (rows, d, dh),
@@ -642,7 +678,15 @@ impl HostLayer {
             .enumerate()
             .with_min_len(self.spread.min_len())
             .for_each(|(bi, (p, y))| {
-                tokens.sample_forward(rows[bi], &queries[bi * h * d..(bi + 1) * h * d], p, y, d)
+                let next = rows.get(bi + 1).copied();
+                tokens.sample_forward(
+                    rows[bi],
+                    &queries[bi * h * d..(bi + 1) * h * d],
+                    p,
+                    y,
+                    d,
+                    next,
+                )
             });
         (probs, pooled)
     }
@@ -682,7 +726,8 @@ impl HostLayer {
                     let one = bi * h * d..(bi + 1) * h * d;
                     both_queries[..h * d].copy_from_slice(&queries[one.clone()]);
                     both_queries[h * d..].copy_from_slice(&ahead_queries[one]);
-                    tokens.sample_forward(rows[bi], both_queries, both_probs, both_pooled, d);
+                    let next = rows.get(bi + 1).copied();
+                    tokens.sample_forward(rows[bi], both_queries, both_probs, both_pooled, d, next);
                     p.copy_from_slice(&both_probs[..h * t]);
                     ahead_p.copy_from_slice(&both_probs[h * t..]);
                     y.copy_from_slice(&both_pooled[..h * d]);
@@ -836,41 +881,44 @@ impl HostLayer {
                     None,
                     gq,
                     gc,
+                    // The samples go last to first.
+                    bi.checked_sub(1).map(|b| rows[b]),
                 );
             });
-        let mut grad_q0 = vec![0f32; b * d];
-        grad_q0
-            .par_chunks_mut(GEMM_ROWS * d)
-            .zip(grad_queries.par_chunks(GEMM_ROWS * h * d))
-            .zip(grad_bias.par_chunks(GEMM_ROWS * h))
+        // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ: dot products of rows again, the
+        // first term through the scores kernel, a head at a time for all the rows.
+        let per_head: Vec<Vec<f32>> = (0..h)
+            .into_par_iter()
             .with_min_len(self.spread.min_len())
-            .for_each(|((grad_q0, grad_queries), grad_bias)| {
-                let rows = grad_q0.len() / d;
-                for head in 0..h {
-                    // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ: dot products of rows
-                    // again, the first term through the scores kernel.
-                    row_scores(
-                        rows,
-                        Rows {
-                            data: &grad_queries[head * d..],
-                            stride: h * d,
-                        },
-                        Tokens {
-                            data: &qk.wk[head * dh * d..(head + 1) * dh * d],
-                            len: dh,
-                            dim: d,
-                        },
-                        &mut grad_q0[head * dh..],
-                        d,
-                    );
-                    let bias_k = &qk.bk[head * dh..(head + 1) * dh];
-                    for bi in 0..rows {
-                        let c = grad_bias[bi * h + head];
-                        let row = &mut grad_q0[bi * d + head * dh..bi * d + (head + 1) * dh];
-                        row.iter_mut().zip(bias_k).for_each(|(g, k)| *g += c * k);
-                    }
-                }
-            });
+            .map(|head| {
+                let mut block = vec![0f32; b * dh];
+                row_scores(
+                    b,
+                    Rows {
+                        data: &grad_queries[head * d..],
+                        stride: h * d,
+                    },
+                    Tokens {
+                        data: &qk.wk[head * dh * d..(head + 1) * dh * d],
+                        len: dh,
+                        dim: d,
+                    },
+                    &mut block,
+                    dh,
+                );
+                block
+            })
+            .collect();
+        let mut grad_q0 = vec![0f32; b * d];
+        for (head, block) in per_head.iter().enumerate() {
+            let bias_k = &qk.bk[head * dh..(head + 1) * dh];
+            for bi in 0..b {
+                let c = grad_bias[bi * h + head];
+                let row = &mut grad_q0[bi * d + head * dh..bi * d + (head + 1) * dh];
+                row.copy_from_slice(&block[bi * dh..(bi + 1) * dh]);
+                row.iter_mut().zip(bias_k).for_each(|(g, k)| *g += c * k);
+            }
+        }
         ChunkGradients {
             grad_queries,
             grad_bias,
