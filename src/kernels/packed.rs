@@ -11,6 +11,14 @@
 //! eight-lane accumulators in registers (one panel row: two loads, then a broadcast and two
 //! fused multiply-adds per row).
 //!
+//! While a product takes a panel, each of its blocks of rows asks for a share of the next panel's
+//! rows, one cache line every few steps, so that the next panel is in cache when its first block
+//! starts. A phase-2 step's weights (47 MB at ViT-B's width) come from memory, and without this
+//! the first block of every panel waited on them: 16 rows of a 3072 → 768 product ran at 36 G
+//! multiply-adds/s against 48 G with the weights in cache, and at 46 G with the prefetch; 32 rows
+//! of 768 → 3072 at 44 G, and at 54 G with it (one thread, machine G, 2026-11-27, a probe cycling
+//! over eight matrices).
+//!
 //! Every output sums its k terms in order, one fused multiply-add each, whatever the number of
 //! rows or the block a row falls in: a row's numbers do not depend on the batch.
 
@@ -197,22 +205,32 @@ unsafe fn product_kernel<const AVX2: bool, const ADD: bool>(
 ) {
     let k = b.k;
     let chunks = b.data.chunks_exact(k * PANEL).enumerate();
+    let blocks = m.div_ceil(BLOCK_ROWS);
     for (p, panel) in chunks.skip(panels.start).take(panels.len()) {
         let col = p * PANEL;
         let width = PANEL.min(b.n - col);
+        // The next panel of this call: each block of rows asks for its share of its rows.
+        let next = (p + 1 < panels.end).then(|| &b.data[(p + 1) * k * PANEL..][..k * PANEL]);
         let mut r0 = 0;
+        let mut nth = 0;
         while r0 < m {
             let rows = next_block_rows(m - r0);
             let mut out = [[0f32; PANEL]; BLOCK_ROWS];
             let a_rows = &a[r0 * a_stride..];
+            let ahead = next.map(|next| Ahead {
+                next,
+                first: nth * k / blocks,
+                every: blocks,
+            });
             match rows {
-                6 => block::<6, AVX2>(panel, k, a_rows, a_stride, &mut out),
-                5 => block::<5, AVX2>(panel, k, a_rows, a_stride, &mut out),
-                4 => block::<4, AVX2>(panel, k, a_rows, a_stride, &mut out),
-                3 => block::<3, AVX2>(panel, k, a_rows, a_stride, &mut out),
-                2 => block::<2, AVX2>(panel, k, a_rows, a_stride, &mut out),
-                _ => block::<1, AVX2>(panel, k, a_rows, a_stride, &mut out),
+                6 => block::<6, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
+                5 => block::<5, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
+                4 => block::<4, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
+                3 => block::<3, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
+                2 => block::<2, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
+                _ => block::<1, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
             }
+            nth += 1;
             for (r, values) in out[..rows].iter().enumerate() {
                 let at = (r0 + r) * dst_stride + col;
                 // SAFETY: the caller's contract (in bounds, and no other thread's columns).
@@ -236,6 +254,15 @@ fn next_block_rows(left: usize) -> usize {
     left.div_ceil(left.div_ceil(BLOCK_ROWS))
 }
 
+/// What a block asks for while it works: rows `first`, `first + 1`, … of the next panel (each
+/// 64 bytes, one cache line), one every `every` steps.
+#[derive(Clone, Copy)]
+struct Ahead<'a> {
+    next: &'a [f32],
+    first: usize,
+    every: usize,
+}
+
 /// R rows of `a` (row stride `a_stride`, k values each) times one panel into `out[..R]`.
 #[inline(always)]
 fn block<const R: usize, const AVX2: bool>(
@@ -244,6 +271,7 @@ fn block<const R: usize, const AVX2: bool>(
     a: &[f32],
     a_stride: usize,
     out: &mut [[f32; PANEL]; BLOCK_ROWS],
+    ahead: Option<Ahead>,
 ) {
     let rows: [&[f32]; R] = std::array::from_fn(|r| &a[r * a_stride..][..k]);
     let panel = &panel[..k * PANEL];
@@ -251,9 +279,10 @@ fn block<const R: usize, const AVX2: bool>(
     if AVX2 {
         // SAFETY: `AVX2` is set only inside a function compiled for AVX2 and FMA, on a CPU that
         // has them; the slices above hold what the loads read.
-        unsafe { block_avx2::<R>(panel, k, rows, out) };
+        unsafe { block_avx2::<R>(panel, k, rows, out, ahead) };
         return;
     }
+    let _ = ahead;
     for (r, row) in rows.iter().enumerate() {
         let mut acc = [0f32; PANEL];
         for (kk, &x) in row.iter().enumerate() {
@@ -275,11 +304,23 @@ unsafe fn block_avx2<const R: usize>(
     k: usize,
     rows: [&[f32]; R],
     out: &mut [[f32; PANEL]; BLOCK_ROWS],
+    ahead: Option<Ahead>,
 ) {
     use std::arch::x86_64::{
-        __m256, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps,
-        _mm256_storeu_ps,
+        __m256, _MM_HINT_T0, _mm_prefetch, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps,
+        _mm256_setzero_ps, _mm256_storeu_ps,
     };
+    // The next panel's rows this block asks for, from `line` to `end`, one every `every` steps.
+    let (next, mut line, end, every) = match ahead {
+        Some(a) => (
+            a.next.as_ptr(),
+            a.first,
+            (a.first + k.div_ceil(a.every)).min(k),
+            a.every,
+        ),
+        None => (panel.as_ptr(), 0, 0, 1),
+    };
+    let mut countdown = every;
     let rows = rows.map(<[f32]>::as_ptr);
     let w = panel.as_ptr();
     // SAFETY (every intrinsic): the caller's CPU has AVX2 and FMA; the panel holds k·PANEL
@@ -288,6 +329,15 @@ unsafe fn block_avx2<const R: usize>(
         let mut lo: [__m256; R] = [_mm256_setzero_ps(); R];
         let mut hi: [__m256; R] = [_mm256_setzero_ps(); R];
         for kk in 0..k {
+            if line < end {
+                countdown -= 1;
+                if countdown == 0 {
+                    countdown = every;
+                    // A prefetch reads nothing; `line` < k rows of the next panel.
+                    _mm_prefetch::<_MM_HINT_T0>(next.add(line * PANEL).cast());
+                    line += 1;
+                }
+            }
             let w_lo = _mm256_loadu_ps(w.add(kk * PANEL));
             let w_hi = _mm256_loadu_ps(w.add(kk * PANEL + 8));
             for r in 0..R {
