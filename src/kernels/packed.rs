@@ -11,13 +11,15 @@
 //! eight-lane accumulators in registers (one panel row: two loads, then a broadcast and two
 //! fused multiply-adds per row).
 //!
-//! While a product takes a panel, each of its blocks of rows asks for a share of the next panel's
-//! rows, one cache line every few steps, so that the next panel is in cache when its first block
-//! starts. A phase-2 step's weights (47 MB at ViT-B's width) come from memory, and without this
-//! the first block of every panel waited on them: 16 rows of a 3072 → 768 product ran at 36 G
+//! In [`PackedMatrix::product_parallel`] (phase 2 at ViT-B's width), while a product takes a
+//! panel, each of its blocks of rows asks for a share of the next panel's rows, one cache line
+//! every few steps, so that the next panel is in cache when its first block starts. A phase-2
+//! step's weights (47 MB at ViT-B's width) come from memory, and without this the first block of
+//! every panel waited on them: 16 rows of a 3072 → 768 product ran at 36 G
 //! multiply-adds/s against 48 G with the weights in cache, and at 46 G with the prefetch; 32 rows
 //! of 768 → 3072 at 44 G, and at 54 G with it (one thread, machine G, 2026-11-27, a probe cycling
-//! over eight matrices).
+//! over eight matrices). Extraction's products, whose weights serve many blocks of rows in a row
+//! and stay in cache, do without: asking there slowed MiniLM's forward by about a tenth.
 //!
 //! Every output sums its k terms in order, one fused multiply-add each, whatever the number of
 //! rows or the block a row falls in: a row's numbers do not depend on the batch.
@@ -85,8 +87,10 @@ impl PackedMatrix {
     /// dst = a · B as [`Self::product`], the panels shared out over the threads of the current
     /// rayon pool: each thread reads its share of B once for all m rows. Rows split over threads
     /// instead each read all of B: at ViT-B's width a phase-2 layer's weights (47 MB with their
-    /// transposes) do not fit any cache, and each thread streamed them all from memory. The
-    /// numbers are [`Self::product`]'s, bit for bit, on any number of threads.
+    /// transposes) do not fit any cache, and each thread streamed them all from memory. Since they
+    /// come from memory, each block of rows asks for its share of the next panel (module doc),
+    /// on one thread too. The numbers are [`Self::product`]'s, bit for bit, on any number of
+    /// threads.
     pub(crate) fn product_parallel(
         &self,
         m: usize,
@@ -97,15 +101,19 @@ impl PackedMatrix {
         self.check(m, (a.len(), a_stride), (dst.len(), dst_stride));
         let panels = self.n.div_ceil(PANEL);
         let threads = rayon::current_num_threads().min(panels);
+        let avx2 = avx2_fma();
         if threads <= 1 || m == 0 {
-            return self.product(m, (a, a_stride), (dst, dst_stride));
+            let (all, dst) = (0..panels, (dst.as_mut_ptr(), dst_stride));
+            // SAFETY: `check` put every row and column written inside dst, borrowed mutably here.
+            return unsafe {
+                product_panels::<false>(self, all, m, (a, a_stride), dst, (avx2, true))
+            };
         }
         /// dst's first value, shared by the threads, each writing the columns of its own panels.
         struct Shared(*mut f32);
         // SAFETY: the threads write disjoint columns of dst (below), and dst outlives them.
         unsafe impl Sync for Shared {}
         let shared = Shared(dst.as_mut_ptr());
-        let avx2 = avx2_fma();
         (0..threads).into_par_iter().for_each(|t| {
             let share = panels * t / threads..panels * (t + 1) / threads;
             // The whole wrapper (Sync), not its field (a raw pointer, which is not).
@@ -113,7 +121,8 @@ impl PackedMatrix {
             // SAFETY: `check` put rows < m and columns < n of dst inside it; this thread writes
             // only the columns of panels `share`, which no other thread writes.
             unsafe {
-                product_panels::<false>(self, share, m, (a, a_stride), (shared.0, dst_stride), avx2)
+                let dst = (shared.0, dst_stride);
+                product_panels::<false>(self, share, m, (a, a_stride), dst, (avx2, true))
             }
         });
     }
@@ -147,12 +156,13 @@ impl PackedMatrix {
         let all = 0..self.n.div_ceil(PANEL);
         let dst = (dst.as_mut_ptr(), dst_stride);
         // SAFETY: `check` put every row and column written inside dst, borrowed mutably here.
-        unsafe { product_panels::<ADD>(self, all, m, (a, a_stride), dst, avx2_fma()) }
+        unsafe { product_panels::<ADD>(self, all, m, (a, a_stride), dst, (avx2_fma(), false)) }
     }
 }
 
 /// [`PackedMatrix::product`] over panels `panels` only, into dst at `dst.0` (row stride
-/// `dst.1`); the sums added to dst's values when `ADD`.
+/// `dst.1`); the sums added to dst's values when `ADD`; the next panel asked for as each is
+/// taken when `prefetch` (module doc).
 ///
 /// # Safety
 /// Rows < m and the columns of `panels` of dst must lie in memory the caller may write, and no
@@ -163,7 +173,7 @@ unsafe fn product_panels<const ADD: bool>(
     m: usize,
     (a, a_stride): (&[f32], usize),
     (dst, dst_stride): (*mut f32, usize),
-    avx2: bool,
+    (avx2, prefetch): (bool, bool),
 ) {
     if m == 0 || b.n == 0 {
         return;
@@ -176,18 +186,23 @@ unsafe fn product_panels<const ADD: bool>(
         m: usize,
         a: (&[f32], usize),
         dst: (*mut f32, usize),
+        prefetch: bool,
     ) {
         // SAFETY: the caller's.
-        unsafe { product_kernel::<true, ADD>(b, panels, m, a, dst) }
+        unsafe { product_kernel::<true, ADD>(b, panels, m, a, dst, prefetch) }
     }
     #[cfg(target_arch = "x86_64")]
     if avx2 {
         // SAFETY: the caller's; the CPU has the features `with_avx2` is compiled for.
-        return unsafe { with_avx2::<ADD>(b, panels, m, (a, a_stride), (dst, dst_stride)) };
+        return unsafe {
+            with_avx2::<ADD>(b, panels, m, (a, a_stride), (dst, dst_stride), prefetch)
+        };
     }
     let _ = avx2;
     // SAFETY: the caller's.
-    unsafe { product_kernel::<false, ADD>(b, panels, m, (a, a_stride), (dst, dst_stride)) }
+    unsafe {
+        product_kernel::<false, ADD>(b, panels, m, (a, a_stride), (dst, dst_stride), prefetch)
+    }
 }
 
 /// Panel by panel; in each, blocks of up to 6 rows. `AVX2`: compiled into a function with AVX2
@@ -202,6 +217,7 @@ unsafe fn product_kernel<const AVX2: bool, const ADD: bool>(
     m: usize,
     (a, a_stride): (&[f32], usize),
     (dst, dst_stride): (*mut f32, usize),
+    prefetch: bool,
 ) {
     let k = b.k;
     let chunks = b.data.chunks_exact(k * PANEL).enumerate();
@@ -210,7 +226,8 @@ unsafe fn product_kernel<const AVX2: bool, const ADD: bool>(
         let col = p * PANEL;
         let width = PANEL.min(b.n - col);
         // The next panel of this call: each block of rows asks for its share of its rows.
-        let next = (p + 1 < panels.end).then(|| &b.data[(p + 1) * k * PANEL..][..k * PANEL]);
+        let next =
+            (prefetch && p + 1 < panels.end).then(|| &b.data[(p + 1) * k * PANEL..][..k * PANEL]);
         let mut r0 = 0;
         let mut nth = 0;
         while r0 < m {
@@ -263,6 +280,15 @@ struct Ahead<'a> {
     every: usize,
 }
 
+impl Ahead<'_> {
+    /// Nothing to ask for.
+    const NONE: Ahead<'static> = Ahead {
+        next: &[],
+        first: 0,
+        every: 1,
+    };
+}
+
 /// R rows of `a` (row stride `a_stride`, k values each) times one panel into `out[..R]`.
 #[inline(always)]
 fn block<const R: usize, const AVX2: bool>(
@@ -279,7 +305,12 @@ fn block<const R: usize, const AVX2: bool>(
     if AVX2 {
         // SAFETY: `AVX2` is set only inside a function compiled for AVX2 and FMA, on a CPU that
         // has them; the slices above hold what the loads read.
-        unsafe { block_avx2::<R>(panel, k, rows, out, ahead) };
+        unsafe {
+            match ahead {
+                Some(ahead) => block_avx2::<R, true>(panel, k, rows, out, ahead),
+                None => block_avx2::<R, false>(panel, k, rows, out, Ahead::NONE),
+            }
+        }
         return;
     }
     let _ = ahead;
@@ -299,27 +330,22 @@ fn block<const R: usize, const AVX2: bool>(
 /// disassembly: no stack stores in the loop).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn block_avx2<const R: usize>(
+unsafe fn block_avx2<const R: usize, const AHEAD: bool>(
     panel: &[f32],
     k: usize,
     rows: [&[f32]; R],
     out: &mut [[f32; PANEL]; BLOCK_ROWS],
-    ahead: Option<Ahead>,
+    ahead: Ahead,
 ) {
     use std::arch::x86_64::{
         __m256, _MM_HINT_T0, _mm_prefetch, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps,
         _mm256_setzero_ps, _mm256_storeu_ps,
     };
     // The next panel's rows this block asks for, from `line` to `end`, one every `every` steps.
-    let (next, mut line, end, every) = match ahead {
-        Some(a) => (
-            a.next.as_ptr(),
-            a.first,
-            (a.first + k.div_ceil(a.every)).min(k),
-            a.every,
-        ),
-        None => (panel.as_ptr(), 0, 0, 1),
-    };
+    let (next, mut line, every) = (ahead.next.as_ptr(), ahead.first, ahead.every.max(1));
+    let end = (line + k.div_ceil(every))
+        .min(k)
+        .min(ahead.next.len() / PANEL);
     let mut countdown = every;
     let rows = rows.map(<[f32]>::as_ptr);
     let w = panel.as_ptr();
@@ -329,7 +355,7 @@ unsafe fn block_avx2<const R: usize>(
         let mut lo: [__m256; R] = [_mm256_setzero_ps(); R];
         let mut hi: [__m256; R] = [_mm256_setzero_ps(); R];
         for kk in 0..k {
-            if line < end {
+            if AHEAD && line < end {
                 countdown -= 1;
                 if countdown == 0 {
                     countdown = every;
@@ -436,7 +462,7 @@ mod tests {
                         1,
                         (&a[r * a_stride..r * a_stride + k], a_stride),
                         (alone.as_mut_ptr(), n),
-                        false,
+                        (false, false),
                     )
                 };
                 // Added to a start value: the start plus the same sum, bit for bit.
