@@ -134,6 +134,8 @@ struct SpreadPrefetch<'a> {
     data: &'a [f32],
     steps: usize,
     step: usize,
+    /// Into L2 only (the T1 hint), not L1 as well (T0).
+    to_l2: bool,
 }
 
 impl<'a> SpreadPrefetch<'a> {
@@ -142,14 +144,15 @@ impl<'a> SpreadPrefetch<'a> {
 
     /// Nothing to bring.
     fn none() -> Self {
-        Self::new(&[], 1)
+        Self::new(&[], 1, false)
     }
 
-    fn new(data: &'a [f32], steps: usize) -> Self {
+    fn new(data: &'a [f32], steps: usize, to_l2: bool) -> Self {
         Self {
             data,
             steps: steps.max(1),
             step: 0,
+            to_l2,
         }
     }
 
@@ -164,10 +167,15 @@ impl<'a> SpreadPrefetch<'a> {
         self.step += 1;
         #[cfg(target_arch = "x86_64")]
         for line in from..to {
+            use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
             // SAFETY: a prefetch of an address inside the slice; it reads nothing.
             unsafe {
-                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-                _mm_prefetch::<_MM_HINT_T0>(self.data.as_ptr().add(line * Self::LINE).cast());
+                let at = self.data.as_ptr().add(line * Self::LINE).cast();
+                if self.to_l2 {
+                    _mm_prefetch::<_MM_HINT_T1>(at);
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(at);
+                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -374,6 +382,7 @@ fn weighted_sums_kernel<const AVX2: bool>(
     let mut upcoming = SpreadPrefetch::new(
         next,
         x.len.div_ceil(SUM_TOKENS).max(1) * (strips_end / STRIP) * heads.div_ceil(SUM_ROWS),
+        heads <= SHORT_SUMS,
     );
     // A block of tokens at a time, read in order, every strip of features and every row over
     // it; the accumulators wait in Y between blocks, so each output still sums its tokens in
@@ -415,6 +424,14 @@ fn weighted_sums_kernel<const AVX2: bool>(
         }
     }
 }
+
+/// Rows up to which the weighted sums bring the next sample into L2 only (T1), not L1 and L2 (T0).
+/// A sum of few rows is short, too short for T0, whose requests each hold one of L1's few miss
+/// buffers until memory answers: after 12 rows of ViT-B's sums the next scores took 61–63 µs
+/// with T0 and 50–51 µs with T1 (41 µs with their tokens in cache). After 24 rows, T0 did as well
+/// as the cache (80 µs) and T1 was slower in four runs of seven (127–131 µs); a probe of the
+/// kernels, machine G, 2026-11-27, alternating builds.
+const SHORT_SUMS: usize = 12;
 
 /// Tokens a weighted-sums block reads: together with a strip of Y's rows, they stay in L1. A
 /// block of rows loads its accumulators from Y and stores them back once per block, so a long
