@@ -346,6 +346,20 @@ pub struct Evaluated {
     pub probs: Vec<f32>,
 }
 
+/// The `b` rows of `rows` against each row of `weights` (N×`d`): B×N dot products, through the
+/// scores kernel, which reads the weights where they lie.
+fn dot_rows(rows: Rows, b: usize, weights: &[f32], d: usize) -> Vec<f32> {
+    let len = weights.len() / d;
+    let mut block = vec![0f32; b * len];
+    let weights = Tokens {
+        data: weights,
+        len,
+        dim: d,
+    };
+    row_scores(b, rows, weights, &mut block, len);
+    block
+}
+
 /// `a += b` element-wise.
 fn add_into(a: &mut [f32], b: &[f32]) {
     a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
@@ -445,22 +459,7 @@ impl HostLayer {
         let part_len = n.div_ceil(parts);
         let blocks: Vec<Vec<f32>> = weights
             .par_chunks(part_len * d)
-            .map(|part| {
-                let len = part.len() / d;
-                let mut block = vec![0f32; b * len];
-                row_scores(
-                    b,
-                    rows,
-                    Tokens {
-                        data: part,
-                        len,
-                        dim: d,
-                    },
-                    &mut block,
-                    len,
-                );
-                block
-            })
+            .map(|part| dot_rows(rows, b, part, d))
             .collect();
         let mut out = vec![0f32; b * n];
         for (k, block) in blocks.iter().enumerate() {
@@ -891,22 +890,11 @@ impl HostLayer {
             .into_par_iter()
             .with_min_len(self.spread.min_len())
             .map(|head| {
-                let mut block = vec![0f32; b * dh];
-                row_scores(
-                    b,
-                    Rows {
-                        data: &grad_queries[head * d..],
-                        stride: h * d,
-                    },
-                    Tokens {
-                        data: &qk.wk[head * dh * d..(head + 1) * dh * d],
-                        len: dh,
-                        dim: d,
-                    },
-                    &mut block,
-                    dh,
-                );
-                block
+                let grad_r = Rows {
+                    data: &grad_queries[head * d..],
+                    stride: h * d,
+                };
+                dot_rows(grad_r, b, &qk.wk[head * dh * d..(head + 1) * dh * d], d)
             })
             .collect();
         let mut grad_q0 = vec![0f32; b * d];
