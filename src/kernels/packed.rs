@@ -70,7 +70,7 @@ impl PackedMatrix {
         (a, a_stride): (&[f32], usize),
         (dst, dst_stride): (&mut [f32], usize),
     ) {
-        self.product_into::<false>(m, (a, a_stride), (dst, dst_stride))
+        self.product_into::<false>(m, (a, a_stride), (dst, dst_stride), false)
     }
 
     /// dst += a · B, as [`Self::product`]: each output is its old value plus the finished sum
@@ -81,7 +81,7 @@ impl PackedMatrix {
         (a, a_stride): (&[f32], usize),
         (dst, dst_stride): (&mut [f32], usize),
     ) {
-        self.product_into::<true>(m, (a, a_stride), (dst, dst_stride))
+        self.product_into::<true>(m, (a, a_stride), (dst, dst_stride), false)
     }
 
     /// dst = a · B as [`Self::product`], the panels shared out over the threads of the current
@@ -101,19 +101,15 @@ impl PackedMatrix {
         self.check(m, (a.len(), a_stride), (dst.len(), dst_stride));
         let panels = self.n.div_ceil(PANEL);
         let threads = rayon::current_num_threads().min(panels);
-        let avx2 = avx2_fma();
         if threads <= 1 || m == 0 {
-            let (all, dst) = (0..panels, (dst.as_mut_ptr(), dst_stride));
-            // SAFETY: `check` put every row and column written inside dst, borrowed mutably here.
-            return unsafe {
-                product_panels::<false>(self, all, m, (a, a_stride), dst, (avx2, true))
-            };
+            return self.product_into::<false>(m, (a, a_stride), (dst, dst_stride), true);
         }
         /// dst's first value, shared by the threads, each writing the columns of its own panels.
         struct Shared(*mut f32);
         // SAFETY: the threads write disjoint columns of dst (below), and dst outlives them.
         unsafe impl Sync for Shared {}
         let shared = Shared(dst.as_mut_ptr());
+        let avx2 = avx2_fma();
         (0..threads).into_par_iter().for_each(|t| {
             let share = panels * t / threads..panels * (t + 1) / threads;
             // The whole wrapper (Sync), not its field (a raw pointer, which is not).
@@ -146,17 +142,20 @@ impl PackedMatrix {
         );
     }
 
+    /// All panels on this thread; the next panel asked for as each is taken when `prefetch`.
     fn product_into<const ADD: bool>(
         &self,
         m: usize,
         (a, a_stride): (&[f32], usize),
         (dst, dst_stride): (&mut [f32], usize),
+        prefetch: bool,
     ) {
         self.check(m, (a.len(), a_stride), (dst.len(), dst_stride));
         let all = 0..self.n.div_ceil(PANEL);
         let dst = (dst.as_mut_ptr(), dst_stride);
+        let modes = (avx2_fma(), prefetch);
         // SAFETY: `check` put every row and column written inside dst, borrowed mutably here.
-        unsafe { product_panels::<ADD>(self, all, m, (a, a_stride), dst, (avx2_fma(), false)) }
+        unsafe { product_panels::<ADD>(self, all, m, (a, a_stride), dst, modes) }
     }
 }
 

@@ -244,10 +244,11 @@ const EVAL_CHUNK: usize = 24;
 /// through the attention's scores kernel, which reads the weights in place: at 8 rows of ViT-B's
 /// width gemm took 410–430 µs for each, re-packing the weight, and the kernel 180–200 µs
 /// (machine E, 2026-11-26). Their numbers depend on no group, so they take all the rows at once
-/// and read each weight once ([`HostLayer::against_rows`]). rₕ stays with gemm (200–220 µs against the weighted-sums kernel's
-/// 280–300). Packing the query and key once per step for the frozen products' kernel was tried
-/// too: the same numbers, but three fresh 2.4 MB matrices per step slowed a ViT-B-size epoch
-/// (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two builds alternately).
+/// and read each weight once ([`HostLayer::against_rows`]). rₕ stays with gemm (200–220 µs
+/// against the weighted-sums kernel's 280–300). Packing the query and key once per step for the
+/// frozen products' kernel was tried too: the same numbers, but three fresh 2.4 MB matrices per
+/// step slowed a ViT-B-size epoch (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two
+/// builds alternately).
 const GEMM_ROWS: usize = 8;
 
 /// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
