@@ -6,7 +6,7 @@
 
 mod packed;
 
-pub(crate) use packed::PackedMatrix;
+pub(crate) use packed::{PackedMatrix, ProductPart, products_parallel};
 
 use candle_core::{CpuStorage, CustomOp1, D, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;

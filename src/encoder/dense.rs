@@ -18,7 +18,9 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Module, Shape, Tensor};
 use candle_nn::{Activation, Linear};
 use rayon::prelude::*;
 
-use crate::kernels::{GeluErf, PackedMatrix, contiguous_f32, with_host_f32};
+use crate::kernels::{
+    GeluErf, PackedMatrix, ProductPart, contiguous_f32, products_parallel, with_host_f32,
+};
 
 /// One of the backbone's dense layers.
 #[derive(Clone, Debug)]
@@ -320,16 +322,13 @@ impl FrozenLinear {
         let o = out / g;
         let rows = x.len() / (g * i);
         debug_assert_eq!(y.len(), rows * out);
-        for (group, packed) in self.forward_packed.iter().enumerate() {
-            // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · W_groupᵀ.
-            product(
-                packed,
-                rows,
-                (&x[group * i..], g * i),
-                (&mut y[group * o..], out),
-                across_threads,
-            );
-        }
+        // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · W_groupᵀ.
+        let parts = self.forward_packed.iter().enumerate().map(|(group, packed)| ProductPart {
+            matrix: packed,
+            a: &x[group * i..],
+            column: group * o,
+        });
+        products(parts, rows, g * i, (y, out), across_threads);
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(out) {
                 row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
@@ -343,16 +342,13 @@ impl FrozenLinear {
         let o = out / g;
         let rows = dy.len() / out;
         debug_assert_eq!(dx.len(), rows * g * i);
-        for (group, packed) in self.backward_packed.iter().enumerate() {
-            // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
-            product(
-                packed,
-                rows,
-                (&dy[group * o..], out),
-                (&mut dx[group * i..], g * i),
-                across_threads,
-            );
-        }
+        // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
+        let parts = self.backward_packed.iter().enumerate().map(|(group, packed)| ProductPart {
+            matrix: packed,
+            a: &dy[group * o..],
+            column: group * i,
+        });
+        products(parts, rows, out, (dx, g * i), across_threads);
     }
 
     /// Bytes of its packed weights, forward and transposed: what a product over all of its
@@ -392,18 +388,23 @@ impl FrozenLinear {
 /// The product of a [`FrozenLinear`] as candle's custom op.
 struct FrozenProduct(Arc<FrozenLinear>);
 
-/// `packed`'s product on this thread, or its columns shared out over the pool's threads.
-fn product(
-    packed: &PackedMatrix,
+/// The groups' products into their columns of dst, group by group on this thread, or all their
+/// columns shared out over the pool's threads in one go.
+fn products<'a>(
+    parts: impl Iterator<Item = ProductPart<'a>>,
     rows: usize,
-    a: (&[f32], usize),
-    dst: (&mut [f32], usize),
+    a_stride: usize,
+    (dst, dst_stride): (&mut [f32], usize),
     across_threads: bool,
 ) {
     if across_threads {
-        packed.product_parallel(rows, a, dst);
+        let parts: Vec<ProductPart> = parts.collect();
+        products_parallel(&parts, rows, a_stride, (dst, dst_stride));
     } else {
-        packed.product(rows, a, dst);
+        for part in parts {
+            let dst = (&mut dst[part.column..], dst_stride);
+            part.matrix.product(rows, (part.a, a_stride), dst);
+        }
     }
 }
 

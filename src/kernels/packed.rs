@@ -11,7 +11,7 @@
 //! eight-lane accumulators in registers (one panel row: two loads, then a broadcast and two
 //! fused multiply-adds per row).
 //!
-//! In [`PackedMatrix::product_parallel`] (phase 2 at ViT-B's width), while a product takes a
+//! In [`products_parallel`] (phase 2 at ViT-B's width), while a product takes a
 //! panel, each of its blocks of rows asks for a share of the next panel's rows, one cache line
 //! every few steps, so that the next panel is in cache when its first block starts. A phase-2
 //! step's weights (47 MB at ViT-B's width) come from memory, and without this the first block of
@@ -84,45 +84,6 @@ impl PackedMatrix {
         self.product_into::<true>(m, (a, a_stride), (dst, dst_stride), false)
     }
 
-    /// dst = a · B as [`Self::product`], the panels shared out over the threads of the current
-    /// rayon pool: each thread reads its share of B once for all m rows. Rows split over threads
-    /// instead each read all of B: at ViT-B's width a phase-2 layer's weights (47 MB with their
-    /// transposes) do not fit any cache, and each thread streamed them all from memory. Since they
-    /// come from memory, each block of rows asks for its share of the next panel (module doc),
-    /// on one thread too. The numbers are [`Self::product`]'s, bit for bit, on any number of
-    /// threads.
-    pub(crate) fn product_parallel(
-        &self,
-        m: usize,
-        (a, a_stride): (&[f32], usize),
-        (dst, dst_stride): (&mut [f32], usize),
-    ) {
-        use rayon::prelude::*;
-        self.check(m, (a.len(), a_stride), (dst.len(), dst_stride));
-        let panels = self.n.div_ceil(PANEL);
-        let threads = rayon::current_num_threads().min(panels);
-        if threads <= 1 || m == 0 {
-            return self.product_into::<false>(m, (a, a_stride), (dst, dst_stride), true);
-        }
-        /// dst's first value, shared by the threads, each writing the columns of its own panels.
-        struct Shared(*mut f32);
-        // SAFETY: the threads write disjoint columns of dst (below), and dst outlives them.
-        unsafe impl Sync for Shared {}
-        let shared = Shared(dst.as_mut_ptr());
-        let avx2 = avx2_fma();
-        (0..threads).into_par_iter().for_each(|t| {
-            let share = panels * t / threads..panels * (t + 1) / threads;
-            // The whole wrapper (Sync), not its field (a raw pointer, which is not).
-            let shared = &shared;
-            // SAFETY: `check` put rows < m and columns < n of dst inside it; this thread writes
-            // only the columns of panels `share`, which no other thread writes.
-            unsafe {
-                let dst = (shared.0, dst_stride);
-                product_panels::<false>(self, share, m, (a, a_stride), dst, (avx2, true))
-            }
-        });
-    }
-
     /// The operands' shapes, or a panic naming them.
     fn check(
         &self,
@@ -157,6 +118,85 @@ impl PackedMatrix {
         // SAFETY: `check` put every row and column written inside dst, borrowed mutably here.
         unsafe { product_panels::<ADD>(self, all, m, (a, a_stride), dst, modes) }
     }
+}
+
+/// One of several products that write side by side into one destination: `matrix` against
+/// rows of `a`, into the destination's columns from `column` on.
+pub(crate) struct ProductPart<'a> {
+    pub matrix: &'a PackedMatrix,
+    pub a: &'a [f32],
+    pub column: usize,
+}
+
+/// Each part's product (as [`PackedMatrix::product`], m rows of row stride `a_stride`) into its
+/// columns of dst, the parts' panels laid end to end and shared out over the threads of the
+/// current rayon pool, each thread a run of them: each thread reads its share of the weights once
+/// for all m rows. Rows split over threads instead each read all of them: at ViT-B's width a
+/// phase-2 layer's weights (47 MB with their transposes) do not fit any cache, and each thread
+/// streamed them all from memory. Since they come from memory, each block of rows asks for its
+/// share of the next panel (module doc), on one thread too.
+///
+/// A grouped layer's products (phase 2's per-head value projection: 12 products of 4 panels at
+/// ViT-B's width, and 12 of 48 back) cost one fork and join, not one per group. The parts'
+/// columns must not overlap. The numbers are [`PackedMatrix::product`]'s, bit for bit, on any
+/// number of threads.
+pub(crate) fn products_parallel(
+    parts: &[ProductPart],
+    m: usize,
+    a_stride: usize,
+    (dst, dst_stride): (&mut [f32], usize),
+) {
+    use rayon::prelude::*;
+    let mut columns: Vec<_> = parts
+        .iter()
+        .map(|p| p.column..p.column + p.matrix.n)
+        .collect();
+    columns.sort_by_key(|c| c.start);
+    assert!(
+        columns.windows(2).all(|w| w[0].end <= w[1].start),
+        "products into overlapping columns"
+    );
+    for part in parts {
+        let dst_len = dst.len().saturating_sub(part.column);
+        part.matrix
+            .check(m, (part.a.len(), a_stride), (dst_len, dst_stride));
+    }
+    let panels: Vec<usize> = parts.iter().map(|p| p.matrix.n.div_ceil(PANEL)).collect();
+    let total: usize = panels.iter().sum();
+    let threads = rayon::current_num_threads().min(total);
+    let avx2 = avx2_fma();
+    /// dst's first value, shared by the threads, each writing the columns of its own panels.
+    struct Shared(*mut f32);
+    // SAFETY: the threads write disjoint columns of dst (below), and dst outlives them.
+    unsafe impl Sync for Shared {}
+    let shared = Shared(dst.as_mut_ptr());
+    // Panels `share` of the parts laid end to end, on this thread.
+    let run = |share: std::ops::Range<usize>| {
+        let mut first = 0;
+        for (part, &count) in parts.iter().zip(&panels) {
+            let own = share.start.max(first)..share.end.min(first + count);
+            if !own.is_empty() {
+                // The whole wrapper (Sync), not its field (a raw pointer, which is not).
+                let shared = &shared;
+                // SAFETY: `check` put rows < m and the part's columns inside dst; this thread
+                // writes only the columns of its own panels, which no other thread writes, and
+                // no two parts share a column.
+                unsafe {
+                    let dst = (shared.0.add(part.column), dst_stride);
+                    let local = own.start - first..own.end - first;
+                    let a = (part.a, a_stride);
+                    product_panels::<false>(part.matrix, local, m, a, dst, (avx2, true));
+                }
+            }
+            first += count;
+        }
+    };
+    if threads <= 1 || m == 0 {
+        return run(0..total);
+    }
+    (0..threads)
+        .into_par_iter()
+        .for_each(|t| run(total * t / threads..total * (t + 1) / threads));
 }
 
 /// [`PackedMatrix::product`] over panels `panels` only, into dst at `dst.0` (row stride
@@ -430,9 +470,12 @@ mod tests {
                     .build()
                     .unwrap();
                 let mut shared = vec![f32::NAN; m * dst_stride];
-                pool.install(|| {
-                    packed.product_parallel(m, (&a, a_stride), (&mut shared, dst_stride))
-                });
+                let part = ProductPart {
+                    matrix: &packed,
+                    a: &a,
+                    column: 0,
+                };
+                pool.install(|| products_parallel(&[part], m, a_stride, (&mut shared, dst_stride)));
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&shared),
@@ -479,6 +522,54 @@ mod tests {
                     "{m}×{k}×{n} row {r}"
                 );
             }
+        }
+    }
+
+    /// Parts side by side, each reading its own columns of the rows (a grouped layer), shared
+    /// out over 1 to 3 threads: each part's columns hold its own product, bit for bit, and the
+    /// columns no part owns are untouched.
+    #[test]
+    fn parts_side_by_side_are_their_own_products() {
+        let (m, k) = (9, 20);
+        let widths = [5, 16, 37];
+        let sources: Vec<Vec<f32>> = widths
+            .iter()
+            .zip(1..)
+            .map(|(&n, seed)| values(n * k, seed))
+            .collect();
+        let packed: Vec<PackedMatrix> = sources
+            .iter()
+            .zip(widths)
+            .map(|(source, n)| PackedMatrix::new(source, (k, n), (1, k)))
+            .collect();
+        // Row r of `a` is the parts' inputs one after another; dst leaves a gap after each part.
+        let a_stride = k * widths.len();
+        let a = values(m * a_stride, 7);
+        let columns = [0, 6, 23];
+        let dst_stride = 61;
+        let mut alone = vec![f32::NAN; m * dst_stride];
+        for (g, matrix) in packed.iter().enumerate() {
+            let dst = (&mut alone[columns[g]..], dst_stride);
+            matrix.product(m, (&a[g * k..], a_stride), dst);
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for threads in 1..=3 {
+            let parts: Vec<ProductPart> = packed
+                .iter()
+                .enumerate()
+                .map(|(g, matrix)| ProductPart {
+                    matrix,
+                    a: &a[g * k..],
+                    column: columns[g],
+                })
+                .collect();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut shared = vec![f32::NAN; m * dst_stride];
+            pool.install(|| products_parallel(&parts, m, a_stride, (&mut shared, dst_stride)));
+            assert_eq!(bits(&shared), bits(&alone), "{threads} threads");
         }
     }
 }

@@ -185,7 +185,7 @@ pub enum HostSpread {
     Chunks,
     /// All rows through each operation together, its work shared out: the frozen products by
     /// their columns (each thread reads its part of the weights once for all the rows,
-    /// [`crate::kernels::PackedMatrix::product_parallel`]), the attention by samples, the trained
+    /// [`crate::kernels::products_parallel`]), the attention by samples, the trained
     /// products by groups of [`GEMM_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
     /// transposes) fit no cache, and in chunks each thread streamed them all from memory for its 8
     /// rows: a ViT-B-size epoch on 2 threads took a median 0.36 s in chunks and 0.32 s this way
