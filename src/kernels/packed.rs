@@ -120,6 +120,11 @@ impl PackedMatrix {
     }
 }
 
+/// Multiply-adds below which [`products_parallel`] stays on one thread: a fork and join costs
+/// more than it saves (phase 2's classifier backward at ViT-B's width: 16 × 10 × 768, 123 k,
+/// some 3 µs of work).
+const SHARED_MACS: usize = 1 << 20;
+
 /// One of several products that write side by side into one destination: `matrix` against
 /// rows of `a`, into the destination's columns from `column` on.
 pub(crate) struct ProductPart<'a> {
@@ -163,7 +168,12 @@ pub(crate) fn products_parallel(
     }
     let panels: Vec<usize> = parts.iter().map(|p| p.matrix.n.div_ceil(PANEL)).collect();
     let total: usize = panels.iter().sum();
-    let threads = rayon::current_num_threads().min(total);
+    let macs: usize = m * parts.iter().map(|p| p.matrix.k * p.matrix.n).sum::<usize>();
+    let threads = if macs < SHARED_MACS {
+        1
+    } else {
+        rayon::current_num_threads().min(total)
+    };
     let avx2 = avx2_fma();
     /// dst's first value, shared by the threads, each writing the columns of its own panels.
     struct Shared(*mut f32);
@@ -462,8 +472,9 @@ mod tests {
             let dst_stride = n + 2;
             let mut dst = vec![f32::NAN; m * dst_stride];
             packed.product(m, (&a, a_stride), (&mut dst, dst_stride));
-            // The panels shared out over 1, 2 and 3 threads: the same bits, dst's padding
-            // columns untouched.
+            // Through products_parallel on 1, 2 and 3 threads: the same bits, dst's padding
+            // columns untouched (these shapes stay on one thread, below SHARED_MACS; larger ones
+            // are shared out in `parts_side_by_side_are_their_own_products`).
             for threads in 1..=3 {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
@@ -527,11 +538,13 @@ mod tests {
 
     /// Parts side by side, each reading its own columns of the rows (a grouped layer), shared
     /// out over 1 to 3 threads: each part's columns hold its own product, bit for bit, and the
-    /// columns no part owns are untouched.
+    /// columns no part owns are untouched. All three parts, and the largest alone (one matrix
+    /// shared out by its panels); both are large enough to be shared out.
     #[test]
     fn parts_side_by_side_are_their_own_products() {
-        let (m, k) = (9, 20);
-        let widths = [5, 16, 37];
+        let (m, k) = (9, 400);
+        let widths = [5, 16, 370];
+        assert!(m * k * widths[2] >= SHARED_MACS);
         let sources: Vec<Vec<f32>> = widths
             .iter()
             .zip(1..)
@@ -546,30 +559,32 @@ mod tests {
         let a_stride = k * widths.len();
         let a = values(m * a_stride, 7);
         let columns = [0, 6, 23];
-        let dst_stride = 61;
-        let mut alone = vec![f32::NAN; m * dst_stride];
-        for (g, matrix) in packed.iter().enumerate() {
-            let dst = (&mut alone[columns[g]..], dst_stride);
-            matrix.product(m, (&a[g * k..], a_stride), dst);
-        }
+        let dst_stride = 400;
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        for threads in 1..=3 {
-            let parts: Vec<ProductPart> = packed
-                .iter()
-                .enumerate()
-                .map(|(g, matrix)| ProductPart {
-                    matrix,
-                    a: &a[g * k..],
-                    column: columns[g],
-                })
-                .collect();
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            let mut shared = vec![f32::NAN; m * dst_stride];
-            pool.install(|| products_parallel(&parts, m, a_stride, (&mut shared, dst_stride)));
-            assert_eq!(bits(&shared), bits(&alone), "{threads} threads");
+        for groups in [0..3, 2..3] {
+            let mut alone = vec![f32::NAN; m * dst_stride];
+            for g in groups.clone() {
+                let dst = (&mut alone[columns[g]..], dst_stride);
+                packed[g].product(m, (&a[g * k..], a_stride), dst);
+            }
+            for threads in 1..=3 {
+                let parts: Vec<ProductPart> = groups
+                    .clone()
+                    .map(|g| ProductPart {
+                        matrix: &packed[g],
+                        a: &a[g * k..],
+                        column: columns[g],
+                    })
+                    .collect();
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut shared = vec![f32::NAN; m * dst_stride];
+                let dst = (&mut shared[..], dst_stride);
+                pool.install(|| products_parallel(&parts, m, a_stride, dst));
+                assert_eq!(bits(&shared), bits(&alone), "{groups:?} on {threads} threads");
+            }
         }
     }
 }
