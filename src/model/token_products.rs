@@ -112,9 +112,9 @@ const AHEAD: usize = 4;
 
 /// Asks for tokens `first..first + count` (those that exist) to be brought into L2: the scores
 /// are the first product to touch a sample's tokens, and waited on memory at every block. Into L2
-/// (T1), not L1 (T0): scores of cold tokens took 70–76 µs against 93–103 for 12 rows, 105–110
-/// against 129–157 for 24 (one ViT-B sample, machine G, 2026-11-27); from L2 the hardware's own
-/// prefetcher keeps L1 fed, and rows already there ran as fast either way.
+/// (T1), not L1 (T0): scores of cold tokens took 70–93 µs against 93–103 for 12 rows, 105–115
+/// against 129–157 for 24 (one ViT-B sample, three runs each, machine G, 2026-11-27); from L2 the
+/// hardware's own prefetcher keeps L1 fed, and tokens already in cache ran as fast either way.
 #[inline(always)]
 fn prefetch_tokens(x: Tokens, first: usize, count: usize) {
     #[cfg(target_arch = "x86_64")]
