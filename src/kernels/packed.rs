@@ -70,7 +70,7 @@ impl PackedMatrix {
         (a, a_stride): (&[f32], usize),
         (dst, dst_stride): (&mut [f32], usize),
     ) {
-        self.product_into::<false>(m, (a, a_stride), (dst, dst_stride), false)
+        self.product_into::<false>(m, (a, a_stride), (dst, dst_stride))
     }
 
     /// dst += a · B, as [`Self::product`]: each output is its old value plus the finished sum
@@ -81,7 +81,7 @@ impl PackedMatrix {
         (a, a_stride): (&[f32], usize),
         (dst, dst_stride): (&mut [f32], usize),
     ) {
-        self.product_into::<true>(m, (a, a_stride), (dst, dst_stride), false)
+        self.product_into::<true>(m, (a, a_stride), (dst, dst_stride))
     }
 
     /// The operands' shapes, or a panic naming them.
@@ -103,18 +103,18 @@ impl PackedMatrix {
         );
     }
 
-    /// All panels on this thread; the next panel asked for as each is taken when `prefetch`.
+    /// All panels on this thread, with no panel asked for ahead: the weights of extraction's
+    /// products and of phase 2's chunks stay in cache (module doc).
     fn product_into<const ADD: bool>(
         &self,
         m: usize,
         (a, a_stride): (&[f32], usize),
         (dst, dst_stride): (&mut [f32], usize),
-        prefetch: bool,
     ) {
         self.check(m, (a.len(), a_stride), (dst.len(), dst_stride));
         let all = 0..self.n.div_ceil(PANEL);
         let dst = (dst.as_mut_ptr(), dst_stride);
-        let modes = (avx2_fma(), prefetch);
+        let modes = (avx2_fma(), false);
         // SAFETY: `check` put every row and column written inside dst, borrowed mutably here.
         unsafe { product_panels::<ADD>(self, all, m, (a, a_stride), dst, modes) }
     }
