@@ -186,7 +186,7 @@ pub enum HostSpread {
     /// All rows through each operation together, its work shared out: the frozen products by
     /// their columns (each thread reads its part of the weights once for all the rows,
     /// [`crate::kernels::products_parallel`]), the attention by samples, the trained
-    /// products by groups of [`GEMM_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
+    /// products by groups of [`QUERY_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
     /// transposes) fit no cache, and in chunks each thread streamed them all from memory for its 8
     /// rows: a ViT-B-size epoch on 2 threads took a median 0.36 s in chunks and 0.32 s this way
     /// (`scale`'s child, five runs each, two builds alternately on machine E).
@@ -234,11 +234,18 @@ const CHUNK: usize = 8;
 /// evaluation hands over at a time (`train::loops`), so that two cores share them evenly.
 const EVAL_CHUNK: usize = 24;
 
-/// Rows that go through the trained products together, and whose cross-entropies are summed
-/// together before the groups' sums are added, in either spread: a row's numbers then do not
-/// depend on the spread, the chunk or the threads (the frozen products, the attention and the
-/// scores kernel give a row the same numbers whatever rows are beside it; gemm, which takes the
-/// per-head rₕ = q₀ₕ W_Kₕ, is known to do so only for the same row count).
+/// Rows whose cross-entropies are summed together before the groups' sums are added, in either
+/// spread: a row's share of the loss then does not depend on the spread, the chunk or the threads
+/// (the frozen products, the attention, the scores kernel and gemm give a row the same numbers
+/// whatever rows are beside it).
+const LOSS_ROWS: usize = 8;
+
+/// Rows whose per-head query directions rₕ = q₀ₕ W_Kₕ go through gemm together. gemm gives a row
+/// the same numbers whatever rows are beside it, up to 48 of them at the host pass's shapes
+/// (`kernels::tests::gemm_rows_do_not_depend_on_the_rows_beside_them`), and re-packs W_Kₕ at every
+/// call: a step's 16 rows of ViT-B's rₕ took 296–455 µs in one group against 355–650 µs in two of 8
+/// (best of 40 to mean; one thread, a probe cycling over 8 keys, machine G, 2026-11-27). An
+/// evaluation's 48 rows go in three groups, which the threads share.
 ///
 /// The two trained products whose entries are dot products of rows (x̂₀ W_Qᵀ, ∂L/∂rₕ W_Kₕ) go
 /// through the attention's scores kernel, which reads the weights in place: at 8 rows of ViT-B's
@@ -249,7 +256,7 @@ const EVAL_CHUNK: usize = 24;
 /// frozen products' kernel was tried too: the same numbers, but three fresh 2.4 MB matrices per
 /// step slowed a ViT-B-size epoch (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two
 /// builds alternately).
-const GEMM_ROWS: usize = 8;
+const QUERY_ROWS: usize = 16;
 
 /// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
 #[derive(Default)]
@@ -596,8 +603,8 @@ impl HostLayer {
         let mut loss_sum = 0f32;
         for (logits, targets) in trace
             .logits
-            .chunks(GEMM_ROWS * c)
-            .zip(targets.chunks(GEMM_ROWS))
+            .chunks(LOSS_ROWS * c)
+            .zip(targets.chunks(LOSS_ROWS))
         {
             let (sum, grad) = cross_entropy(logits, targets, c, batch);
             loss_sum += sum;
@@ -669,8 +676,8 @@ impl HostLayer {
         q0.chunks_exact_mut(d).for_each(|row| add_into(row, qk.bq));
         let mut queries = vec![0f32; b * h * d];
         queries
-            .par_chunks_mut(GEMM_ROWS * h * d)
-            .zip(q0.par_chunks(GEMM_ROWS * d))
+            .par_chunks_mut(QUERY_ROWS * h * d)
+            .zip(q0.par_chunks(QUERY_ROWS * d))
             .with_min_len(self.spread.min_len())
             .for_each(|(queries, q0)| {
                 let rows = q0.len() / d;
@@ -840,7 +847,12 @@ impl HostLayer {
         let mut grad_activation = vec![0f32; b * m];
         self.mlp_output
             .backward_rows(&grad_out, &mut grad_activation, self.across_threads());
-        self.by_rows(m, &trace.pre_activation, &mut grad_activation, gelu_backward);
+        self.by_rows(
+            m,
+            &trace.pre_activation,
+            &mut grad_activation,
+            gelu_backward,
+        );
         let mut grad_normed = vec![0f32; b * d];
         self.intermediate
             .backward_rows(&grad_activation, &mut grad_normed, self.across_threads());
