@@ -185,8 +185,8 @@ pub enum HostSpread {
     Chunks,
     /// All rows through each operation together, its work shared out: the frozen products by
     /// their columns (each thread reads its part of the weights once for all the rows,
-    /// [`crate::kernels::products_parallel`]), the attention by samples, the trained
-    /// products by groups of [`QUERY_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
+    /// [`crate::kernels::products_parallel`]), the attention by samples, the per-head rₕ by
+    /// groups of [`QUERY_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
     /// transposes) fit no cache, and in chunks each thread streamed them all from memory for its 8
     /// rows: a ViT-B-size epoch on 2 threads took a median 0.36 s in chunks and 0.32 s this way
     /// (`scale`'s child, five runs each, two builds alternately on machine E).
