@@ -19,8 +19,9 @@
 //!              `AttentionScoreCallback`, the same forward over the 200 fine-tune samples in
 //!              batches of 16 (docs/protocol.md §3), which our per-epoch evaluation stands for.
 //!
-//! Last, ViT-B's epoch as multiply-adds per second beside a large product's rate measured in the
-//! same process (benches/common), on one thread and on all.
+//! Last, ViT-B's epoch as multiply-adds per second beside a large product's rate (benches/common)
+//! timed in the same child process and thread pool after each timed epoch, on one thread and on
+//! all.
 //!
 //! `cargo bench --bench scale`; about 10 GB of temporary disk.
 
@@ -229,7 +230,12 @@ fn load(model: &Path) -> Backbone {
 }
 
 /// The child: phase 2 from the cache on `threads` threads; prints
-/// "epoch_s test_eval_s peak_rss_bytes".
+/// "epoch_s test_eval_s peak_rss_bytes large_product_rate".
+///
+/// The large product is timed in this process and thread pool right after each timed epoch, so
+/// that the epoch and the rate it is read against meet the same load on the host: on machine G
+/// that load moved the same two-thread epoch between 0.10 and 0.19 s within minutes
+/// (docs/performance.md).
 fn phase2_child(size: Size, dir: &Path, threads: usize) {
     let device = Device::Cpu;
     let backbone = load(&dir.join("model"));
@@ -300,6 +306,7 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
     // epochs, the next ones one each, and the last is the last epoch's own evaluation, the
     // fine-tune set's and the test set's.
     let mut times = Vec::new();
+    let mut limits = Vec::new();
     pool.install(|| {
         let look_ahead = LookAhead {
             step: &evaluating_step,
@@ -325,6 +332,9 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
             },
             &mut |_, _| {
                 times.push(last.elapsed().as_secs_f64());
+                if (1..epochs - 1).contains(&(times.len() - 1)) {
+                    limits.push(common::large_product_rate());
+                }
                 last = Instant::now();
                 Ok(())
             },
@@ -339,7 +349,28 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
-    println!("{epoch} {test_eval} {}", peak_kb * 1024);
+    println!("{epoch} {test_eval} {} {}", peak_kb * 1024, median(limits));
+}
+
+/// What a child reports: its median epoch (s), its evaluation of the test set (s), its peak RSS
+/// (bytes), and the median rate of the large product timed beside its epochs (multiply-adds/s).
+struct ChildRun {
+    epoch: f64,
+    test_eval: f64,
+    peak: f64,
+    limit: f64,
+}
+
+/// Every file under `dir` written through to the disk.
+fn sync_files(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sync_files(&path);
+        } else {
+            std::fs::File::open(&path).unwrap().sync_all().unwrap();
+        }
+    }
 }
 
 /// The authors' code at this size, all cores, seconds (median of 3 after a warm-up): one
@@ -416,7 +447,7 @@ fn main() {
         "| phase 2 at paper size, n = {N}, {TEST_N} cached test samples | ours, 1 thread: s/epoch | ours, {cores} threads: s/epoch | ours: test eval (s) | ours: peak RSS | authors: 13 steps (s) | authors: epoch = steps + attention callback (s) | ratio, steps | ratio, epoch (1 thread; {cores} threads) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    let mut vit_epochs = None;
+    let mut vit_runs = None;
     for size in [Size::VitB, Size::BertBase] {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
         let model = dir.path().join("model");
@@ -426,7 +457,9 @@ fn main() {
         let cache = FeatureCache::open(dir.path().join("cache")).unwrap();
         fill_cache(size, &backbone, &cache, &samples(size));
         drop(backbone);
-        let child = |threads: usize| -> (f64, f64, f64) {
+        // The cache's gigabytes on disk before anything is timed, not written back under a child.
+        sync_files(&dir.path().join("cache"));
+        let child = |threads: usize| -> ChildRun {
             let name = if size == Size::VitB { "vit" } else { "bert" };
             let out = std::process::Command::new(std::env::current_exe().unwrap())
                 .env(CHILD, format!("{name}:{threads}:{}", dir.path().display()))
@@ -441,10 +474,16 @@ fn main() {
                 .split_whitespace()
                 .map(|v| v.parse().unwrap())
                 .collect();
-            (values[0], values[1], values[2])
+            ChildRun {
+                epoch: values[0],
+                test_eval: values[1],
+                peak: values[2],
+                limit: values[3],
+            }
         };
-        let (epoch, test_eval, peak) = child(1);
-        let (epoch_all, _, _) = child(cores);
+        let one = child(1);
+        let all = child(cores);
+        let (epoch, test_eval, peak, epoch_all) = (one.epoch, one.test_eval, one.peak, all.epoch);
         let (step, callback) = baseline_batch(dir.path());
         let batches = N.div_ceil(BATCH) as f64;
         let (steps, authors_epoch) = (step * batches, (step + callback) * batches);
@@ -457,18 +496,17 @@ fn main() {
             authors_epoch / epoch_all,
         );
         if size == Size::VitB {
-            vit_epochs = Some((epoch, epoch_all));
+            vit_runs = Some((one, all));
         }
     }
     // ViT-B's epoch as a share of this machine's limit (its tokens are all unpadded; the text
     // samples' random lengths leave bert-base's count inexact).
     let epoch_macs = common::phase2_epoch_macs(N, 768, 3072, 12, 197);
-    let (limit_1, limit_all) = common::large_product_rates();
-    if let Some((epoch, epoch_all)) = vit_epochs {
+    if let Some((one, all)) = vit_runs {
         println!(
             "\nViT-B/16 size, our epoch: 1 thread {}; {cores} threads {}",
-            common::rate_line(epoch_macs / epoch, limit_1),
-            common::rate_line(epoch_macs / epoch_all, limit_all)
+            common::rate_line(epoch_macs / one.epoch, one.limit),
+            common::rate_line(epoch_macs / all.epoch, all.limit)
         );
     }
 }
