@@ -8,6 +8,9 @@
 //! --jobs`) from serialising on that lock; matrix products keep all cores through rayon.
 //! Variables the user has set are left alone.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
 /// The process's start-up settings: CANDLE_NUM_THREADS=1 and RAYON_NUM_THREADS=<cores> unless
 /// already set, and the allocator's [`keep_freed_memory`].
 ///
@@ -92,5 +95,121 @@ pub fn float_kernels() -> &'static str {
     #[cfg(not(target_arch = "x86_64"))]
     {
         std::env::consts::ARCH
+    }
+}
+
+/// `work` on this thread while the other threads of its rayon pool look for work without pause,
+/// instead of going to sleep whenever it runs serial code between two parallel sections.
+///
+/// A phase-2 step at ViT-B's width forks and joins about thirty times in 7–10 ms, with a few
+/// microseconds of serial work between. rayon's idle threads sleep after a few dozen empty polls,
+/// and on a virtual machine a sleeping CPU takes tens of microseconds to wake: the loop's thread
+/// then ran much of each parallel section alone, having taken back the half it had left for the
+/// other (docs/performance.md, where the ViT-B-size epoch goes). Kept to the span of `work`, the
+/// cost is a core busy while it runs, as an OpenMP runtime's threads spin between its parallel
+/// regions; the polling yields the CPU to other processes now and then. Outside a pool, or in a
+/// pool of one, `work` simply runs.
+pub fn with_workers_awake<R>(work: impl FnOnce() -> R) -> R {
+    let Some(this_thread) = rayon::current_thread_index() else {
+        return work();
+    };
+    if rayon::current_num_threads() < 2 {
+        return work();
+    }
+    /// Ends the polling when `work` returns or unwinds.
+    struct Done(Arc<AtomicBool>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    let done = Done(Arc::new(AtomicBool::new(false)));
+    let flag = Arc::clone(&done.0);
+    rayon::spawn_broadcast(move |context| {
+        // This thread's copy runs when it next waits in a join: it has work of its own.
+        if context.index() != this_thread {
+            poll_until(&flag);
+        }
+    });
+    work()
+}
+
+/// Threads polling in [`with_workers_awake`] now.
+static POLLING: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs the pool's pending jobs as they come, until `done`.
+fn poll_until(done: &AtomicBool) {
+    POLLING.fetch_add(1, Ordering::Relaxed);
+    let mut idle = 0u32;
+    while !done.load(Ordering::Acquire) {
+        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+            idle = 0;
+            continue;
+        }
+        idle = idle.wrapping_add(1);
+        if idle.is_multiple_of(256) {
+            // Now and then the CPU goes to any other process that wants it.
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    POLLING.fetch_sub(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// Whether `test` holds within a second.
+    fn soon(test: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(1) {
+            if test() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    fn polling() -> usize {
+        POLLING.load(Ordering::Relaxed)
+    }
+
+    /// The other thread polls while the work runs, takes part in it, and stops polling when the
+    /// work returns and when it panics; a pool of one and no pool just run the work.
+    #[test]
+    fn the_other_thread_polls_for_the_span_of_the_work_only() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let sum = pool.install(|| {
+            with_workers_awake(|| {
+                assert!(soon(|| polling() == 1), "no thread polls during the work");
+                (0..1000u64)
+                    .map(|k| {
+                        let (a, b) = rayon::join(|| k, || 2 * k);
+                        a + b
+                    })
+                    .sum::<u64>()
+            })
+        });
+        assert_eq!(sum, 3 * 999 * 1000 / 2);
+        assert!(soon(|| polling() == 0), "a thread polls after the work");
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.install(|| with_workers_awake(|| panic!("work failed")))
+        }));
+        assert!(unwound.is_err());
+        assert!(soon(|| polling() == 0), "a thread polls after a panic");
+        let single = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        assert_eq!(single.install(|| with_workers_awake(|| 7)), 7);
+        assert_eq!(with_workers_awake(|| 8), 8);
+        assert_eq!(polling(), 0);
     }
 }

@@ -346,26 +346,31 @@ pub fn train_phase2(
     let mut pending: Option<Pending> = None;
     for epoch in start_epoch..epochs {
         let order = shuffle.order(n, Stream::FinetuneShuffle, epoch);
-        let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
-        for batch in order.chunks(batch_size) {
-            let (loss, mut grads) = match (&mut pending, look_ahead) {
-                (Some(pending), Some(look_ahead)) => {
-                    let (loss, grads, evaluated) = (look_ahead.step)(batch, &pending.params)?;
-                    pending.record(n, batch, &evaluated)?;
-                    (loss, grads)
+        // The steps fork and join dozens of times each: the pool's other threads stay awake
+        // through them (`with_workers_awake`), and sleep again for the metrics.
+        let losses = crate::runtime::with_workers_awake(|| -> Result<Vec<f64>> {
+            let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
+            for batch in order.chunks(batch_size) {
+                let (loss, mut grads) = match (&mut pending, look_ahead) {
+                    (Some(pending), Some(look_ahead)) => {
+                        let (loss, grads, evaluated) = (look_ahead.step)(batch, &pending.params)?;
+                        pending.record(n, batch, &evaluated)?;
+                        (loss, grads)
+                    }
+                    _ => step(batch)?,
+                };
+                if let Some(penalty) = penalty {
+                    // The penalty's gradient joins the data loss's: they are the objective's.
+                    let store = penalty()?.backward()?;
+                    for (grad, extra) in grads.iter_mut().zip(optimizer.gradients(&store)?) {
+                        *grad = (&*grad + extra)?;
+                    }
                 }
-                _ => step(batch)?,
-            };
-            if let Some(penalty) = penalty {
-                // The penalty's gradient joins the data loss's: they are the objective's.
-                let store = penalty()?.backward()?;
-                for (grad, extra) in grads.iter_mut().zip(optimizer.gradients(&store)?) {
-                    *grad = (&*grad + extra)?;
-                }
+                optimizer.apply(grads)?;
+                losses.push(loss);
             }
-            optimizer.apply(grads)?;
-            losses.push(loss);
-        }
+            Ok(losses)
+        })?;
         if let Some(pending) = pending.take() {
             let earlier = pending.finish(n)?;
             let metrics = metrics_of(
