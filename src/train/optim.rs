@@ -405,16 +405,28 @@ struct StepConstants {
 /// The global L2 norm of all gradients (what torch's `clip_grad_norm_` clips), summed in f64 on
 /// the host.
 fn global_norm(grads: &[Tensor], on_host: bool) -> Result<f64> {
+    // On the host, each gradient's sum on a thread of the current pool (phase 2's query and key
+    // on one each), then the sums added in order: the same sum wherever each was taken.
+    let sums: Vec<f64> = if on_host {
+        use rayon::prelude::*;
+        grads
+            .par_iter()
+            .map(|g| crate::kernels::with_host_f32(g, crate::kernels::squared_norm))
+            .collect::<candle_core::Result<_>>()?
+    } else {
+        grads
+            .iter()
+            .map(|g| {
+                g.sqr()?
+                    .sum_all()?
+                    .to_dtype(candle_core::DType::F64)?
+                    .to_scalar::<f64>()
+            })
+            .collect::<candle_core::Result<_>>()?
+    };
     let mut squared = 0f64;
-    for g in grads {
-        squared += if on_host {
-            crate::kernels::with_host_f32(g, crate::kernels::squared_norm)?
-        } else {
-            g.sqr()?
-                .sum_all()?
-                .to_dtype(candle_core::DType::F64)?
-                .to_scalar::<f64>()?
-        };
+    for sum in sums {
+        squared += sum;
     }
     Ok(squared.sqrt())
 }
