@@ -134,7 +134,8 @@ pub fn with_workers_awake<R>(work: impl FnOnce() -> R) -> R {
     work()
 }
 
-/// Threads polling in [`with_workers_awake`] now.
+/// Threads polling in [`with_workers_awake`] now: what its test watches, at the cost of two
+/// atomic adds per epoch.
 static POLLING: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs the pool's pending jobs as they come, until `done`.
