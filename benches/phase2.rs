@@ -2,7 +2,7 @@
 //! code does: every step a full forward of the batch through the frozen backbone, then the last
 //! layer with the trainable query/key, backward and AdamW (same machine, same run).
 //!
-//!   ours:      one epoch of `train_phase2` at n = 200, batch 16 (13 steps), including the
+//!   ours:      one epoch of phase 2's loop at n = 200, batch 16 (13 steps), including the
 //!              per-epoch evaluation of the 200 fine-tune samples that feeds metrics.jsonl, on
 //!              one thread and on all cores (as `finetune` runs alone: the host pass's chunks on
 //!              every core);
@@ -22,14 +22,12 @@ use std::time::Instant;
 
 use common::{median, median_seconds};
 
+use benign_attention::data::DatasetName;
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
-use benign_attention::rng::Shuffle;
-use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
-use benign_attention::train::look_ahead::LookAhead;
-use benign_attention::train::loops::{Phase2Data, Phase2Model, Phase2Schedule, Set, train_phase2};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
+use benign_attention::train::run::RunConfig;
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 
@@ -66,8 +64,8 @@ fn main() {
     };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let hidden = backbone.hidden_size();
-    let classifier = Classifier::new(hidden, 10, None, &mut rng, &device).unwrap();
-    let layer = LastLayer::new(&backbone.model, &classifier).unwrap();
+    let classifiers = [Classifier::new(hidden, 10, None, &mut rng, &device).unwrap()];
+    let layer = LastLayer::new(&backbone.model, &classifiers[0]).unwrap();
     let labels: Vec<u32> = (0..N).map(|i| (i % 10) as u32).collect();
     let noisy_mask: Vec<bool> = (0..N).map(|i| i % 5 == 0).collect();
     let steps = N.div_ceil(BATCH);
@@ -83,68 +81,33 @@ fn main() {
     let all = Tensor::cat(&inputs, 0).unwrap();
     let cached = LayerRows::from_padded(&all, vec![all.dim(1).unwrap(); N]).unwrap();
     let qk = QueryKey::reset(hidden, &mut rng, &device).unwrap();
-    // The fine-tune set as `finetune` holds it: normed once, read in place every step.
-    let resident = layer.resident(&cached, &device).unwrap();
-    let data = Phase2Data {
-        labels: &labels,
-        clean_labels: &labels,
-        noisy_mask: &noisy_mask,
+    let config = RunConfig {
+        n: N,
+        batch_size: BATCH,
+        ..RunConfig::paper(&DatasetName::Cifar10).unwrap()
+    };
+    let run_labels = [labels.clone()];
+    // The "test" set is the same 200 samples here; it is scored after each block's last epoch,
+    // so ours is slightly overstated.
+    let sets = common::stack::Sets {
+        model: &backbone.model,
+        finetune: &cached,
+        test: &cached,
         test_labels: &labels,
+        classifiers: &classifiers,
+        labels: &run_labels,
+        noisy_mask: &noisy_mask,
+        config: &config,
     };
     let block = 10;
+    // As `finetune` trains: the host pass on the CPU, its samples on `threads` threads, each
+    // epoch's fine-tune evaluation during the next epoch's steps.
     let ours_on = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        // As `finetune` trains: the host pass on the CPU, its samples on `threads` threads.
-        let sets = LastLayerSets {
-            layer: &layer,
-            qk: &qk,
-            finetune: &resident,
-            test: TestRows::held_if_within(&layer, &cached, RESIDENT_TEST_BYTES).unwrap(),
-            labels: &labels,
-            sample_pool: &pool,
-        };
-        let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
-        let step = |rows: &[usize]| sets.step(rows);
-        // The fine-tune set's evaluation during the next epoch's steps, as `finetune` runs it.
-        let evaluating_step =
-            |rows: &[usize], earlier: &[Tensor]| sets.step_evaluating(rows, earlier);
         median(
             (0..5)
                 .map(|_| {
-                    let mut opt =
-                        AdamW::new(qk.named(), OptimizerConfig::default(), block * steps).unwrap();
                     let started = Instant::now();
-                    pool.install(|| {
-                        let look_ahead = LookAhead {
-                            step: &evaluating_step,
-                            kept: &|_| false,
-                        };
-                        train_phase2(
-                            &Phase2Model {
-                                forward: &forward,
-                                step: &step,
-                                look_ahead: Some(&look_ahead),
-                                penalty: None,
-                            },
-                            &mut opt,
-                            &data,
-                            &Phase2Schedule {
-                                start_epoch: 0,
-                                epochs: block,
-                                batch_size: BATCH,
-                                shuffle: Shuffle::own(0),
-                                eval_every: usize::MAX,
-                                measure_reset: false,
-                            },
-                            &mut |_, _| Ok(()),
-                        )
-                    })
-                    .unwrap();
-                    // The last epoch of a block also scores the "test" set (the same 200
-                    // samples here), so ours is slightly overstated.
+                    common::stack::train_stack(&sets, 1, block, threads, &mut |_| {});
                     started.elapsed().as_secs_f64()
                 })
                 .collect(),
@@ -158,7 +121,7 @@ fn main() {
 
     // Baseline: the authors' step and a batch of their attention callback, timed per batch
     // and scaled to an epoch.
-    let mut opt = AdamW::new(qk.named(), OptimizerConfig::default(), 100).unwrap();
+    let mut opt = AdamW::new(qk.named().unwrap(), OptimizerConfig::default(), 100).unwrap();
     let batch_pixels = pixels(0, BATCH);
     let targets = Tensor::from_slice(&labels[..BATCH], BATCH, &device).unwrap();
     let forward_full = || {

@@ -34,17 +34,15 @@ use std::time::Instant;
 
 use common::{median, median_seconds};
 
+use benign_attention::data::DatasetName;
 use benign_attention::data::{ImageSet, Inputs, Split};
 use benign_attention::encoder::bert::{BertConfig, TextBatch};
 use benign_attention::encoder::cache::{Contents, FeatureCache};
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Encoded, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
-use benign_attention::rng::Shuffle;
-use benign_attention::train::last_layer_sets::{LastLayerSets, RESIDENT_TEST_BYTES, TestRows};
-use benign_attention::train::look_ahead::LookAhead;
-use benign_attention::train::loops::{Phase2Data, Phase2Model, Phase2Schedule, Set, train_phase2};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
+use benign_attention::train::run::RunConfig;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use rand::{RngExt, SeedableRng};
@@ -274,76 +272,41 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
             .map(|p| (p.weight(), p.bias().unwrap())),
         Model::Vit(_) => None,
     };
-    let classifier = Classifier::new(768, classes, pooler, &mut rng, &device).unwrap();
-    let layer = LastLayer::new(&backbone.model, &classifier).unwrap();
-    let qk = QueryKey::reset(768, &mut rng, &device).unwrap();
-    // As `finetune` reads them: the fine-tune set normed once and held, the test set streamed.
-    let resident = layer.resident(&train_rows, &device).unwrap();
+    let classifiers = [Classifier::new(768, classes, pooler, &mut rng, &device).unwrap()];
     let labels: Vec<u32> = (0..N).map(|i| (i % classes) as u32).collect();
     let noisy_mask: Vec<bool> = (0..N).map(|i| i % 5 == 0).collect();
     let test_labels: Vec<u32> = (0..TEST_N).map(|i| (i % classes) as u32).collect();
-    let data = Phase2Data {
-        labels: &labels,
-        clean_labels: &labels,
-        noisy_mask: &noisy_mask,
+    let config = RunConfig {
+        n: N,
+        batch_size: BATCH,
+        ..RunConfig::paper(&DatasetName::Cifar10).unwrap()
+    };
+    let run_labels = [labels];
+    // As `finetune` reads them: the fine-tune set normed once and held, the test set streamed.
+    let sets = common::stack::Sets {
+        model: &backbone.model,
+        finetune: &train_rows,
+        test: &test_rows,
         test_labels: &test_labels,
+        classifiers: &classifiers,
+        labels: &run_labels,
+        noisy_mask: &noisy_mask,
+        config: &config,
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap();
-    let sets = LastLayerSets {
-        layer: &layer,
-        qk: &qk,
-        finetune: &resident,
-        test: TestRows::held_if_within(&layer, &test_rows, RESIDENT_TEST_BYTES).unwrap(),
-        labels: &labels,
-        sample_pool: &pool,
-    };
-    let forward = |set: Set, rows: &[usize]| sets.evaluate(set, rows);
-    let step = |rows: &[usize]| sets.step(rows);
-    let evaluating_step = |rows: &[usize], earlier: &[Tensor]| sets.step_evaluating(rows, earlier);
     let epochs = 5;
-    let mut opt = AdamW::new(qk.named(), OptimizerConfig::default(), epochs * 13).unwrap();
     // Each epoch's fine-tune evaluation rides along the next epoch's steps, as in `finetune`, so
     // the metrics of epoch e arrive at the end of epoch e + 1's steps: the first arrival spans two
     // epochs, the next ones one each, and the last is the last epoch's own evaluation, the
     // fine-tune set's and the test set's.
     let mut times = Vec::new();
     let mut limits = Vec::new();
-    pool.install(|| {
-        let look_ahead = LookAhead {
-            step: &evaluating_step,
-            kept: &|_| false,
-        };
-        let mut last = Instant::now();
-        train_phase2(
-            &Phase2Model {
-                forward: &forward,
-                step: &step,
-                look_ahead: Some(&look_ahead),
-                penalty: None,
-            },
-            &mut opt,
-            &data,
-            &Phase2Schedule {
-                start_epoch: 0,
-                epochs,
-                batch_size: BATCH,
-                shuffle: Shuffle::own(0),
-                eval_every: usize::MAX,
-                measure_reset: false,
-            },
-            &mut |_, _| {
-                times.push(last.elapsed().as_secs_f64());
-                if (1..epochs - 1).contains(&(times.len() - 1)) {
-                    limits.push(common::large_product_rate());
-                }
-                last = Instant::now();
-                Ok(())
-            },
-        )
-        .unwrap()
+    let mut last = Instant::now();
+    common::stack::train_stack(&sets, 1, epochs, threads, &mut |_| {
+        times.push(last.elapsed().as_secs_f64());
+        if (1..epochs - 1).contains(&(times.len() - 1)) {
+            limits.push(common::large_product_rate());
+        }
+        last = Instant::now();
     });
     let epoch = median(times[1..epochs - 1].to_vec());
     let test_eval = times[epochs - 1];
@@ -405,7 +368,7 @@ fn baseline_batch(dir: &Path) -> (f64, f64) {
     let classifier = Classifier::new(768, 4, None, &mut rng, &device).unwrap();
     let layer = LastLayer::new(&backbone.model, &classifier).unwrap();
     let qk = QueryKey::reset(768, &mut rng, &device).unwrap();
-    let mut opt = AdamW::new(qk.named(), OptimizerConfig::default(), 100).unwrap();
+    let mut opt = AdamW::new(qk.named().unwrap(), OptimizerConfig::default(), 100).unwrap();
     let targets = Tensor::from_vec(
         (0..BATCH as u32).map(|i| i % 4).collect::<Vec<_>>(),
         BATCH,

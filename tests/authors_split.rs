@@ -57,7 +57,10 @@ fn numbers(v: &Value) -> Vec<u64> {
 
 /// docs/protocol.md §3.1's seed-42 prefixes of the authors' split (MNIST: tail-shuffle path, TREC: Floyd).
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn seed_42_prefixes_of_the_paper() {
     let Some(root) = data_dir("authors_split::seed_42_prefixes_of_the_paper") else {
         return;
@@ -106,11 +109,14 @@ fn seed_42_prefixes_of_the_paper() {
 /// numpy and torch give on the same real labels (the authors' noise line evaluated verbatim), index
 /// for index and label for label.
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn trec_breastmnist_and_mnist_at_seed_7_equal_real_numpy_and_torch() {
-    let Some(root) = data_dir(
-        "authors_split::trec_breastmnist_and_mnist_at_seed_7_equal_real_numpy_and_torch",
-    ) else {
+    let Some(root) =
+        data_dir("authors_split::trec_breastmnist_and_mnist_at_seed_7_equal_real_numpy_and_torch")
+    else {
         return;
     };
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/authors_rng.json");
@@ -175,7 +181,10 @@ fn trec_breastmnist_and_mnist_at_seed_7_equal_real_numpy_and_torch() {
 /// Partial or foreign training files are refused in one line that says how many drawn rows are
 /// missing.
 #[test]
-#[cfg_attr(benign_no_data, ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none")]
+#[cfg_attr(
+    benign_no_data,
+    ignore = "needs real data: BENIGN_DATA_DIR is not set and ./datasets holds none"
+)]
 fn partial_data_is_refused_naming_the_missing_rows() {
     let Some(root) = data_dir("authors_split::partial_data_is_refused_naming_the_missing_rows")
     else {

@@ -176,7 +176,11 @@ fn a_grid_no_run_of_which_fits_the_data_names_ns() {
     assert_one_error_line(
         "--ns 2000",
         &out,
-        &["--ns", "no run of the grid can be made", "breastmnist n = 2000"],
+        &[
+            "--ns",
+            "no run of the grid can be made",
+            "breastmnist n = 2000",
+        ],
     );
     assert!(
         !out_dir.exists(),

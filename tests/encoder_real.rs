@@ -38,7 +38,10 @@ fn cosine(a: &Tensor, b: &Tensor) -> f32 {
 /// MANIFEST.md's sanity values: mean-pooled, normalised sentence embeddings with the
 /// sentence-transformers convention (special tokens on).
 #[test]
-#[cfg_attr(benign_no_models, ignore = "needs real checkpoints: BENIGN_MODELS_DIR is not set")]
+#[cfg_attr(
+    benign_no_models,
+    ignore = "needs real checkpoints: BENIGN_MODELS_DIR is not set"
+)]
 fn minilm_sentence_similarities() {
     let Some(models) = common::models_root("encoder_real::minilm_sentence_similarities") else {
         return;
@@ -142,7 +145,10 @@ fn vit_tiny_cls_features_classify_cifar10() {
 /// A checkpoint folder with config.json but no weights (the paper's bert-base-uncased in the
 /// offline mirror) is one clear error; with its weights it resolves.
 #[test]
-#[cfg_attr(benign_no_models, ignore = "needs real checkpoints: BENIGN_MODELS_DIR is not set")]
+#[cfg_attr(
+    benign_no_models,
+    ignore = "needs real checkpoints: BENIGN_MODELS_DIR is not set"
+)]
 fn the_papers_bert_without_weights_is_one_clear_error() {
     let test = "encoder_real::the_papers_bert_without_weights_is_one_clear_error";
     let Some(models) = common::models_root(test) else {

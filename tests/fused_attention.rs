@@ -25,7 +25,9 @@ fn rng(seed: u64) -> rand_chacha::ChaCha8Rng {
 /// N(0, std²) entries, on the CPU.
 fn random(shape: &[usize], std: f32, rng: &mut rand_chacha::ChaCha8Rng) -> Tensor {
     let normal = Normal::new(0f32, std).unwrap();
-    let data: Vec<f32> = (0..shape.iter().product()).map(|_| normal.sample(rng)).collect();
+    let data: Vec<f32> = (0..shape.iter().product())
+        .map(|_| normal.sample(rng))
+        .collect();
     Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
 }
 
@@ -41,7 +43,10 @@ fn self_attention_matches_the_fused_cpu_pass() {
     let mut rng = rng(5);
     let mut weights = HashMap::new();
     for name in ["query", "key", "value"] {
-        weights.insert(format!("{name}.weight"), random(&[hidden, hidden], 0.3, &mut rng));
+        weights.insert(
+            format!("{name}.weight"),
+            random(&[hidden, hidden], 0.3, &mut rng),
+        );
         weights.insert(format!("{name}.bias"), random(&[hidden], 0.3, &mut rng));
     }
     let load = |device: &Device| {
@@ -63,7 +68,10 @@ fn self_attention_matches_the_fused_cpu_pass() {
     for mask in [None, Some(&mask)] {
         let fused = on_host.forward(&xs, mask).unwrap();
         let generic = on_host.forward_reference(&xs, mask).unwrap();
-        assert!(max_abs_diff(&fused, &generic) < 1e-5, "CPU: fused vs generic");
+        assert!(
+            max_abs_diff(&fused, &generic) < 1e-5,
+            "CPU: fused vs generic"
+        );
         let there = on_device
             .forward(
                 &xs.to_device(&device).unwrap(),
@@ -72,7 +80,10 @@ fn self_attention_matches_the_fused_cpu_pass() {
             .unwrap();
         assert!(there.device().same_device(&device));
         let diff = max_abs_diff(&there, &fused);
-        assert!(diff < 1e-5, "{device:?} vs the fused CPU pass: max |Δ| {diff}");
+        assert!(
+            diff < 1e-5,
+            "{device:?} vs the fused CPU pass: max |Δ| {diff}"
+        );
     }
 }
 
@@ -104,9 +115,8 @@ fn one_query_attention_and_its_gradients_match_the_fused_cpu_op() {
         let weights_p = random(&[b, heads, t], 1.0, &mut rng);
         let run = |device: &Device, generic: bool| {
             let on = |x: &Tensor| x.to_device(device).unwrap();
-            let kv = Arc::new(
-                KeyValues::new(&on(&tokens), heads, lengths.as_deref(), 0.37).unwrap(),
-            );
+            let kv =
+                Arc::new(KeyValues::new(&on(&tokens), heads, lengths.as_deref(), 0.37).unwrap());
             let (q, c) = (
                 Var::from_tensor(&on(&queries)).unwrap(),
                 Var::from_tensor(&on(&bias)).unwrap(),
@@ -133,8 +143,14 @@ fn one_query_attention_and_its_gradients_match_the_fused_cpu_op() {
             ("CPU generic ops", run(&Device::Cpu, true)),
             ("test device", run(&device, false)),
         ] {
-            assert!(max_rel(&other.pooled, &fused.pooled) < 1e-5, "{what}: pooled");
-            assert!(max_rel(&other.probs, &fused.probs) < 1e-5, "{what}: probabilities");
+            assert!(
+                max_rel(&other.pooled, &fused.pooled) < 1e-5,
+                "{what}: pooled"
+            );
+            assert!(
+                max_rel(&other.probs, &fused.probs) < 1e-5,
+                "{what}: probabilities"
+            );
             let diff = max_rel(&other.grad_queries, &fused.grad_queries);
             assert!(diff < 1e-5, "{what}: query gradient {diff}");
             // Σₜ ∂L/∂sₜ = 0: the bias only shifts the scores, so both are rounding noise.

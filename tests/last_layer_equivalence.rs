@@ -88,7 +88,7 @@ fn check(
     );
     assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "loss {a} vs {b}");
     let magnitude = max_abs;
-    for (name, var) in qk.named() {
+    for (name, var) in qk.named().unwrap() {
         let (ours, reference) = (grads.get(&var).unwrap(), full_grads.get(&var).unwrap());
         eprintln!(
             "{name}: max |grad| {:e}, max |Δ| {:e}",
@@ -115,7 +115,7 @@ fn check(
         // Both ways of sharing the rows out over threads, to the same bits.
         let mut runs = Vec::new();
         for spread in [HostSpread::Chunks, HostSpread::Operations] {
-            layer.set_host_spread(spread);
+            layer.set_host_spread(spread).unwrap();
             assert_eq!(layer.host_spread(), Some(spread));
             runs.push(check_host_pass(
                 &layer, &qk, &resident, &rows, &batch, labels,
@@ -145,6 +145,7 @@ fn check(
         loss: a,
         grads: qk
             .named()
+            .unwrap()
             .into_iter()
             .map(|(name, var)| (name, on_cpu(grads.get(&var).unwrap())))
             .collect(),
@@ -193,7 +194,7 @@ fn check_host_pass(
         "host loss {host_loss} vs autograd's {reference_loss}"
     );
     let scale = max_abs(grads.get(&qk.wq).unwrap());
-    for ((name, var), ours) in qk.named().iter().zip(&host_grads) {
+    for ((name, var), ours) in qk.named().unwrap().iter().zip(&host_grads) {
         let reference = grads.get(var).unwrap();
         let diff = max_abs_diff(ours, reference);
         let bound = if name == "key.bias" {
@@ -371,4 +372,156 @@ fn bert_phase2_from_cache_equals_the_full_forward() {
     if !device.is_cpu() {
         assert_same_step(&ours, &bert_step(&Device::Cpu));
     }
+}
+
+/// Three runs stepped as one stack by the host pass (two reading the same samples in the same
+/// order with other labels, one other samples in another order, each with its own classifier,
+/// query, key and look-ahead parameters) get what each gets alone, bit for bit: loss, every
+/// gradient and the look-ahead's evaluation; and a stacked evaluation is each run's own. In both
+/// spreads of the rows over the threads.
+fn check_stack(
+    model: &Model,
+    inputs: &Tensor,
+    lengths: Vec<usize>,
+    pooler: Option<(&Tensor, &Tensor)>,
+) {
+    use benign_attention::model::last_layer::{HostSource, StackEval, StackRun};
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let values: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        values.iter().map(|v| v.to_bits()).collect()
+    };
+    let (n, _, hidden) = inputs.dims3().unwrap();
+    let classes = 4;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+    let classifiers: Vec<Classifier> = (0..3)
+        .map(|_| Classifier::new(hidden, classes, pooler, &mut rng, &Device::Cpu).unwrap())
+        .collect();
+    let qks: Vec<QueryKey> = (0..3)
+        .map(|_| QueryKey::reset(hidden, &mut rng, &Device::Cpu).unwrap())
+        .collect();
+    let aheads: Vec<QueryKey> = (0..3)
+        .map(|_| QueryKey::reset(hidden, &mut rng, &Device::Cpu).unwrap())
+        .collect();
+    let stacked = |of: &[QueryKey]| -> Vec<Tensor> {
+        (0..4)
+            .map(|p| {
+                Tensor::stack(
+                    &of.iter()
+                        .map(|qk| qk.tensors()[p].clone())
+                        .collect::<Vec<_>>(),
+                    0,
+                )
+                .unwrap()
+            })
+            .collect()
+    };
+    let cached = LayerRows::from_padded(inputs, lengths).unwrap();
+    let forward_rows: Vec<usize> = (0..n).collect();
+    let other_rows: Vec<usize> = (0..n).rev().collect();
+    let targets: Vec<Vec<u32>> = vec![
+        (0..n as u32).map(|i| i % classes as u32).collect(),
+        (0..n as u32).map(|i| (i + 1) % classes as u32).collect(),
+        (0..n as u32).map(|i| (i * 3) % classes as u32).collect(),
+    ];
+    for spread in [HostSpread::Chunks, HostSpread::Operations] {
+        let mut base = LastLayer::new(model, &classifiers[0]).unwrap();
+        base.set_host_spread(spread).unwrap();
+        let layers = [
+            base.with_classifier(&classifiers[1]).unwrap(),
+            base.with_classifier(&classifiers[2]).unwrap(),
+        ];
+        let layers = [&base, &layers[0], &layers[1]];
+        let resident = base.resident(&cached, &Device::Cpu).unwrap();
+        let rows = [&forward_rows, &forward_rows, &other_rows];
+        let runs: Vec<StackRun> = (0..3)
+            .map(|k| StackRun {
+                layer: layers[k],
+                source: HostSource::Resident(&resident),
+                rows: rows[k],
+                targets: &targets[k],
+            })
+            .collect();
+        let ahead = stacked(&aheads);
+        let stack = LastLayer::host_step_stack(&stacked(&qks), Some(&ahead), &runs)
+            .unwrap()
+            .expect("the CPU has the host pass");
+        let evals: Vec<StackEval> = (0..3)
+            .map(|k| StackEval {
+                layer: layers[k],
+                source: HostSource::Resident(&resident),
+                rows: rows[k],
+            })
+            .collect();
+        let evaluated = LastLayer::evaluate_stack(&stacked(&qks), &evals)
+            .unwrap()
+            .unwrap();
+        for k in 0..3 {
+            let alone = layers[k]
+                .host_step(&qks[k], &resident, rows[k], &targets[k], Some(&aheads[k]))
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                stack.losses[k].to_bits(),
+                alone.loss.to_bits(),
+                "{spread:?} run {k}: loss"
+            );
+            for (p, g) in alone.gradients.iter().enumerate() {
+                assert_eq!(
+                    bits(&stack.gradients[p].get(k).unwrap()),
+                    bits(g),
+                    "{spread:?} run {k}: gradient {p}"
+                );
+            }
+            let (ours, theirs) = (
+                stack.evaluated[k].as_ref().unwrap(),
+                alone.evaluated.as_ref().unwrap(),
+            );
+            assert_eq!(
+                bits(&ours.logits),
+                bits(&theirs.logits),
+                "{spread:?} run {k}: look-ahead logits"
+            );
+            assert_eq!(
+                bits(&ours.cls_attention),
+                bits(&theirs.cls_attention),
+                "{spread:?} run {k}: look-ahead attention"
+            );
+            let own = layers[k]
+                .evaluate_resident(&qks[k], &resident, rows[k])
+                .unwrap();
+            assert_eq!(
+                bits(&evaluated[k].logits),
+                bits(&own.logits),
+                "{spread:?} run {k}: evaluation"
+            );
+        }
+        assert_ne!(stack.losses[0].to_bits(), stack.losses[1].to_bits());
+    }
+}
+
+#[test]
+fn a_vit_stack_steps_each_run_as_alone() {
+    let config: VitConfig = config("tiny_vit");
+    let vit = Vit::load(model_vb("tiny_vit", &Device::Cpu), &config).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+    let values: Vec<f32> = (0..11 * 3 * 32 * 32)
+        .map(|_| rand::RngExt::random_range(&mut rng, -1.0f32..1.0))
+        .collect();
+    let pixels = Tensor::from_vec(values, (11, 3, 32, 32), &Device::Cpu).unwrap();
+    let inputs = vit.last_layer_input(&pixels).unwrap();
+    let tokens = inputs.dim(1).unwrap();
+    check_stack(&Model::Vit(vit), &inputs, vec![tokens; 11], None);
+}
+
+#[test]
+fn a_bert_stack_steps_each_run_as_alone() {
+    let config: BertConfig = config("tiny_bert");
+    let bert = Bert::load(model_vb("tiny_bert", &Device::Cpu), &config).unwrap();
+    let io = load("tiny_bert_io.safetensors");
+    let batch = bert_batch(&io, &Device::Cpu);
+    let inputs = bert.last_layer_input(&batch).unwrap();
+    let lengths = unpadded_lengths(&batch.attention_mask).unwrap();
+    let pooler = bert.pooler.clone().expect("the fixture has a pooler");
+    let (w, b) = (pooler.weight().clone(), pooler.bias().unwrap().clone());
+    check_stack(&Model::Bert(bert), &inputs, lengths, Some((&w, &b)));
 }

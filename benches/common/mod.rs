@@ -80,3 +80,131 @@ pub fn rate_line(macs_per_second: f64, limit: f64) -> String {
         limit / 1e9
     )
 }
+
+pub mod stack {
+    //! Phase 2 of a stack of runs through the trainee and loop `finetune` uses, for the benches:
+    //! the runs read one fine-tune set in one batch order from one seed (η-siblings: only their
+    //! labels differ) and one test set, and every epoch's metrics are computed as `finetune`
+    //! computes them.
+
+    use std::sync::{Arc, Mutex};
+
+    use anyhow::Result;
+    use benign_attention::data::split::SplitName;
+    use benign_attention::encoder::Model;
+    use benign_attention::encoder::layer_rows::LayerRows;
+    use benign_attention::model::Classifier;
+    use benign_attention::rng::Shuffle;
+    use benign_attention::train::phase2::epochs::{EpochPlan, Record, train};
+    use benign_attention::train::phase2::last_layer::LastLayerTrainee;
+    use benign_attention::train::phase2::record::MetricsLog;
+    use benign_attention::train::phase2::stack::{Labels, RunData, Samples, Shared};
+    use benign_attention::train::phase2::trainee::{Evaluation, Trainee};
+    use benign_attention::train::run::RunConfig;
+    use candle_core::Device;
+    use rand::SeedableRng;
+
+    /// What a stack trains on.
+    pub struct Sets<'a> {
+        pub model: &'a Model,
+        pub finetune: &'a LayerRows,
+        pub test: &'a LayerRows,
+        pub test_labels: &'a [u32],
+        /// Each run's classifier and noisy labels: one run per entry.
+        pub classifiers: &'a [Classifier],
+        pub labels: &'a [Vec<u32>],
+        pub noisy_mask: &'a [bool],
+        /// The runs' configuration (n, batch size, epochs, η's and seeds aside).
+        pub config: &'a RunConfig,
+    }
+
+    /// Times each evaluated epoch from the last one's end, after the metrics are computed.
+    struct Timed<'a> {
+        log: MetricsLog<'a>,
+        on_epoch: &'a mut (dyn FnMut(usize) + Send),
+    }
+
+    impl Record for Timed<'_> {
+        fn epoch(
+            &mut self,
+            trainee: &dyn Trainee,
+            evaluation: Evaluation,
+            batch_losses: Option<&[Vec<f64>]>,
+        ) -> Result<()> {
+            let epoch = evaluation.epoch;
+            self.log.epoch(trainee, evaluation, batch_losses)?;
+            (self.on_epoch)(epoch);
+            Ok(())
+        }
+    }
+
+    /// `runs` of the sets' runs (the first ones) trained together for `epochs` epochs on
+    /// `threads` threads, the test set scored after the last; `on_epoch` is called as each
+    /// epoch's metrics are in (with the look-ahead, epoch e's at the end of epoch e + 1's steps).
+    pub fn train_stack(
+        sets: &Sets,
+        runs: usize,
+        epochs: usize,
+        threads: usize,
+        on_epoch: &mut (dyn FnMut(usize) + Send),
+    ) {
+        let finetune: Vec<usize> = (0..sets.finetune.len()).collect();
+        let test: Vec<usize> = (0..sets.test.len()).collect();
+        let data: Vec<RunData> = (0..runs)
+            .map(|k| RunData {
+                config: sets.config,
+                classifier: &sets.classifiers[k],
+                labels: Labels {
+                    labels: &sets.labels[k],
+                    clean_labels: &sets.labels[0],
+                    noisy_mask: sets.noisy_mask,
+                    test_labels: sets.test_labels,
+                },
+                finetune: sets.finetune,
+                test: sets.test,
+                finetune_samples: Samples {
+                    split: SplitName::Train,
+                    positions: &finetune,
+                },
+                test_samples: Samples {
+                    split: SplitName::Test,
+                    positions: &test,
+                },
+                init_rng: Mutex::new(rand_chacha::ChaCha8Rng::seed_from_u64(0)),
+            })
+            .collect();
+        let refs: Vec<&RunData> = data.iter().collect();
+        let spill = tempfile::tempdir().unwrap();
+        let shared = Shared {
+            model: sets.model,
+            device: &Device::Cpu,
+            hidden: sets.classifiers[0].weight.dims()[1],
+            spill_dir: spill.path(),
+        };
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap(),
+        );
+        let mut trainee = LastLayerTrainee::new(&shared, &refs, Arc::clone(&pool)).unwrap();
+        let never = |_: usize| false;
+        let plan = EpochPlan {
+            start_epoch: 0,
+            epochs,
+            batch_size: sets.config.batch_size,
+            n: sets.finetune.len(),
+            shuffles: vec![Shuffle::own(0); runs],
+            eval_every: usize::MAX,
+            measure_reset: false,
+            kept: &never,
+        };
+        let labels = data.iter().map(|d| d.labels).collect();
+        let mut record = Timed {
+            log: MetricsLog::new(labels, vec![Vec::new(); runs]),
+            on_epoch,
+        };
+        pool.install(|| train(&mut trainee, &plan, &mut record))
+            .unwrap();
+    }
+}

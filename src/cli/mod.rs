@@ -140,7 +140,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-
 /// Runs a parsed command; `Ok` carries the exit status of a command that ran to its end (0, or 1
 /// for a negative answer such as `data verify` finding a mismatch).
 pub fn run(cli: Cli) -> Result<ExitCode> {

@@ -110,6 +110,7 @@ impl ShardKey {
     }
 }
 
+#[derive(Clone, Debug)]
 pub struct FeatureCache {
     root: PathBuf,
 }

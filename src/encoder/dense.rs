@@ -323,11 +323,15 @@ impl FrozenLinear {
         let rows = x.len() / (g * i);
         debug_assert_eq!(y.len(), rows * out);
         // y[:, group] (rows×o, row stride out) = x[:, group] (rows×in) · W_groupᵀ.
-        let parts = self.forward_packed.iter().enumerate().map(|(group, packed)| ProductPart {
-            matrix: packed,
-            a: &x[group * i..],
-            column: group * o,
-        });
+        let parts = self
+            .forward_packed
+            .iter()
+            .enumerate()
+            .map(|(group, packed)| ProductPart {
+                matrix: packed,
+                a: &x[group * i..],
+                column: group * o,
+            });
         products(parts, rows, g * i, (y, out), across_threads);
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(out) {
@@ -343,11 +347,15 @@ impl FrozenLinear {
         let rows = dy.len() / out;
         debug_assert_eq!(dx.len(), rows * g * i);
         // ∂L/∂x[:, group] (rows×in, row stride G·in) = ∂L/∂y[:, group] (rows×o) · W_group (o×in).
-        let parts = self.backward_packed.iter().enumerate().map(|(group, packed)| ProductPart {
-            matrix: packed,
-            a: &dy[group * o..],
-            column: group * i,
-        });
+        let parts = self
+            .backward_packed
+            .iter()
+            .enumerate()
+            .map(|(group, packed)| ProductPart {
+                matrix: packed,
+                a: &dy[group * o..],
+                column: group * i,
+            });
         products(parts, rows, out, (dx, g * i), across_threads);
     }
 

@@ -583,7 +583,11 @@ mod tests {
                 let mut shared = vec![f32::NAN; m * dst_stride];
                 let dst = (&mut shared[..], dst_stride);
                 pool.install(|| products_parallel(&parts, m, a_stride, dst));
-                assert_eq!(bits(&shared), bits(&alone), "{groups:?} on {threads} threads");
+                assert_eq!(
+                    bits(&shared),
+                    bits(&alone),
+                    "{groups:?} on {threads} threads"
+                );
             }
         }
     }

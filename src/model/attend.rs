@@ -269,8 +269,9 @@ impl KeyValues {
 
     /// The backward of [`Self::sample_forward`]. With g = ∂L/∂pooled and γ = ∂L/∂p (none: 0):
     /// ∂L/∂pₜ = g·xₜ + γₜ, ∂L/∂sₜ = pₜ(∂L/∂pₜ − Σᵤ pᵤ ∂L/∂pᵤ), ∂L/∂r = scale Σₜ (∂L/∂sₜ) xₜ into
-    /// `grad_queries` (H×D), ∂L/∂c = scale Σₜ ∂L/∂sₜ into `grad_bias` (H). `probs`, g and γ are
-    /// H rows each. `next` as for [`Self::sample_forward`].
+    /// `grad_queries` (R×D), ∂L/∂c = scale Σₜ ∂L/∂sₜ into `grad_bias` (R). `probs`, g and γ are
+    /// R rows each, R the length of `grad_bias`: any whole number of heads' rows, as for the
+    /// forward, each row's numbers those it gets alone. `next` as for [`Self::sample_forward`].
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn sample_backward(
         &self,
@@ -282,7 +283,7 @@ impl KeyValues {
         grad_bias: &mut [f32],
         next: Option<usize>,
     ) {
-        let (h, t) = (self.heads, self.tokens);
+        let (h, t) = (grad_bias.len(), self.tokens);
         // Past L every probability is 0, and so is every ∂L/∂s.
         let len = self.lengths[i];
         let tokens = self.unpadded(i);

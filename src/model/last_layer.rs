@@ -14,12 +14,14 @@
 //! computes that one for the equivalence test.
 
 mod host;
+mod stack;
 
 pub use host::HostSpread;
+pub use stack::{HostRows, HostSource, HostStep, StackEval, StackRun, StackStep};
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, bail};
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::Module;
 use rand::RngExt;
@@ -33,12 +35,14 @@ use crate::encoder::layer_rows::LayerRows;
 use crate::encoder::layers::{Norm, SelfAttention, first_token};
 use crate::encoder::vit::VitLayer;
 
-/// The trainable query and key of the last layer.
+/// The trainable query and key of the last layer: variables of their own
+/// ([`QueryKey::reset`]), or one run's views of a stack's ([`QueryKey::of_run`]), through which
+/// autograd reaches the stacked variables.
 pub struct QueryKey {
-    pub wq: Var,
-    pub bq: Var,
-    pub wk: Var,
-    pub bk: Var,
+    pub wq: Tensor,
+    pub bq: Tensor,
+    pub wk: Tensor,
+    pub bk: Tensor,
 }
 
 impl QueryKey {
@@ -49,8 +53,10 @@ impl QueryKey {
         let mut draw = |len: usize| -> Vec<f32> {
             (0..len).map(|_| rng.random_range(-bound..bound)).collect()
         };
-        let var = |values: Vec<f32>, shape: &[usize]| {
-            Var::from_tensor(&Tensor::from_vec(values, shape, device)?)
+        let var = |values: Vec<f32>, shape: &[usize]| -> Result<Tensor> {
+            Ok(Var::from_tensor(&Tensor::from_vec(values, shape, device)?)?
+                .as_tensor()
+                .clone())
         };
         let (wq, bq) = (draw(hidden * hidden), draw(hidden));
         let (wk, bk) = (draw(hidden * hidden), draw(hidden));
@@ -74,16 +80,16 @@ impl QueryKey {
                 )?),
             }
         };
+        let var = |t: &Tensor| -> Result<Tensor> { Ok(Var::from_tensor(t)?.as_tensor().clone()) };
         Ok(Self {
-            wq: Var::from_tensor(attention.query.weight())?,
-            bq: Var::from_tensor(&bias(&attention.query)?)?,
-            wk: Var::from_tensor(attention.key.weight())?,
-            bk: Var::from_tensor(&bias(&attention.key)?)?,
+            wq: var(attention.query.weight())?,
+            bq: var(&bias(&attention.query)?)?,
+            wk: var(attention.key.weight())?,
+            bk: var(&bias(&attention.key)?)?,
         })
     }
 
-    /// The query and key as `params` hold them, in [`Self::named`]'s order: earlier values
-    /// kept by the training loop.
+    /// The query and key as `params` hold them, in [`Self::named`]'s order.
     pub fn from_params(params: &[Tensor]) -> Result<Self> {
         let [wq, bq, wk, bk] = params else {
             bail!(
@@ -92,30 +98,44 @@ impl QueryKey {
             );
         };
         Ok(Self {
-            wq: Var::from_tensor(wq)?,
-            bq: Var::from_tensor(bq)?,
-            wk: Var::from_tensor(wk)?,
-            bk: Var::from_tensor(bk)?,
+            wq: wq.clone(),
+            bq: bq.clone(),
+            wk: wk.clone(),
+            bk: bk.clone(),
         })
     }
 
-    pub fn named(&self) -> Vec<(String, Var)> {
-        vec![
-            ("query.weight".into(), self.wq.clone()),
-            ("query.bias".into(), self.bq.clone()),
-            ("key.weight".into(), self.wk.clone()),
-            ("key.bias".into(), self.bk.clone()),
+    /// Run `run`'s query and key among `stacked` ([`Self::named`]'s order, each with a leading
+    /// run axis): views, so that a loss on them differentiates the stacked tensors.
+    pub fn of_run(stacked: &[Tensor], run: usize) -> Result<Self> {
+        let views = stacked
+            .iter()
+            .map(|t| t.get(run))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Self::from_params(&views)
+    }
+
+    /// The four tensors in [`Self::named`]'s order.
+    pub fn tensors(&self) -> [Tensor; 4] {
+        [
+            self.wq.clone(),
+            self.bq.clone(),
+            self.wk.clone(),
+            self.bk.clone(),
         ]
     }
-}
 
-/// What [`LastLayer::host_step`] gives: the batch's mean loss, its gradient for each of
-/// [`QueryKey::named`] in that order, and the rows evaluated at the look-ahead's parameters
-/// when it was given some.
-pub struct HostStep {
-    pub loss: f64,
-    pub gradients: Vec<Tensor>,
-    pub evaluated: Option<Output>,
+    /// The parameters by name, as variables sharing their storage (a tensor that is not one
+    /// already is copied into a new variable).
+    pub fn named(&self) -> Result<Vec<(String, Var)>> {
+        let var = Var::from_tensor;
+        Ok(vec![
+            ("query.weight".into(), var(&self.wq)?),
+            ("query.bias".into(), var(&self.bq)?),
+            ("key.weight".into(), var(&self.wk)?),
+            ("key.bias".into(), var(&self.bk)?),
+        ])
+    }
 }
 
 /// A set held in memory as phase 2 reads it every step.
@@ -129,28 +149,6 @@ pub struct ResidentSet {
     cls_normed_host: Vec<f32>,
     /// The normed tokens of every sample.
     tokens: Arc<KeyValues>,
-}
-
-/// A set's layer inputs on the host as the host pass reads them, read and normed once
-/// ([`LastLayer::host_rows`]).
-pub struct HostRows {
-    /// The CLS row of the layer inputs and that row normed, (N, D) each.
-    cls_inputs: Vec<f32>,
-    cls_normed: Vec<f32>,
-    /// The normed tokens of every sample.
-    tokens: KeyValues,
-    dim: usize,
-}
-
-impl HostRows {
-    /// Rows `which` of `all` (N, D).
-    fn gather(&self, all: &[f32], which: &[usize]) -> Vec<f32> {
-        let d = self.dim;
-        which
-            .iter()
-            .flat_map(|&i| all[i * d..(i + 1) * d].iter().copied())
-            .collect()
-    }
 }
 
 /// The logits and the CLS attention (B, H, T) of a batch.
@@ -168,13 +166,16 @@ pub struct LastLayer<'a> {
     value: Arc<FrozenLinear>,
     rest: Rest,
     readout: FrozenClassifier,
-    /// The same pass written out by hand (`host`), on the CPU.
-    host: Option<host::HostLayer>,
+    /// The same pass written out by hand (`host`), on the CPU: the frozen layer, shared by the
+    /// layers of one stack ([`Self::with_classifier`]), and this layer's classifier.
+    host: Option<Arc<host::HostLayer>>,
+    host_readout: Option<host::HostReadout>,
     /// The last streamed batch's values, the next one's buffer ([`LayerRows::host_batch_then`]).
     streamed_buffer: Mutex<Vec<f32>>,
 }
 
 /// The last layer after its attention, and for ViT the final LayerNorm.
+#[derive(Clone)]
 enum Rest {
     Vit(VitLayer, Norm),
     Bert(BertLayer),
@@ -203,10 +204,31 @@ impl<'a> LastLayer<'a> {
             rest,
             readout: classifier.frozen()?,
             host: None,
+            host_readout: None,
             streamed_buffer: Mutex::new(Vec::new()),
         };
-        layer.host = host::HostLayer::new(&layer)?;
+        layer.host = host::HostLayer::new(&layer)?.map(Arc::new);
+        layer.host_readout = layer
+            .host
+            .as_ref()
+            .map(|_| host::HostReadout::new(&layer.readout));
         Ok(layer)
+    }
+
+    /// The same frozen layer read out through another run's `classifier`: the frozen weights are
+    /// shared, not copied, so a stack's runs read one copy of them.
+    pub fn with_classifier(&self, classifier: &'a Classifier) -> Result<Self> {
+        let readout = classifier.frozen()?;
+        Ok(Self {
+            model: self.model,
+            classifier,
+            value: Arc::clone(&self.value),
+            rest: self.rest.clone(),
+            host_readout: self.host.as_ref().map(|_| host::HostReadout::new(&readout)),
+            readout,
+            host: self.host.clone(),
+            streamed_buffer: Mutex::new(Vec::new()),
+        })
     }
 
     fn attention(&self) -> &SelfAttention {
@@ -302,223 +324,6 @@ impl<'a> LastLayer<'a> {
             &set.tokens,
             rows,
         )
-    }
-
-    /// Whether [`Self::host_step`] and the evaluations run the host pass (the CPU, GELU).
-    pub fn has_host_pass(&self) -> bool {
-        self.host.is_some()
-    }
-
-    /// How the host pass shares rows out over the threads, when the layer has one (chosen from
-    /// the size of its frozen weights).
-    pub fn host_spread(&self) -> Option<HostSpread> {
-        self.host.as_ref().map(|host| host.spread)
-    }
-
-    /// Sets the host pass's spread (the tests run both; the numbers do not depend on it).
-    pub fn set_host_spread(&mut self, spread: HostSpread) {
-        if let Some(host) = &mut self.host {
-            host.spread = spread;
-        }
-    }
-
-    /// [`Self::forward_resident`] for evaluation: the same logits and attention, detached, from
-    /// the host pass when the layer has one.
-    pub fn evaluate_resident(
-        &self,
-        qk: &QueryKey,
-        set: &ResidentSet,
-        rows: &[usize],
-    ) -> Result<Output> {
-        let Some(host) = &self.host else {
-            return detached(self.forward_resident(qk, set, rows)?);
-        };
-        self.host_output(host, qk, set.cls_rows(rows), &set.tokens, rows)
-    }
-
-    /// [`Self::forward`] for evaluation, on samples `which` of cached layer inputs: detached, and
-    /// read straight into the host pass when the layer has one (the streamed test set: no tensor,
-    /// no copy of its tokens).
-    pub fn evaluate_rows(
-        &self,
-        qk: &QueryKey,
-        rows: &LayerRows,
-        which: &[usize],
-    ) -> Result<Output> {
-        let Some(host) = &self.host else {
-            let batch = rows.batch(which, self.value_device())?;
-            return detached(self.forward(qk, &batch.inputs, &batch.lengths)?);
-        };
-        let buffer = std::mem::take(
-            &mut *self
-                .streamed_buffer
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        let set = self.host_rows_of(host, rows, which, buffer)?;
-        let all: Vec<usize> = (0..which.len()).collect();
-        let out = self.evaluate_host_rows(qk, &set, &all);
-        *self
-            .streamed_buffer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = set.tokens.into_host_values();
-        out
-    }
-
-    /// Every sample of `rows` read and normed once for the host pass (the test set, when it fits
-    /// in memory), or `None` when the layer has no host pass. Its evaluations
-    /// ([`Self::evaluate_host_rows`]) give [`Self::evaluate_rows`]'s numbers bit for bit: the
-    /// same reads and the same norm, row by row, and the host pass gives a row the same numbers
-    /// whatever rows are beside it.
-    pub fn host_rows(&self, rows: &LayerRows) -> Result<Option<HostRows>> {
-        let Some(host) = self.host.as_ref().filter(|_| !rows.is_empty()) else {
-            return Ok(None);
-        };
-        let all: Vec<usize> = (0..rows.len()).collect();
-        Ok(Some(self.host_rows_of(host, rows, &all, Vec::new())?))
-    }
-
-    /// Samples `which` of `rows` in the form of the layer's host pass, written into `buffer`:
-    /// each sample's CLS row kept, then its tokens normed, right after it is read.
-    fn host_rows_of(
-        &self,
-        host: &host::HostLayer,
-        rows: &LayerRows,
-        which: &[usize],
-        buffer: Vec<f32>,
-    ) -> Result<HostRows> {
-        let d = rows.dim();
-        let (batch, cls_inputs) = rows.host_batch_then(which, buffer, |tokens| {
-            let cls_input = tokens[..d].to_vec();
-            host.normalise_sample(tokens);
-            cls_input
-        })?;
-        let width = batch.width;
-        let cls_normed = batch
-            .values
-            .chunks_exact(width * d)
-            .flat_map(|sample| sample[..d].iter().copied())
-            .collect();
-        let tokens = KeyValues::from_host(
-            batch.values,
-            (which.len(), width, d),
-            self.attention().num_heads,
-            batch.lengths,
-            self.scale(),
-        )?;
-        Ok(HostRows {
-            cls_inputs: cls_inputs.concat(),
-            cls_normed,
-            tokens,
-            dim: d,
-        })
-    }
-
-    /// Logits and CLS attention of samples `which` of a [`HostRows`] set, detached.
-    pub fn evaluate_host_rows(
-        &self,
-        qk: &QueryKey,
-        set: &HostRows,
-        which: &[usize],
-    ) -> Result<Output> {
-        let Some(host) = &self.host else {
-            bail!("held rows are evaluated by the host pass, and this layer has none");
-        };
-        let held = set.cls_inputs.len() / set.dim.max(1);
-        if let Some(&bad) = which.iter().find(|&&i| i >= held) {
-            bail!("held rows: sample {bad} of {held}");
-        }
-        let cls_rows = (
-            set.gather(&set.cls_inputs, which),
-            set.gather(&set.cls_normed, which),
-        );
-        self.host_output(host, qk, cls_rows, &set.tokens, which)
-    }
-
-    /// The host pass's logits and CLS attention of samples `rows` of `tokens`, given their CLS
-    /// rows (the layer inputs', and normed), detached.
-    fn host_output(
-        &self,
-        host: &host::HostLayer,
-        qk: &QueryKey,
-        (inputs, normed): (Vec<f32>, Vec<f32>),
-        tokens: &KeyValues,
-        rows: &[usize],
-    ) -> Result<Output> {
-        let cls = host::ClsRows {
-            inputs: &inputs,
-            normed: &normed,
-        };
-        let (logits, probs) = qk.on_host(|qk| host.forward(qk, &cls, tokens, rows))?;
-        self.output(logits, probs, rows.len(), tokens)
-    }
-
-    /// The mean cross-entropy of resident samples `rows` against `targets`, and its gradient for
-    /// each of [`QueryKey::named`] in that order, from the host pass; `None` when the layer has
-    /// none (then autograd through [`Self::forward_resident`] is the route). With `look_ahead`,
-    /// the step also evaluates its rows at those parameters: the logits and attention
-    /// [`Self::evaluate_resident`] gives them, bit for bit, with each sample's tokens read once
-    /// for both.
-    pub fn host_step(
-        &self,
-        qk: &QueryKey,
-        set: &ResidentSet,
-        rows: &[usize],
-        targets: &[u32],
-        look_ahead: Option<&QueryKey>,
-    ) -> Result<Option<HostStep>> {
-        let Some(host) = &self.host else {
-            return Ok(None);
-        };
-        let (inputs, normed) = set.cls_rows(rows);
-        let cls = host::ClsRows {
-            inputs: &inputs,
-            normed: &normed,
-        };
-        let tokens = &set.tokens;
-        let grads = qk.on_host(|qk| match look_ahead {
-            None => host.loss_and_gradients(qk, &cls, tokens, rows, targets, None),
-            Some(ahead) => ahead.on_host(|ahead| {
-                host.loss_and_gradients(qk, &cls, tokens, rows, targets, Some(ahead))
-            })?,
-        })??;
-        let device = qk.wq.device();
-        let d = grads.bq.len();
-        let evaluated = match grads.evaluated {
-            Some(e) => Some(self.output(e.logits, e.probs, rows.len(), tokens)?),
-            None => None,
-        };
-        Ok(Some(HostStep {
-            loss: f64::from(grads.loss),
-            gradients: vec![
-                Tensor::from_vec(grads.wq, (d, d), device)?,
-                Tensor::from_vec(grads.bq, d, device)?,
-                Tensor::from_vec(grads.wk, (d, d), device)?,
-                Tensor::from_vec(grads.bk, d, device)?,
-            ],
-            evaluated,
-        }))
-    }
-
-    /// The host pass's logits (B×C) and attention (B×H×T) as an [`Output`].
-    fn output(
-        &self,
-        logits: Vec<f32>,
-        probs: Vec<f32>,
-        rows: usize,
-        tokens: &KeyValues,
-    ) -> Result<Output> {
-        let (h, _, t) = tokens.geometry();
-        let device = self.value_device();
-        ensure!(
-            logits.len().is_multiple_of(rows.max(1)),
-            "host pass: logits do not split into {rows} rows"
-        );
-        let classes = logits.len() / rows.max(1);
-        Ok(Output {
-            logits: Tensor::from_vec(logits, (rows, classes), device)?,
-            cls_attention: Tensor::from_vec(probs, (rows, h, t), device)?,
-        })
     }
 
     fn value_device(&self) -> &Device {
@@ -644,15 +449,13 @@ impl<'a> LastLayer<'a> {
 }
 
 impl ResidentSet {
-    /// The CLS inputs and normed rows of samples `rows`, gathered (B×D each).
-    fn cls_rows(&self, rows: &[usize]) -> (Vec<f32>, Vec<f32>) {
-        let d = self.cls_inputs.dims()[1];
-        let gather = |all: &[f32]| -> Vec<f32> {
-            rows.iter()
-                .flat_map(|&i| all[i * d..(i + 1) * d].iter().copied())
-                .collect()
-        };
-        (gather(&self.cls_inputs_host), gather(&self.cls_normed_host))
+    /// Samples in the set.
+    pub fn len(&self) -> usize {
+        self.cls_inputs_host.len() / self.cls_inputs.dims()[1].max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cls_inputs_host.is_empty()
     }
 }
 

@@ -169,11 +169,7 @@ struct Header {
 fn header_lines(maps: &AttentionMaps, image: bool, width: i32) -> Header {
     let title = format!(
         "{} · {} · n {} · η {} · seed {}: token selection",
-        maps.dataset,
-        maps.mode,
-        maps.n,
-        maps.eta,
-        maps.seed
+        maps.dataset, maps.mode, maps.n, maps.eta, maps.seed
     );
     let what = if image {
         let tokens = maps.reset.attention.first().map_or(0, Vec::len);

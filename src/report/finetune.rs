@@ -10,7 +10,7 @@ use anyhow::Result;
 use crate::io::{ensure_dir, write_json, write_json_lines};
 use crate::progress_bar::Bar;
 use crate::train::finetune::{FinetuneRun, Progress, RunFolder};
-use crate::train::loops::EpochMetrics;
+use crate::train::metrics::EpochMetrics;
 
 /// The run's files, once it has finished; with the run's event file, its attention maps join it.
 pub fn write_run(

@@ -19,7 +19,7 @@ use super::results::{Cell, ResultRow, Stat, aggregate, write_csv};
 use super::verdict::{self, VerdictRow};
 use crate::io::{ensure_dir, produce_atomic, write_atomic};
 use crate::train::finetune::{Mode, RunFolder};
-use crate::train::loops::EpochMetrics;
+use crate::train::metrics::EpochMetrics;
 
 pub const FIG8: &str = "fig8_noise_sweep.png";
 /// Fig. 8's runs: the n and seed of the `fig8` experiment's grid, which sweeps η.

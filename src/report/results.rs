@@ -281,7 +281,7 @@ pub(super) mod tests {
     use super::*;
 
     use crate::train::finetune::{Resolved, RunConfig};
-    use crate::train::loops::EpochMetrics;
+    use crate::train::metrics::EpochMetrics;
 
     /// A finished TREC run at n = 20 (other reports' tests change what they need).
     pub(crate) fn row(

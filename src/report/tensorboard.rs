@@ -30,7 +30,7 @@ use anyhow::{Context, Result};
 use prost::Message;
 
 use crate::train::finetune::{Progress, RunConfig, RunFolder};
-use crate::train::loops::EpochMetrics;
+use crate::train::metrics::EpochMetrics;
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct Event {

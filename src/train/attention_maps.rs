@@ -5,10 +5,9 @@
 //! like (the image, or the word pieces). Drawing is `report::attention_maps`'s.
 
 use anyhow::{Context, Result, anyhow, bail};
-use candle_core::{D, DType, Device};
+use candle_core::{D, DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::loops::{Forward, Set};
 use super::run::Mode;
 use crate::data::Inputs;
 use crate::encoder::Backbone;
@@ -53,9 +52,14 @@ pub struct Snapshot {
     pub attention: Vec<Vec<f32>>,
 }
 
-/// `picks` through phase 2's `forward` on the current parameters: one batch of at most
-/// 2·[`PER_KIND`] rows, so it costs nothing next to an epoch.
-pub fn snapshot(forward: &Forward, picks: &Picks, epoch: usize) -> Result<Snapshot> {
+/// `picks` as `evaluate` gives their rows of the fine-tune set (logits and attention) on the
+/// current parameters: one batch of at most 2·[`PER_KIND`] rows, so it costs nothing next to an
+/// epoch.
+pub fn snapshot(
+    picks: &Picks,
+    epoch: usize,
+    evaluate: impl FnOnce(&[usize]) -> Result<(Tensor, Tensor)>,
+) -> Result<Snapshot> {
     if picks.rows.is_empty() {
         return Ok(Snapshot {
             epoch,
@@ -64,7 +68,7 @@ pub fn snapshot(forward: &Forward, picks: &Picks, epoch: usize) -> Result<Snapsh
             attention: Vec::new(),
         });
     }
-    let (logits, attention) = forward(Set::Finetune, &picks.rows)?;
+    let (logits, attention) = evaluate(&picks.rows)?;
     let predictions: Vec<u32> = logits.detach().argmax(D::Minus1)?.to_vec1()?;
     // (B, H, T) in last-layer mode, (B, T) from the head: mean over heads, on the host.
     let attention = attention
@@ -272,7 +276,7 @@ mod tests {
     /// The snapshot averages the heads, cuts each row's padding and takes the argmax.
     #[test]
     fn snapshot_means_heads_and_cuts_padding() {
-        let forward = |_: Set, rows: &[usize]| -> Result<(Tensor, Tensor)> {
+        let forward = |rows: &[usize]| -> Result<(Tensor, Tensor)> {
             assert_eq!(rows, [4, 1]);
             let logits = Tensor::new(&[[0f32, 1.0, 0.5], [2.0, 0.0, 1.0]], &Device::Cpu)?;
             // (B 2, H 2, T 3); row 1 has two tokens, its third position is padding.
@@ -289,7 +293,7 @@ mod tests {
             rows: vec![4, 1],
             lengths: vec![3, 2],
         };
-        let snap = snapshot(&forward, &picks, 7).unwrap();
+        let snap = snapshot(&picks, 7, forward).unwrap();
         assert_eq!(snap.epoch, 7);
         assert_eq!(snap.predictions, [1, 0]);
         let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);

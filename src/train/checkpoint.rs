@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::attention_maps::Snapshot;
-use super::loops::EpochMetrics;
+use super::metrics::EpochMetrics;
 use super::run::RunConfig;
 use crate::io::produce_atomic;
 

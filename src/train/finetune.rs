@@ -1,29 +1,36 @@
 //! The paper's real-data protocol on one dataset, one η, one n, one seed (docs/protocol.md §3), as a
-//! list of named steps (see [`finetune`]):
-//! setup (data, backbone, split, noise) → features from the cache → phase 1 (the classifier on
-//! clean data, shared between runs) → phase 2 (the last layer's query/key, or the card's
-//! token-selection head, on the noisy samples) → summary.
+//! list of named steps, for one run or a stack of runs that train together (see
+//! [`finetune_stack`]): setup (data, backbone, split, noise) → features from the cache → phase 1
+//! (the classifier on clean data, shared between runs) → phase 2 (the last layer's query/key, or
+//! the card's token-selection head, on the noisy samples; every run of the stack at once) →
+//! attention maps and summary.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 
 use super::attention_maps::{self, AttentionMaps};
-use super::checkpoint::RunIdentity;
+use super::checkpoint::{Checkpoint, RunIdentity};
 use super::folder_lock::{FolderLock, ensure_no_other_run};
-use super::loops::EpochMetrics;
+use super::metrics::EpochMetrics;
 use super::phase1::{PhaseOne, phase_one};
+use super::phase2::stack::{Labels, RunContext, RunData, Samples, Shared};
 use super::phase2::{Phase2Log, QkShape, phase_two};
 pub use super::progress::{HOST_STEPS, Progress};
 use super::resume::{Checkpoints, WallClock, record_resumed_kernels, resumed_checkpoint};
 pub use super::run::{FinetuneJob, HeadClassifier, Mode, Places, RunConfig, RunFolder};
 pub use super::setup::{AUTHORS_RNG_DEVIATION, prefetch};
-use super::setup::{Setup, device_name, prepare_data, run_features, setup, write_config};
+use super::setup::{
+    Setup, device_name, layer_inputs, prepare_data, run_features, setup, setup_sibling,
+    write_config,
+};
 use crate::data::catalog::Completeness;
 use crate::data::prepare::PreparedData;
+use crate::data::split::SplitName;
 use crate::encoder::Model;
+use crate::encoder::layer_rows::LayerRows;
 use crate::rng::{Stream, stream};
 
 /// What resolving a configuration against the data and checkpoints found.
@@ -88,90 +95,294 @@ pub struct FinetuneRun {
     pub attention_maps: AttentionMaps,
 }
 
-/// The protocol, step by step.
+/// The protocol for one run: a stack of one ([`finetune_stack`]).
 pub fn finetune(job: &FinetuneJob, progress: &dyn Progress) -> Result<FinetuneRun> {
+    finetune_stack(std::slice::from_ref(job), &[progress])?
+        .pop()
+        .context("a stack of one run gave no result")?
+}
+
+/// The protocol for runs that train together in one stack (`finetune --eta 0,0.1,0.2`, a grid's
+/// stack): every run set up, its features read and its phase 1 had as if alone, then phase 2 of
+/// all of them at once ([`super::phase2`]), each run with `progress[k]`. The runs must agree on
+/// everything but η and the seed ([`RunConfig::stack_key`]).
+///
+/// Each run's result, in order: a run refused at set-up (its folder taken, a checkpoint of
+/// another run) fails alone. Runs resumed from different epochs train as separate stacks, one
+/// after another. An error of phase 2 (a signal among them) stops every run still training, and
+/// is the error of the whole call.
+pub fn finetune_stack(
+    jobs: &[FinetuneJob],
+    progress: &[&dyn Progress],
+) -> Result<Vec<Result<FinetuneRun>>> {
     let started = Instant::now();
-    // Before the folder is read (its checkpoint, its config), so that no other process writes it.
-    let mut folder_lock = job.out.as_deref().map(FolderLock::acquire).transpose()?;
-    let mut setup = setup(job)?;
-    if !setup.device.is_cpu() {
-        progress.note(&format!(
+    ensure!(
+        !jobs.is_empty() && jobs.len() == progress.len(),
+        "{} runs with {} progress reporters",
+        jobs.len(),
+        progress.len()
+    );
+    let key = jobs[0].config.stack_key();
+    if let Some(other) = jobs.iter().find(|j| j.config.stack_key() != key) {
+        bail!(
+            "{} and {} differ in more than η and the seed: they cannot train together",
+            jobs[0].config.run_name()?,
+            other.config.run_name()?
+        );
+    }
+    // Set-up, the data and the backbone, once for the stack: what is refused here is refused
+    // for every run, before any run folder is touched.
+    let template = setup(&jobs[0])?;
+    if !template.device.is_cpu() {
+        progress[0].note(&format!(
             "--device {}: {HOST_STEPS}",
-            device_name(&setup.device)
+            device_name(&template.device)
         ));
     }
-    let prepared = prepare_data(&setup, job)?;
-    let features = run_features(&setup, &prepared, job, progress)?;
     // Both phases are chains of small ops: one thread each (by default) beats sharing cores,
     // whose hand-offs dominate such ops, and keeps results independent of the core count.
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(job.config.train_threads)
+        .num_threads(jobs[0].config.train_threads)
         .build()
         .context("building the training thread pool")?;
     pool.install(|| {
-        let identity = RunIdentity {
-            config: job.config.clone(),
-            backbone_sha256: setup.backbone.weights_sha256.clone(),
-            pretrain_n: setup.plan.pretrain_n,
-            test_n: prepared.test.len(),
-        };
-        let resumed = resumed_checkpoint(job, &identity, &setup.device, progress)?;
-        if let Some(saved) = &resumed {
-            record_resumed_kernels(&mut setup, saved);
-        }
-        // The run folder is written only once everything about the run has been checked: input
-        // refused at set-up, or a checkpoint or config of another run, leaves the folder as it was.
-        if let (Some(out), Some(lock)) = (&job.out, folder_lock.as_mut()) {
-            ensure_no_other_run(out, &job.config)?;
-            lock.create()?;
-            write_config(out, &job.config)?;
-        }
-        match &resumed {
-            Some(saved) => {
-                progress.series_start(&job.config, &saved.state.pretrain_losses, &saved.state.log)
+        let mut ready: Vec<Option<Result<ReadyRun>>> = jobs
+            .iter()
+            .zip(progress)
+            .map(|(job, progress)| Some(prepare_run(&template, job, *progress, started)))
+            .collect();
+        let mut results: Vec<Option<Result<FinetuneRun>>> = jobs.iter().map(|_| None).collect();
+        for group in resume_groups(&ready) {
+            let members: Vec<ReadyRun> = group
+                .iter()
+                .map(|&k| {
+                    ready[k]
+                        .take()
+                        .and_then(Result::ok)
+                        .context("a run taken twice")
+                })
+                .collect::<Result<_>>()?;
+            let jobs_of: Vec<&FinetuneJob> = group.iter().map(|&k| &jobs[k]).collect();
+            let progress_of: Vec<&dyn Progress> = group.iter().map(|&k| progress[k]).collect();
+            let finished = train_stack(members, &jobs_of, &progress_of)?;
+            for (&k, run) in group.iter().zip(finished) {
+                results[k] = Some(run);
             }
-            None => progress.series_start(&job.config, &[], &[]),
         }
-        let clock = WallClock {
-            started,
-            earlier_sittings: resumed.as_ref().map_or(0.0, |s| s.state.wall_seconds),
-        };
-        // One initialisation stream: the classifier, then the query/key reset or the head.
-        let mut init_rng = stream(job.config.seed, Stream::Init);
-        let phase1 = phase_one(
-            &setup,
-            &prepared,
-            &features,
+        // What is left failed before phase 2.
+        for (k, left) in ready.into_iter().enumerate() {
+            if let Some(Err(err)) = left {
+                results[k] = Some(Err(err));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.context("a run neither trained nor failed"))
+            .collect()
+    })
+}
+
+/// A run ready for phase 2: set up, its data split and labelled, its phase 1 had, its folder
+/// written, its checkpoint (if it resumes) read and checked.
+struct ReadyRun {
+    setup: Setup,
+    prepared: PreparedData,
+    /// The fine-tune and test sets' last-layer inputs (read lazily from the cache).
+    finetune_rows: LayerRows,
+    test_rows: LayerRows,
+    identity: RunIdentity,
+    resumed: Option<Checkpoint>,
+    folder_lock: Option<FolderLock>,
+    clock: WallClock,
+    phase1: PhaseOne,
+    /// The initialisation stream after phase 1's draws: the reset comes next.
+    init_rng: rand_chacha::ChaCha8Rng,
+}
+
+/// The ready runs' indices, grouped by the epoch they resume after: runs train together from
+/// the same epoch. Failed runs are in no group.
+fn resume_groups(ready: &[Option<Result<ReadyRun>>]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (k, run) in ready.iter().enumerate() {
+        let Some(Ok(run)) = run else { continue };
+        let done = run.resumed.as_ref().map_or(0, |c| c.state.epochs_done);
+        match groups.iter_mut().find(|(d, _)| *d == done) {
+            Some((_, group)) => group.push(k),
+            None => groups.push((done, vec![k])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// One run of a stack through to phase 2: its split, labels and features, its checkpoint, its
+/// folder and phase 1.
+fn prepare_run(
+    template: &Setup,
+    job: &FinetuneJob,
+    progress: &dyn Progress,
+    started: Instant,
+) -> Result<ReadyRun> {
+    // Before the folder is read (its checkpoint, its config), so that no other process writes it.
+    let mut folder_lock = job.out.as_deref().map(FolderLock::acquire).transpose()?;
+    let mut setup = setup_sibling(template, job)?;
+    let prepared = prepare_data(&setup, job)?;
+    let features = run_features(&setup, &prepared, job, progress)?;
+    let identity = RunIdentity {
+        config: job.config.clone(),
+        backbone_sha256: setup.backbone.weights_sha256.clone(),
+        pretrain_n: setup.plan.pretrain_n,
+        test_n: prepared.test.len(),
+    };
+    let resumed = resumed_checkpoint(job, &identity, &setup.device, progress)?;
+    if let Some(saved) = &resumed {
+        record_resumed_kernels(&mut setup, saved);
+    }
+    // The run folder is written only once everything about the run has been checked: input
+    // refused at set-up, or a checkpoint or config of another run, leaves the folder as it was.
+    if let (Some(out), Some(lock)) = (&job.out, folder_lock.as_mut()) {
+        ensure_no_other_run(out, &job.config)?;
+        lock.create()?;
+        write_config(out, &job.config)?;
+    }
+    match &resumed {
+        Some(saved) => {
+            progress.series_start(&job.config, &saved.state.pretrain_losses, &saved.state.log)
+        }
+        None => progress.series_start(&job.config, &[], &[]),
+    }
+    let clock = WallClock {
+        started,
+        earlier_sittings: resumed.as_ref().map_or(0.0, |s| s.state.wall_seconds),
+    };
+    // One initialisation stream: the classifier, then the query/key reset or the head.
+    let mut init_rng = stream(job.config.seed, Stream::Init);
+    let phase1 = phase_one(
+        &setup,
+        &prepared,
+        &features,
+        job,
+        resumed.as_ref(),
+        &mut init_rng,
+        progress,
+    )?;
+    progress.pretrain_done(&phase1.pretrain_losses);
+    Ok(ReadyRun {
+        finetune_rows: layer_inputs(&features.finetune)?.clone(),
+        test_rows: layer_inputs(&features.test)?.clone(),
+        setup,
+        prepared,
+        identity,
+        resumed,
+        folder_lock,
+        clock,
+        phase1,
+        init_rng,
+    })
+}
+
+/// Phase 2 of ready runs that resume from the same epoch, then each one's attention maps and
+/// summary.
+fn train_stack(
+    runs: Vec<ReadyRun>,
+    jobs: &[&FinetuneJob],
+    progress: &[&dyn Progress],
+) -> Result<Vec<Result<FinetuneRun>>> {
+    let checkpoints: Vec<Checkpoints> = runs
+        .iter()
+        .zip(jobs)
+        .map(|(run, job)| Checkpoints {
             job,
-            resumed.as_ref(),
-            &mut init_rng,
-            progress,
-        )?;
-        progress.pretrain_done(&phase1.pretrain_losses);
-        let checkpoints = Checkpoints {
-            job,
-            identity,
-            phase1: &phase1,
-            float_kernels: setup.float_kernels.clone(),
-            clock: &clock,
-        };
-        if resumed.is_none() {
+            identity: run.identity.clone(),
+            phase1: &run.phase1,
+            float_kernels: run.setup.float_kernels.clone(),
+            clock: &run.clock,
+        })
+        .collect();
+    for (run, checkpoints) in runs.iter().zip(&checkpoints) {
+        if run.resumed.is_none() {
             checkpoints.save(0, None, &[], None)?;
         }
-        let log = phase_two(
-            &setup,
-            &prepared,
-            features,
-            &checkpoints,
-            resumed.as_ref(),
-            &mut init_rng,
+    }
+    let contexts: Vec<RunContext> = runs
+        .iter()
+        .zip(jobs)
+        .zip(progress)
+        .zip(&checkpoints)
+        .map(|(((run, job), progress), checkpoints)| run.context(job, *progress, checkpoints))
+        .collect();
+    let first = &runs[0].setup;
+    let shared = Shared {
+        model: &first.backbone.model,
+        device: &first.device,
+        hidden: first.backbone.hidden_size(),
+        spill_dir: first.cache.root(),
+    };
+    let logs = phase_two(&shared, &contexts)?;
+    drop(contexts);
+    drop(checkpoints);
+    Ok(runs
+        .into_iter()
+        .zip(jobs)
+        .zip(logs)
+        .map(|((run, job), log)| run.finish(job, log))
+        .collect())
+}
+
+impl ReadyRun {
+    /// The context phase 2 trains this run in.
+    fn context<'a>(
+        &'a self,
+        job: &'a FinetuneJob,
+        progress: &'a dyn Progress,
+        checkpoints: &'a Checkpoints<'a>,
+    ) -> RunContext<'a> {
+        let partition = &self.prepared.partition;
+        let data = RunData {
+            config: &job.config,
+            classifier: &self.phase1.classifier,
+            labels: Labels {
+                labels: &self.prepared.labels.labels,
+                clean_labels: &self.prepared.labels.clean_labels,
+                noisy_mask: &self.prepared.labels.noisy_mask,
+                test_labels: &self.prepared.test.labels,
+            },
+            finetune: &self.finetune_rows,
+            test: &self.test_rows,
+            finetune_samples: Samples {
+                split: partition.train_source,
+                positions: &partition.finetune,
+            },
+            test_samples: Samples {
+                split: SplitName::Test,
+                positions: &partition.test,
+            },
+            init_rng: std::sync::Mutex::new(self.init_rng.clone()),
+        };
+        RunContext {
+            data,
+            job,
+            checkpoints,
+            resumed: self.resumed.as_ref(),
             progress,
+        }
+    }
+
+    /// The run's attention maps and summary once phase 2 has ended.
+    fn finish(mut self, job: &FinetuneJob, log: Phase2Log) -> Result<FinetuneRun> {
+        let maps = attention_maps(job, &self.setup, &self.prepared, &log)?;
+        let folder_lock = self.folder_lock.take();
+        let mut run = summarize(
+            job,
+            self.setup,
+            &self.prepared,
+            self.phase1,
+            log,
+            maps,
+            &self.clock,
         )?;
-        let maps = attention_maps(job, &setup, &prepared, &log)?;
-        let mut run = summarize(job, setup, &prepared, phase1, log, maps, &clock)?;
-        run.folder_lock = folder_lock.take();
+        run.folder_lock = folder_lock;
         Ok(run)
-    })
+    }
 }
 
 /// The attention maps' samples as the picture shows them, with their attention.

@@ -3,6 +3,48 @@
 
 use anyhow::Result;
 use candle_core::{D, Tensor};
+use serde::Serialize;
+
+/// One epoch of phase 2, as a JSON line.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct EpochMetrics {
+    /// 1-based, as the Trainer counts; 0 is the state right after the query/key reset.
+    pub epoch: usize,
+    /// Mean of the epoch's batch losses on the noisy labels (the Trainer's logged loss, the
+    /// paper's Table 2 "train loss"); NaN (null) at epoch 0.
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
+    pub train_loss: f64,
+    /// Cross-entropy on the noisy fine-tune set evaluated after the epoch (the authors'
+    /// `eval_train/eval_loss`, the paper's Fig. 8 "train loss").
+    #[serde(default = "nan", deserialize_with = "crate::io::nan_if_null")]
+    pub train_eval_loss: f64,
+    /// Accuracy on the noisy labels, evaluated after the epoch.
+    pub train_acc: f64,
+    /// Share of noisy samples predicted as their noisy label (NaN, written null, when none).
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
+    pub memorization: f64,
+    /// Accuracy on the samples whose label was not flipped.
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
+    pub clean_train_acc: f64,
+    /// Mean over fine-tune samples (and heads) of the largest attention probability of the
+    /// selecting query (the paper's Fig. 9 quantity).
+    pub max_cls_attention: f64,
+    /// Mean entropy of that attention.
+    pub attention_entropy: f64,
+    pub test_loss: Option<f64>,
+    pub test_acc: Option<f64>,
+    /// The query-key eigenspectrum, at the epochs the test set is scored (filled by the caller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_spectrum: Option<crate::diagnostics::Spectrum>,
+    /// Rank-collapse residual of the attention output of every token, mean over a probe of test
+    /// samples, at the scored epochs of last-layer mode (filled by the caller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_collapse: Option<f64>,
+}
+
+fn nan() -> f64 {
+    f64::NAN
+}
 
 /// Cross-entropy and accuracy of logits (N, C) against labels.
 #[derive(Clone, Debug, PartialEq)]

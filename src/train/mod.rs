@@ -1,21 +1,17 @@
 //! Training, in the order a run goes: the per-dataset paper defaults (`config`) and one run's
 //! description (`run`); its set-up, data to features (`setup`); phase 1, the clean classifier
-//! (`phase1`); phase 2, the noisy fine-tune (`phase2`) with the last layer's sets as its loop reads them
-//! (`last_layer_sets`); the loops both phases run (`loops`), phase 2's
-//! evaluation of an epoch during the next (`look_ahead`), with
-//! the optimizer of the authors' Trainer defaults (`optim`) and the metrics they report
-//! (`metrics`); checkpoints (`checkpoint`), what carries a run across sittings (`resume`) and the
-//! run folder's one writer (`folder_lock`); the
-//! samples whose token selection a run pictures (`attention_maps`). `finetune` strings the steps
-//! together.
+//! (`phase1`, with its loop in `loops`); phase 2, the noisy fine-tune of a stack of runs at once
+//! (`phase2`, a module of its own), with the optimizer of the authors' Trainer defaults (`optim`)
+//! and the metrics they report (`metrics`); checkpoints (`checkpoint`), what carries a run across
+//! sittings (`resume`) and the run folder's one writer (`folder_lock`); the samples whose token
+//! selection a run pictures (`attention_maps`); how a run reports progress (`progress`).
+//! `finetune` strings the steps together.
 
 pub mod attention_maps;
 pub mod checkpoint;
 pub mod config;
 pub mod finetune;
 pub mod folder_lock;
-pub mod last_layer_sets;
-pub mod look_ahead;
 pub mod loops;
 pub mod metrics;
 pub mod optim;

@@ -2,6 +2,10 @@
 //! weight decay 0 by default), a linear decay of the learning rate to 0 without warm-up, and
 //! gradient-norm clipping at 1.0 (`clip_grad_norm_`). Its state is plain tensors so that a
 //! checkpoint restores it exactly.
+//!
+//! One optimizer may hold a stack of runs (phase 2's [`AdamW::stacked`]): every parameter then has
+//! a leading run axis, and each run is clipped on its own gradient norm and updated as it would
+//! be alone, bit for bit; the runs share only the step count and so the schedule.
 
 use std::collections::HashMap;
 
@@ -44,6 +48,13 @@ pub struct AdamW {
     /// Updates done so far.
     pub step: usize,
     params: Vec<(String, Var)>,
+    /// Runs stacked along every parameter's first axis ([`AdamW::stacked`]); 1 and no such
+    /// axis for [`AdamW::new`].
+    runs: usize,
+    /// Whether the parameters have the leading run axis ([`AdamW::stacked`], even of one run).
+    run_axis: bool,
+    /// Each parameter's shape in one run: its own without the run axis, when there is one.
+    run_dims: Vec<Vec<usize>>,
     moments: Moments,
 }
 
@@ -57,6 +68,39 @@ enum Moments {
 impl AdamW {
     pub fn new(
         params: Vec<(String, Var)>,
+        config: OptimizerConfig,
+        total_steps: usize,
+    ) -> Result<Self> {
+        let run_dims = params.iter().map(|(_, v)| v.dims().to_vec()).collect();
+        Self::build(params, (1, false), run_dims, config, total_steps)
+    }
+
+    /// A stack of `runs` runs that step together: each parameter (runs, …) holds run r's values
+    /// at index r of its first axis. Run r's gradient norm, clipping and update are those of an
+    /// optimizer over its slices alone.
+    pub fn stacked(
+        params: Vec<(String, Var)>,
+        runs: usize,
+        config: OptimizerConfig,
+        total_steps: usize,
+    ) -> Result<Self> {
+        anyhow::ensure!(runs >= 1, "a stack holds at least one run");
+        let mut run_dims = Vec::with_capacity(params.len());
+        for (name, var) in &params {
+            anyhow::ensure!(
+                var.dims().first() == Some(&runs),
+                "stacked parameter {name} of shape {:?} has no leading axis of {runs} runs",
+                var.dims()
+            );
+            run_dims.push(var.dims()[1..].to_vec());
+        }
+        Self::build(params, (runs, true), run_dims, config, total_steps)
+    }
+
+    fn build(
+        params: Vec<(String, Var)>,
+        (runs, run_axis): (usize, bool),
+        run_dims: Vec<Vec<usize>>,
         config: OptimizerConfig,
         total_steps: usize,
     ) -> Result<Self> {
@@ -80,8 +124,24 @@ impl AdamW {
             total_steps: total_steps.max(1),
             step: 0,
             params,
+            runs,
+            run_axis,
+            run_dims,
             moments,
         })
+    }
+
+    /// Every parameter as it is now (the variables' tensors, stacked), in the order given.
+    pub fn tensors(&self) -> Vec<Tensor> {
+        self.params
+            .iter()
+            .map(|(_, v)| v.as_tensor().clone())
+            .collect()
+    }
+
+    /// Runs in the stack (1 for [`AdamW::new`]).
+    pub fn runs(&self) -> usize {
+        self.runs
     }
 
     /// HF `get_linear_schedule_with_warmup`: the factor for update number `step` (0-based).
@@ -94,15 +154,16 @@ impl AdamW {
             .max(0.0)
     }
 
-    /// One update from `grads`, after clipping their global norm. Returns the pre-clip norm.
+    /// One update from `grads`, after clipping their global norm. Returns the pre-clip norm (of
+    /// the first run of a stack).
     pub fn step(&mut self, grads: &GradStore) -> Result<f64> {
         let grads = self.gradients(grads)?;
-        self.apply(grads)
+        Ok(self.apply(grads)?[0])
     }
 
-    /// One update from each parameter's gradient, in the order the parameters were given,
-    /// after clipping their global norm. Returns the pre-clip norm.
-    pub fn apply(&mut self, grads: Vec<Tensor>) -> Result<f64> {
+    /// One update from each parameter's gradient, in the order the parameters were given, each
+    /// run's after clipping its own gradients' global norm. Returns each run's pre-clip norm.
+    pub fn apply(&mut self, grads: Vec<Tensor>) -> Result<Vec<f64>> {
         anyhow::ensure!(
             grads.len() == self.params.len()
                 && grads
@@ -114,18 +175,23 @@ impl AdamW {
             self.params.len()
         );
         let on_host = matches!(self.moments, Moments::Host(_));
-        let norm = global_norm(&grads, on_host)?;
+        let norms = run_norms(&grads, self.runs, on_host)?;
         // torch: clip_coef = max_norm / (norm + 1e-6), clamped to 1, always multiplied.
-        let clip = if self.config.max_grad_norm > 0.0 {
-            (self.config.max_grad_norm / (norm + 1e-6)).min(1.0)
-        } else {
-            1.0
-        };
+        let clips: Vec<f64> = norms
+            .iter()
+            .map(|norm| {
+                if self.config.max_grad_norm > 0.0 {
+                    (self.config.max_grad_norm / (norm + 1e-6)).min(1.0)
+                } else {
+                    1.0
+                }
+            })
+            .collect();
         let lr = self.config.learning_rate * self.schedule(self.step);
         self.step += 1;
         let t = self.step as i32;
         let step = StepConstants {
-            clip,
+            clips,
             lr,
             step_size: lr / (1.0 - self.config.beta1.powi(t)),
             bias2_sqrt: (1.0 - self.config.beta2.powi(t)).sqrt(),
@@ -137,7 +203,7 @@ impl AdamW {
                 self.update_on_device(k, grad, &step)?;
             }
         }
-        Ok(norm)
+        Ok(norms)
     }
 
     /// Every parameter's gradient, zeros for one the loss did not reach.
@@ -161,7 +227,7 @@ impl AdamW {
             moments: std::sync::Mutex::new((m, v)),
             one_b1: (1.0 - b1) as f32,
             one_b2: (1.0 - b2) as f32,
-            clip: step.clip as f32,
+            clips: step.clips.iter().map(|&c| c as f32).collect(),
             b1: b1 as f32,
             b2: b2 as f32,
             decay: (self.config.weight_decay != 0.0)
@@ -181,7 +247,16 @@ impl AdamW {
         let Moments::Device(moments) = &mut self.moments else {
             anyhow::bail!("device update of host moments");
         };
-        let g = (grad * step.clip)?;
+        let g = match step.clips.as_slice() {
+            [clip] => (grad * *clip)?,
+            clips => {
+                // Each run's slice times its own factor.
+                let mut shape = vec![1; grad.rank()];
+                shape[0] = clips.len();
+                let clips: Vec<f32> = clips.iter().map(|&c| c as f32).collect();
+                grad.broadcast_mul(&Tensor::from_vec(clips, shape, grad.device())?)?
+            }
+        };
         let m = ((&moments[k].0 * b1)? + (&g * (1.0 - b1))?)?;
         let v = ((&moments[k].1 * b2)? + (g.sqr()? * (1.0 - b2))?)?;
         let mut theta = var.as_tensor().clone();
@@ -216,19 +291,27 @@ impl AdamW {
             .collect()
     }
 
-    /// Parameters and moments by name, for checkpoints.
-    pub fn state(&self) -> Result<HashMap<String, Tensor>> {
+    /// Run `run`'s parameters and moments by name, each of the run's own shape, for its
+    /// checkpoint: what an optimizer of that run alone would hold.
+    pub fn run_state(&self, run: usize) -> Result<HashMap<String, Tensor>> {
+        anyhow::ensure!(run < self.runs, "run {run} of a stack of {}", self.runs);
         let mut state = HashMap::new();
         for (k, (name, var)) in self.params.iter().enumerate() {
+            let dims = self.run_dims[k].as_slice();
+            let len: usize = dims.iter().product();
             // A copy: the parameter itself changes in place at the next step.
-            state.insert(format!("param.{name}"), var.as_tensor().copy()?);
+            state.insert(format!("param.{name}"), self.run_param(k, run)?.copy()?);
             let (m, v) = match &self.moments {
                 Moments::Host(moments) => {
-                    let host =
-                        |values: &[f32]| Tensor::from_slice(values, var.shape(), var.device());
+                    let host = |values: &[f32]| {
+                        Tensor::from_slice(&values[run * len..(run + 1) * len], dims, var.device())
+                    };
                     (host(&moments[k].0)?, host(&moments[k].1)?)
                 }
-                Moments::Device(moments) => moments[k].clone(),
+                Moments::Device(moments) => (
+                    self.of_run(&moments[k].0, run)?.copy()?,
+                    self.of_run(&moments[k].1, run)?.copy()?,
+                ),
             };
             state.insert(format!("adam_m.{name}"), m);
             state.insert(format!("adam_v.{name}"), v);
@@ -236,8 +319,49 @@ impl AdamW {
         Ok(state)
     }
 
+    /// Parameters and moments by name, for checkpoints (a lone run's: [`Self::run_state`] 0).
+    pub fn state(&self) -> Result<HashMap<String, Tensor>> {
+        self.run_state(0)
+    }
+
+    /// Parameter `k` of run `run`, a view of the stacked parameter (the parameter itself when
+    /// there is no run axis).
+    fn run_param(&self, k: usize, run: usize) -> Result<Tensor> {
+        self.of_run(self.params[k].1.as_tensor(), run)
+    }
+
+    /// Run `run`'s slice of a tensor of a parameter's stacked shape.
+    fn of_run(&self, stacked: &Tensor, run: usize) -> Result<Tensor> {
+        if !self.run_axis {
+            return Ok(stacked.clone());
+        }
+        Ok(stacked.get(run)?)
+    }
+
+    /// The parameter called `name` as run `run` has it (a view; it changes at the next step).
+    pub fn param_of_run(&self, name: &str, run: usize) -> Result<Tensor> {
+        let k = self
+            .params
+            .iter()
+            .position(|(n, _)| n == name)
+            .with_context(|| format!("no parameter {name}"))?;
+        self.run_param(k, run)
+    }
+
     /// Restores what [`AdamW::state`] saved, after `step` updates.
     pub fn restore(&mut self, state: &HashMap<String, Tensor>, step: usize) -> Result<()> {
+        self.restore_run(0, state, step)
+    }
+
+    /// Restores run `run` from what [`AdamW::run_state`] saved, after `step` updates (every run
+    /// of a stack has made the same number of steps).
+    pub fn restore_run(
+        &mut self,
+        run: usize,
+        state: &HashMap<String, Tensor>,
+        step: usize,
+    ) -> Result<()> {
+        anyhow::ensure!(run < self.runs, "run {run} of a stack of {}", self.runs);
         for (k, (name, var)) in self.params.iter().enumerate() {
             let get = |prefix: &str| {
                 state
@@ -245,21 +369,40 @@ impl AdamW {
                     .cloned()
                     .with_context(|| format!("checkpoint lacks {prefix}.{name}"))
             };
-            var.set(&get("param")?)?;
-            let (m, v) = (get("adam_m")?, get("adam_v")?);
+            let dims = self.run_dims[k].as_slice();
+            let (param, m, v) = (get("param")?, get("adam_m")?, get("adam_v")?);
+            for (what, t) in [
+                ("parameter", &param),
+                ("first moment", &m),
+                ("second moment", &v),
+            ] {
+                anyhow::ensure!(
+                    t.dims() == dims,
+                    "checkpoint {what} of {name} is {:?}, the run's is {dims:?}",
+                    t.dims()
+                );
+            }
+            if !self.run_axis {
+                var.set(&param)?;
+            } else {
+                var.as_tensor().slice_set(&param.unsqueeze(0)?, 0, run)?;
+            }
             match &mut self.moments {
                 Moments::Host(moments) => {
+                    let len: usize = dims.iter().product();
                     let host =
                         |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
-                    let (m, v) = (host(&m)?, host(&v)?);
-                    anyhow::ensure!(
-                        m.len() == var.elem_count() && v.len() == var.elem_count(),
-                        "checkpoint moments of {name} do not fit its {:?}",
-                        var.dims()
-                    );
-                    moments[k] = (m, v);
+                    moments[k].0[run * len..(run + 1) * len].copy_from_slice(&host(&m)?);
+                    moments[k].1[run * len..(run + 1) * len].copy_from_slice(&host(&v)?);
                 }
-                Moments::Device(moments) => moments[k] = (m, v),
+                Moments::Device(moments) => {
+                    if !self.run_axis {
+                        moments[k] = (m, v);
+                    } else {
+                        moments[k].0.slice_set(&m.unsqueeze(0)?, 0, run)?;
+                        moments[k].1.slice_set(&v.unsqueeze(0)?, 0, run)?;
+                    }
+                }
             }
         }
         self.step = step;
@@ -278,7 +421,8 @@ struct HostUpdate<'a> {
     moments: std::sync::Mutex<(&'a mut Vec<f32>, &'a mut Vec<f32>)>,
     one_b1: f32,
     one_b2: f32,
-    clip: f32,
+    /// Each run's clipping factor: run r's elements are the r-th equal part of the parameter.
+    clips: Vec<f32>,
     b1: f32,
     b2: f32,
     /// 1 − lr·λ, when there is weight decay.
@@ -321,52 +465,71 @@ impl HostUpdate<'_> {
             candle_core::bail!("AdamW: gradient or moments do not fit the parameter")
         }
         // Element by element, so the parts are independent and the threads of the current pool
-        // (phase 2's sample pool in a run) share them without changing a bit.
+        // (phase 2's sample pool in a run) share them without changing a bit; each run's part
+        // with its own clipping.
         use rayon::prelude::*;
-        theta
-            .par_chunks_mut(UPDATE_CHUNK)
-            .zip(g.par_chunks(UPDATE_CHUNK))
-            .zip(m.par_chunks_mut(UPDATE_CHUNK))
-            .zip(v.par_chunks_mut(UPDATE_CHUNK))
-            .for_each(|(((theta, g), m), v)| self.update_part(theta, g, m, v));
+        let run_len = theta.len() / self.clips.len().max(1);
+        for (run, &clip) in self.clips.iter().enumerate() {
+            let part = run * run_len..(run + 1) * run_len;
+            theta[part.clone()]
+                .par_chunks_mut(UPDATE_CHUNK)
+                .zip(g[part.clone()].par_chunks(UPDATE_CHUNK))
+                .zip(m[part.clone()].par_chunks_mut(UPDATE_CHUNK))
+                .zip(v[part].par_chunks_mut(UPDATE_CHUNK))
+                .for_each(|(((theta, g), m), v)| self.update_part(clip, theta, g, m, v));
+        }
         Ok(())
     }
 
     /// [`Self::update_kernel`] in the widest vector instructions the CPU has.
-    fn update_part(&self, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    fn update_part(&self, clip: f32, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma")]
-        fn avx2(update: &HostUpdate, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-            update.update_kernel(theta, g, m, v)
+        fn avx2(
+            u: &HostUpdate,
+            c: f32,
+            theta: &mut [f32],
+            g: &[f32],
+            m: &mut [f32],
+            v: &mut [f32],
+        ) {
+            u.update_kernel(c, theta, g, m, v)
         }
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx512f,avx2,fma")]
-        fn avx512(update: &HostUpdate, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-            update.update_kernel(theta, g, m, v)
+        fn avx512(
+            u: &HostUpdate,
+            c: f32,
+            theta: &mut [f32],
+            g: &[f32],
+            m: &mut [f32],
+            v: &mut [f32],
+        ) {
+            u.update_kernel(c, theta, g, m, v)
         }
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::avx512_fma() {
             // SAFETY: the CPU has the features `avx512` is compiled for.
-            unsafe { avx512(self, theta, g, m, v) };
+            unsafe { avx512(self, clip, theta, g, m, v) };
             return;
         }
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::avx2_fma() {
             // SAFETY: the CPU has the features `avx2` is compiled for.
-            unsafe { avx2(self, theta, g, m, v) };
+            unsafe { avx2(self, clip, theta, g, m, v) };
             return;
         }
-        self.update_kernel(theta, g, m, v);
+        self.update_kernel(clip, theta, g, m, v);
     }
 
     /// The update over slices of equal length, in a form that vectorises (Rust does not contract
     /// to FMA, so the vectorised loop computes exactly what the scalar one does; a missing weight
     /// decay multiplies by 1, which changes nothing).
     #[inline(always)]
-    fn update_kernel(&self, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    fn update_kernel(&self, clip: f32, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
         let decay = self.decay.unwrap_or(1.0);
         for (((theta, &g), m), v) in theta.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-            let g = g * self.clip;
+            let g = g * clip;
             *m = *m * self.b1 + g * self.one_b1;
             *v = *v * self.b2 + (g * g) * self.one_b2;
             *theta *= decay;
@@ -392,8 +555,8 @@ pub fn gradients_of<'a>(
 
 /// One step's scalars, shared by every parameter's update.
 struct StepConstants {
-    /// Gradient clipping factor (≤ 1).
-    clip: f64,
+    /// Each run's gradient clipping factor (≤ 1).
+    clips: Vec<f64>,
     /// The scheduled learning rate.
     lr: f64,
     /// lr / (1 − β₁ᵗ).
@@ -402,33 +565,50 @@ struct StepConstants {
     bias2_sqrt: f64,
 }
 
-/// The global L2 norm of all gradients (what torch's `clip_grad_norm_` clips), summed in f64 on
-/// the host.
-fn global_norm(grads: &[Tensor], on_host: bool) -> Result<f64> {
-    // On the host, each gradient's sum on a thread of the current pool (phase 2's query and key
-    // on one each), then the sums added in order: the same sum wherever each was taken.
-    let sums: Vec<f64> = if on_host {
+/// Each run's global L2 norm of its gradients (what torch's `clip_grad_norm_` clips): run r's
+/// part of every gradient is its r-th equal part along the first axis. Summed in f64 on the host.
+fn run_norms(grads: &[Tensor], runs: usize, on_host: bool) -> Result<Vec<f64>> {
+    // On the host, each gradient's per-run sums on a thread of the current pool (phase 2's
+    // query and key on one each), then each run's sums added in order: the same sum wherever
+    // each was taken, and a run's the same as when it is alone.
+    let sums: Vec<Vec<f64>> = if on_host {
         use rayon::prelude::*;
         grads
             .par_iter()
-            .map(|g| crate::kernels::with_host_f32(g, crate::kernels::squared_norm))
+            .map(|g| {
+                crate::kernels::with_host_f32(g, |values| {
+                    let len = values.len() / runs.max(1);
+                    (0..runs)
+                        .map(|r| crate::kernels::squared_norm(&values[r * len..(r + 1) * len]))
+                        .collect()
+                })
+            })
             .collect::<candle_core::Result<_>>()?
     } else {
         grads
             .iter()
             .map(|g| {
-                g.sqr()?
-                    .sum_all()?
-                    .to_dtype(candle_core::DType::F64)?
-                    .to_scalar::<f64>()
+                (0..runs)
+                    .map(|r| {
+                        let part = if runs == 1 { g.clone() } else { g.get(r)? };
+                        part.sqr()?
+                            .sum_all()?
+                            .to_dtype(candle_core::DType::F64)?
+                            .to_scalar::<f64>()
+                    })
+                    .collect()
             })
             .collect::<candle_core::Result<_>>()?
     };
-    let mut squared = 0f64;
-    for sum in sums {
-        squared += sum;
-    }
-    Ok(squared.sqrt())
+    Ok((0..runs)
+        .map(|r| {
+            let mut squared = 0f64;
+            for sum in &sums {
+                squared += sum[r];
+            }
+            squared.sqrt()
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -484,7 +664,7 @@ mod tests {
                 moments: std::sync::Mutex::new((m, v)),
                 one_b1: 0.1,
                 one_b2: 0.001,
-                clip: 0.7,
+                clips: vec![0.7],
                 b1: 0.9,
                 b2: 0.999,
                 decay,
@@ -501,6 +681,7 @@ mod tests {
             let (mut plain_theta, mut plain_m, mut plain_v) = (theta.clone(), m.clone(), v.clone());
             let (mut unused_m, mut unused_v) = (Vec::new(), Vec::new());
             constants(&mut unused_m, &mut unused_v, decay).update_kernel(
+                0.7,
                 &mut plain_theta,
                 &g,
                 &mut plain_m,

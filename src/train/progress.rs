@@ -1,7 +1,7 @@
 //! How a run reports what it is doing: stages with a size, epochs, and one-off remarks. The CLI
 //! draws bars and lines from it; tests and grids pass their own.
 
-use super::loops::EpochMetrics;
+use super::metrics::EpochMetrics;
 use super::run::RunConfig;
 
 /// Progress callbacks: every message of the library goes through them (the CLI draws bars; tests

@@ -9,7 +9,8 @@ use candle_core::Device;
 
 use super::attention_maps::Snapshot;
 use super::checkpoint::{self, Checkpoint, RunIdentity, RunState};
-use super::loops::{EpochMetrics, steps_per_epoch};
+use super::loops::steps_per_epoch;
+use super::metrics::EpochMetrics;
 use super::optim::AdamW;
 use super::phase1::PhaseOne;
 use super::progress::Progress;
@@ -100,10 +101,12 @@ pub(super) struct Checkpoints<'a> {
 }
 
 impl Checkpoints<'_> {
+    /// The checkpoint after `epochs_done` phase-2 epochs: phase 1, and with `optimizer` run `k`'s
+    /// parameters and moments among a stack's (a lone run is run 0 of its own).
     pub(super) fn save(
         &self,
         epochs_done: usize,
-        optimizer: Option<&AdamW>,
+        optimizer: Option<(&AdamW, usize)>,
         log: &[EpochMetrics],
         attention_reset: Option<&Snapshot>,
     ) -> Result<()> {
@@ -118,15 +121,15 @@ impl Checkpoints<'_> {
             baseline_test_acc: self.phase1.baseline_test_acc,
             pretrain_losses: self.phase1.pretrain_losses.clone(),
             epochs_done,
-            optimizer_step: optimizer.map_or(0, |o| o.step),
+            optimizer_step: optimizer.map_or(0, |(o, _)| o.step),
             log: log.to_vec(),
             attention_reset: attention_reset.cloned(),
             float_kernels: self.float_kernels.clone(),
             wall_seconds: self.clock.seconds(),
         };
         let mut tensors = checkpoint::named_tensors("classifier", &self.phase1.classifier.named());
-        if let Some(opt) = optimizer {
-            tensors.extend(opt.state()?);
+        if let Some((opt, run)) = optimizer {
+            tensors.extend(opt.run_state(run)?);
         }
         crate::io::ensure_dir(dir)?;
         checkpoint::save(dir, &state, &tensors)
@@ -143,6 +146,17 @@ impl Checkpoints<'_> {
         };
         let line = format!("{stop} after phase-2 epoch {epoch}; {kept}");
         anyhow::Error::new(stop).context(line)
+    }
+
+    /// Where the checkpoints of a stack of `runs` runs, this one among them, were kept.
+    pub(super) fn kept_where(&self, runs: usize) -> String {
+        match (&self.job.out, self.job.checkpoint_every) {
+            (Some(dir), every) if every > 0 => format!(
+                "each run's checkpoint is in its folder (the {runs} folders beside {}): the same command with --resume continues them",
+                dir.display()
+            ),
+            _ => "nothing was kept (no --out, or --checkpoint-every 0)".into(),
+        }
     }
 
     /// Whether [`Self::save`] writes a checkpoint after `epoch` epochs (no interrupt asked).

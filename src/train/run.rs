@@ -262,6 +262,19 @@ impl RunConfig {
         ))
     }
 
+    /// What runs that train together in one stack agree on: everything but η and the seed (and
+    /// the noise draw's version, which follows η). Runs of equal keys read the same number of
+    /// samples in batches of the same size for as many epochs, at the same cadence, through the
+    /// same backbone and optimizer.
+    pub fn stack_key(&self) -> Self {
+        Self {
+            eta: 0.0,
+            seed: 0,
+            authors_noise_draw: None,
+            ..self.clone()
+        }
+    }
+
     /// The configuration as phase 1 sees it: fields that only phase 2 reads are set to fixed
     /// values, so that runs differing in them share one phase 1. Every other field, including any
     /// added later, keeps phase 1 apart (it is safer to recompute than to share wrongly).

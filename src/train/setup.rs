@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use candle_core::{Device, Tensor};
@@ -41,16 +42,19 @@ pub(super) fn write_config(out: &Path, config: &RunConfig) -> Result<()> {
     crate::io::write_json(&RunFolder(out.to_path_buf()).config(), config)
 }
 
-/// What a run needs before any feature: its data, backbone and split.
+/// What a run needs before any feature: its data, backbone and split. The runs of a stack share
+/// one dataset and one backbone in memory ([`setup_sibling`]).
 pub(super) struct Setup {
     pub(super) root: PathBuf,
-    pub(super) dataset: data::Dataset,
+    pub(super) dataset: Arc<data::Dataset>,
     pub(super) completeness: Completeness,
-    pub(super) backbone: Backbone,
+    pub(super) backbone: Arc<Backbone>,
     pub(super) device: Device,
     pub(super) cache: FeatureCache,
     pub(super) plan: SplitPlan,
     pub(super) deviations: Vec<String>,
+    /// The deviations of the backbone and of the data files, which a sibling shares.
+    shared_deviations: (Vec<String>, Vec<String>),
     /// [`crate::runtime::float_kernels`], and on resume those of the earlier sittings.
     pub(super) float_kernels: String,
 }
@@ -65,21 +69,42 @@ pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
     let dataset =
         data::fetch::load_or_fetch(&config.dataset, &root, job.places.data_mirror.as_deref())?;
     let completeness = Completeness::of(&dataset);
-    let (backbone, mut deviations) = load_backbone(config, &job.places, &device)?;
+    let (backbone, backbone_notes) = load_backbone(config, &job.places, &device)?;
     let (plan, notes) = split_plan(config, &dataset, &completeness)?;
-    deviations.extend(notes);
-    deviations.extend(unofficial_files(&config.dataset, &root)?);
+    let file_notes = unofficial_files(&config.dataset, &root)?;
+    let deviations = [backbone_notes.clone(), notes, file_notes.clone()].concat();
     let float_kernels = float_kernels(&device);
     Ok(Setup {
         root,
-        dataset,
+        dataset: Arc::new(dataset),
         completeness,
-        backbone,
+        backbone: Arc::new(backbone),
         device,
         cache,
         plan,
         deviations,
+        shared_deviations: (backbone_notes, file_notes),
         float_kernels,
+    })
+}
+
+/// The set-up of `job`, a run of the same stack as `first`'s (the same dataset, backbone and
+/// places; [`super::run::RunConfig::stack_key`]): its own split, the data and backbone shared.
+pub(super) fn setup_sibling(first: &Setup, job: &FinetuneJob) -> Result<Setup> {
+    job.validate()?;
+    let (plan, notes) = split_plan(&job.config, &first.dataset, &first.completeness)?;
+    let (backbone_notes, file_notes) = &first.shared_deviations;
+    Ok(Setup {
+        root: first.root.clone(),
+        dataset: Arc::clone(&first.dataset),
+        completeness: first.completeness.clone(),
+        backbone: Arc::clone(&first.backbone),
+        device: first.device.clone(),
+        cache: first.cache.clone(),
+        plan,
+        deviations: [backbone_notes.clone(), notes, file_notes.clone()].concat(),
+        shared_deviations: first.shared_deviations.clone(),
+        float_kernels: first.float_kernels.clone(),
     })
 }
 
@@ -396,7 +421,7 @@ pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn layer_inputs(features: &Features) -> Result<&LayerRows> {
+pub(crate) fn layer_inputs(features: &Features) -> Result<&LayerRows> {
     features
         .layer_inputs
         .as_ref()
@@ -404,7 +429,7 @@ pub(super) fn layer_inputs(features: &Features) -> Result<&LayerRows> {
 }
 
 /// The padding mask of a text batch, on its device (ViT attends to every token: none).
-pub(super) fn text_mask(model: &Model, batch: &LayerBatch) -> Result<Option<Tensor>> {
+pub(crate) fn text_mask(model: &Model, batch: &LayerBatch) -> Result<Option<Tensor>> {
     Ok(match model {
         Model::Vit(_) => None,
         Model::Bert(_) => Some(batch.mask()?),
@@ -413,7 +438,7 @@ pub(super) fn text_mask(model: &Model, batch: &LayerBatch) -> Result<Option<Tens
 
 /// Final tokens from the last layer's inputs, through the frozen last layer on `device`, 64
 /// samples at a time: in memory, or in a temporary file under `spill_dir`.
-pub(super) fn final_tokens(
+pub(crate) fn final_tokens(
     model: &Model,
     inputs: &LayerRows,
     device: &Device,

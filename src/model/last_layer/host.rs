@@ -1,14 +1,15 @@
-//! The CLS pass of [`LastLayer`] written out by hand on the host: the forward, the cross-entropy
-//! and the backward to the query and key, with no autograd.
+//! The CLS pass of [`LastLayer`] written out by hand on the host, for a stack of runs at once:
+//! the forward, the cross-entropy and the backward to each run's query and key, with no autograd.
 //!
-//! A phase-2 step is a few CLS rows (16 by default) through a dozen small operations. Through
-//! candle's autograd every operation allocates its output and its gradient, the LayerNorms take
-//! the slow differentiable formula, and the frozen weights' gradients the graph would compute are
-//! thrown away; at ViT-Ti that bookkeeping cost more than the arithmetic. Here each operation is a
-//! loop or one gemm over flat rows, the backward stops at the query and key, and the tokens are
-//! read by the same per-sample kernels as the fused attention op ([`KeyValues`]). The candle route
-//! ([`LastLayer::forward_resident`], differentiated) stays the reference: tests/host_step.rs holds
-//! the two equal in logits, loss and every gradient.
+//! A phase-2 step is a few CLS rows (16 by default) of each run through a dozen small operations.
+//! Through candle's autograd every operation allocates its output and its gradient, the
+//! LayerNorms take the slow differentiable formula, and the frozen weights' gradients the graph
+//! would compute are thrown away; at ViT-Ti that bookkeeping cost more than the arithmetic. Here
+//! each operation is a loop or one product over flat rows, the backward stops at the query and
+//! key, and the tokens are read by the same per-sample kernels as the fused attention op
+//! ([`KeyValues`]). The candle route ([`LastLayer::forward_resident`], differentiated) stays the
+//! reference: tests/last_layer_equivalence.rs holds the two equal in logits, loss and every
+//! gradient.
 //!
 //! With x̂₀ the normed CLS input, q₀ = x̂₀W_Qᵀ + b_Q; per head rₕ = q₀ₕW_Kₕ and cₕ = q₀ₕ·b_Kₕ; the
 //! attention pools the tokens into pooledₕ; context = pooled W_Vᵀ + b_V per head; then the rest
@@ -17,116 +18,33 @@
 //!   ViT (pre-LN):   h = x₀ + O(context);  a = N₁(h);  z = N₂(h + MLP(a))
 //!   BERT (post-LN): h = x₀ + O(context);  a = N₁(h);  z = N₂(a + MLP(a))
 //!
-//! and the classifier (BERT's pooler, tanh, first when the checkpoint has one).
+//! and each run's classifier (BERT's pooler, tanh, first when the checkpoint has one).
+//!
+//! **A stack.** The runs of a stack share the frozen layer, not their query, key or classifier.
+//! A pass puts every run's rows through each frozen product together, so each frozen weight is
+//! read once for all of them, and the runs that read the same samples attend over each sample's
+//! tokens together ([`attention`]), so each token is read once for all of them. Every operation
+//! gives a row the same numbers whatever rows are beside it (the frozen products, gemm up to 48
+//! rows, the attention kernels, the norms), and each run's sums over its batch (the loss, the
+//! weight gradients) are taken over its own rows in the same order as alone: a run of a stack
+//! gets the numbers it gets alone, bit for bit.
 
+mod attention;
+mod norm;
+
+use std::ops::Range;
 use std::sync::Arc;
 
 use anyhow::{Result, bail, ensure};
 use rayon::prelude::*;
 
-use super::{LastLayer, QueryKey, Rest};
+use self::norm::{HostNorm, NormTrace};
+use super::{LastLayer, Rest};
 use crate::encoder::dense::FrozenLinear;
-use crate::encoder::layers::Norm;
-use crate::kernels::{
-    gelu, gelu_backward, gemm_into as matmul, mean_and_inv_std, mean_and_inv_std_rows,
-};
+use crate::kernels::{gelu, gelu_backward, gemm_into as matmul};
 use crate::model::attend::KeyValues;
+use crate::model::classifier::FrozenClassifier;
 use crate::model::token_products::{Rows, Tokens, row_scores};
-
-/// A LayerNorm's parameters on the host.
-struct HostNorm {
-    weight: Vec<f32>,
-    bias: Vec<f32>,
-    eps: f32,
-}
-
-/// What a LayerNorm's backward needs of its forward: the normalised rows and 1/σ per row.
-#[derive(Default)]
-struct NormTrace {
-    normalised: Vec<f32>,
-    inv_std: Vec<f32>,
-}
-
-impl HostNorm {
-    fn new(norm: &Norm) -> Result<Self> {
-        let (weight, bias, eps) = norm.host_parts()?;
-        Ok(Self {
-            weight,
-            bias,
-            eps: eps as f32,
-        })
-    }
-
-    /// y = (x − μ)/√(σ² + ε)·γ + β per row, as candle's `layer_norm_slow`.
-    fn forward(&self, x: &[f32], y: &mut [f32]) -> NormTrace {
-        let d = self.weight.len();
-        let rows = x.len() / d;
-        let mut trace = NormTrace {
-            normalised: vec![0.0; x.len()],
-            inv_std: vec![0.0; rows],
-        };
-        for (((x, y), n), inv) in x
-            .chunks_exact(d)
-            .zip(y.chunks_exact_mut(d))
-            .zip(trace.normalised.chunks_exact_mut(d))
-            .zip(trace.inv_std.iter_mut())
-        {
-            let mean;
-            (mean, *inv) = mean_and_inv_std(x, self.eps);
-            for k in 0..d {
-                n[k] = (x[k] - mean) * *inv;
-                y[k] = n[k] * self.weight[k] + self.bias[k];
-            }
-        }
-        trace
-    }
-
-    /// [`Self::forward`]'s output in place over rows of `x`, with no trace. The statistics of
-    /// four rows at a time, each row's numbers as alone.
-    fn normalise_in_place(&self, x: &mut [f32]) {
-        const ROWS: usize = 4;
-        let d = self.weight.len();
-        let mut groups = x.chunks_exact_mut(ROWS * d);
-        for group in &mut groups {
-            let rows: [&[f32]; ROWS] = std::array::from_fn(|i| &group[i * d..(i + 1) * d]);
-            let stats = mean_and_inv_std_rows(rows, self.eps);
-            for (row, (mean, inv)) in group.chunks_exact_mut(d).zip(stats) {
-                self.apply(row, mean, inv);
-            }
-        }
-        for row in groups.into_remainder().chunks_exact_mut(d) {
-            let (mean, inv) = mean_and_inv_std(row, self.eps);
-            self.apply(row, mean, inv);
-        }
-    }
-
-    /// (x − μ)·(1/σ)·γ + β over one row, in place.
-    fn apply(&self, row: &mut [f32], mean: f32, inv: f32) {
-        for ((v, w), b) in row.iter_mut().zip(&self.weight).zip(&self.bias) {
-            *v = (*v - mean) * inv * w + b;
-        }
-    }
-
-    /// ∂L/∂x = (g − mean(g) − n·mean(g⊙n))/σ with g = ∂L/∂y ⊙ γ, into `dx`.
-    fn backward(&self, trace: &NormTrace, dy: &[f32], dx: &mut [f32]) {
-        let d = self.weight.len();
-        for (((dy, dx), n), inv) in dy
-            .chunks_exact(d)
-            .zip(dx.chunks_exact_mut(d))
-            .zip(trace.normalised.chunks_exact(d))
-            .zip(&trace.inv_std)
-        {
-            for k in 0..d {
-                dx[k] = dy[k] * self.weight[k];
-            }
-            let mean_g = dx.iter().sum::<f32>() / d as f32;
-            let mean_gn = dx.iter().zip(n).map(|(g, n)| g * n).sum::<f32>() / d as f32;
-            for k in 0..d {
-                dx[k] = (dx[k] - mean_g - n[k] * mean_gn) * inv;
-            }
-        }
-    }
-}
 
 /// Where the MLP's residual branch starts.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -137,7 +55,7 @@ enum Residual {
     AfterNorm,
 }
 
-/// The frozen layer after the attention, and the classifier, on the host.
+/// The frozen layer after the attention on the host: what every run of a stack shares.
 pub(super) struct HostLayer {
     /// What the attention reads of its input: ViT's LayerNorm before it; BERT reads X itself.
     pre_norm: Option<HostNorm>,
@@ -148,142 +66,48 @@ pub(super) struct HostLayer {
     mlp_output: Arc<FrozenLinear>,
     second_norm: HostNorm,
     residual: Residual,
-    pooler: Option<Arc<FrozenLinear>>,
-    classifier: Arc<FrozenLinear>,
     heads: usize,
     head_dim: usize,
     hidden: usize,
-    classes: usize,
     /// How a step's or an evaluation's rows are shared out over the threads.
     pub(super) spread: HostSpread,
 }
 
-/// The trained parameters, read in place from their CPU storage.
-pub(super) struct HostQk<'a> {
-    pub(super) wq: &'a [f32],
-    pub(super) bq: &'a [f32],
-    pub(super) wk: &'a [f32],
-    pub(super) bk: &'a [f32],
+/// One run's phase-1 classifier as the host pass reads it: BERT's pooler (when the checkpoint
+/// has one), then the classifier.
+pub(super) struct HostReadout {
+    pooler: Option<Arc<FrozenLinear>>,
+    classifier: Arc<FrozenLinear>,
+}
+
+impl HostReadout {
+    pub(super) fn new(readout: &FrozenClassifier) -> Self {
+        let (pooler, classifier) = readout.parts();
+        Self {
+            pooler: pooler.cloned(),
+            classifier: Arc::clone(classifier),
+        }
+    }
+
+    fn classes(&self) -> usize {
+        self.classifier.dims().0
+    }
+}
+
+/// A run's trained parameters, read in place from their CPU storage.
+#[derive(Clone, Copy)]
+pub(crate) struct HostQk<'a> {
+    pub(crate) wq: &'a [f32],
+    pub(crate) bq: &'a [f32],
+    pub(crate) wk: &'a [f32],
+    pub(crate) bk: &'a [f32],
 }
 
 /// The CLS rows of a batch: the layer input x₀ and what the attention reads of it, x̂₀ (B, D).
-pub(super) struct ClsRows<'a> {
-    pub(super) inputs: &'a [f32],
-    pub(super) normed: &'a [f32],
-}
-
-/// How the host pass shares a step's or an evaluation's rows out over the threads. Both give
-/// every row the same numbers, bit for bit (tests/last_layer_equivalence.rs), on any number of
-/// threads; they differ in what each thread reads from memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HostSpread {
-    /// Chunks of rows ([`CHUNK`] for a step, [`EVAL_CHUNK`] for an evaluation), each on one
-    /// thread from its forward to its backward: a chunk's tokens stay in that core's caches in
-    /// between, and each thread reads every frozen weight for its rows. Best while the weights
-    /// fit the caches (ViT-Ti: 3 MB with their transposes; a ViT-Ti epoch took 20–25 ms this way
-    /// against 22–27 ms the other, two builds alternately on machine E).
-    Chunks,
-    /// All rows through each operation together, its work shared out: the frozen products by
-    /// their columns (each thread reads its part of the weights once for all the rows,
-    /// [`crate::kernels::products_parallel`]), the attention by samples, the per-head rₕ by
-    /// groups of [`QUERY_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
-    /// transposes) fit no cache, and in chunks each thread streamed them all from memory for its 8
-    /// rows: a ViT-B-size epoch on 2 threads took a median 0.36 s in chunks and 0.32 s this way
-    /// (`scale`'s child, five runs each, two builds alternately on machine E).
-    Operations,
-}
-
-impl HostSpread {
-    /// The spread for a layer whose frozen products hold `weight_bytes` (forward and transposed
-    /// packs): chunks while they are well inside a last-level cache.
-    fn for_weights(weight_bytes: usize) -> Self {
-        const CACHED: usize = 16 << 20;
-        if weight_bytes <= CACHED {
-            Self::Chunks
-        } else {
-            Self::Operations
-        }
-    }
-
-    /// Rows a chunk holds when `rows` go through together and chunks of `chunk` rows is the
-    /// chunked spread's size.
-    fn chunk_rows(self, chunk: usize, rows: usize) -> usize {
-        match self {
-            Self::Chunks => chunk,
-            Self::Operations => rows.max(1),
-        }
-    }
-
-    /// The fewest items a parallel loop inside an operation hands one thread: all of them in
-    /// chunks (the chunks are what run in parallel), one otherwise.
-    fn min_len(self) -> usize {
-        match self {
-            Self::Chunks => usize::MAX,
-            Self::Operations => 1,
-        }
-    }
-}
-
-/// Rows a chunk of a step holds ([`HostSpread::Chunks`]). The chunk's size is fixed, not the
-/// thread count's, so the products see the same shapes however many threads there are.
-const CHUNK: usize = 8;
-
-/// Rows a chunk of an evaluation holds ([`HostSpread::Chunks`]): with no backward to keep tokens
-/// in cache for, larger chunks make fewer and larger products. A multiple of 6, the rows a frozen
-/// product takes at once ([`crate::kernels::PackedMatrix`]), and half of the 48 rows an
-/// evaluation hands over at a time (`train::loops`), so that two cores share them evenly.
-const EVAL_CHUNK: usize = 24;
-
-/// Rows whose cross-entropies are summed together before the groups' sums are added, in either
-/// spread: a row's share of the loss then does not depend on the spread, the chunk or the threads
-/// (the frozen products, the attention, the scores kernel and gemm give a row the same numbers
-/// whatever rows are beside it).
-const LOSS_ROWS: usize = 8;
-
-/// Rows whose per-head query directions rₕ = q₀ₕ W_Kₕ go through gemm together. gemm gives a row
-/// the same numbers whatever rows are beside it, up to 48 of them at the host pass's shapes
-/// (`kernels::tests::gemm_rows_do_not_depend_on_the_rows_beside_them`), and re-packs W_Kₕ at every
-/// call: a step's 16 rows of ViT-B's rₕ took 296–455 µs in one group against 355–650 µs in two of 8
-/// (best of 40 to mean; one thread, a probe cycling over 8 keys, machine G, 2026-11-27). An
-/// evaluation's 48 rows go in three groups, which the threads share.
-///
-/// The two trained products whose entries are dot products of rows (x̂₀ W_Qᵀ, ∂L/∂rₕ W_Kₕ) go
-/// through the attention's scores kernel, which reads the weights in place: at 8 rows of ViT-B's
-/// width gemm took 410–430 µs for each, re-packing the weight, and the kernel 180–200 µs
-/// (machine E, 2026-11-26). Their numbers depend on no group, so they take all the rows at once
-/// and read each weight once ([`HostLayer::against_rows`]). rₕ stays with gemm (200–220 µs
-/// against the weighted-sums kernel's 280–300). Packing the query and key once per step for the
-/// frozen products' kernel was tried too: the same numbers, but three fresh 2.4 MB matrices per
-/// step slowed a ViT-B-size epoch (0.52–0.56 → 0.55–0.71 s on one thread, `scale`'s child, two
-/// builds alternately).
-const QUERY_ROWS: usize = 16;
-
-/// What the backward of one chunk leaves for the weight gradients (or, joined, of the batch).
-#[derive(Default)]
-struct ChunkGradients {
-    /// Σ of the rows' cross-entropies.
-    loss_sum: f32,
-    /// (rows, D)
-    q0: Vec<f32>,
-    /// ∂L/∂r (rows, H, D)
-    grad_queries: Vec<f32>,
-    /// ∂L/∂c (rows, H)
-    grad_bias: Vec<f32>,
-    /// ∂L/∂q₀ (rows, D)
-    grad_q0: Vec<f32>,
-    /// The rows evaluated at the look-ahead's parameters.
-    evaluated: Option<Evaluated>,
-}
-
-/// What one chunk of a step reads: the parameters trained, those it evaluates its rows at as
-/// well (the look-ahead), and its rows.
 #[derive(Clone, Copy)]
-struct ChunkStep<'a> {
-    qk: &'a HostQk<'a>,
-    look_ahead: Option<&'a HostQk<'a>>,
-    cls: &'a ClsRows<'a>,
-    tokens: &'a KeyValues,
-    rows: &'a [usize],
+pub(crate) struct ClsRows<'a> {
+    pub(crate) inputs: &'a [f32],
+    pub(crate) normed: &'a [f32],
 }
 
 impl ClsRows<'_> {
@@ -296,27 +120,211 @@ impl ClsRows<'_> {
     }
 }
 
-/// A forward's results and what its backward reads.
+/// One run of a pass: its parameters, its classifier, and the samples it reads.
+#[derive(Clone, Copy)]
+pub(super) struct RunPass<'a> {
+    pub(super) qk: HostQk<'a>,
+    /// Parameters a step also evaluates the run's rows at (the look-ahead); none in an evaluation.
+    pub(super) look_ahead: Option<HostQk<'a>>,
+    pub(super) readout: &'a HostReadout,
+    /// The CLS rows of `rows`, in their order.
+    pub(super) cls: ClsRows<'a>,
+    pub(super) tokens: &'a KeyValues,
+    pub(super) rows: &'a [usize],
+}
+
+/// A run's pass over one part of its rows.
+#[derive(Clone, Copy)]
+struct PartPass<'a> {
+    /// The run, by its place among the passes.
+    run: usize,
+    /// Where the part's rows start among the run's.
+    first: usize,
+    pass: RunPass<'a>,
+}
+
+/// Where a step writes one run's gradients: four zeroed buffers of the query's and key's shapes.
+pub(super) struct RunGradients<'a> {
+    pub(super) wq: &'a mut [f32],
+    pub(super) bq: &'a mut [f32],
+    pub(super) wk: &'a mut [f32],
+    pub(super) bk: &'a mut [f32],
+}
+
+/// What a step leaves of one run beside its gradients.
+pub(super) struct RunStep {
+    /// The mean cross-entropy of its batch.
+    pub(super) loss: f32,
+    /// Its rows evaluated at the look-ahead's parameters, when it had some.
+    pub(super) evaluated: Option<Evaluated>,
+}
+
+/// Rows evaluated by a forward: logits (B×C) and the attention of each head (B×H×T).
+#[derive(Default)]
+pub struct Evaluated {
+    pub logits: Vec<f32>,
+    pub probs: Vec<f32>,
+}
+
+/// How the host pass shares a step's or an evaluation's rows out over the threads. Both give
+/// every row the same numbers, bit for bit (tests/last_layer_equivalence.rs), on any number of
+/// threads; they differ in what each thread reads from memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostSpread {
+    /// Parts of rows ([`CHUNK`] of each run for a step, [`EVAL_CHUNK`] for an evaluation), each
+    /// on one thread from its forward to its backward: a part's tokens stay in that core's
+    /// caches in between, and each thread reads every frozen weight for its rows. Best while the
+    /// weights fit the caches (ViT-Ti: 3 MB with their transposes).
+    Chunks,
+    /// All rows through each operation together, its work shared out: the frozen products by
+    /// their columns (each thread reads its part of the weights once for all the rows,
+    /// [`crate::kernels::products_parallel`]), the attention by samples, the per-head rₕ by
+    /// groups of [`QUERY_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
+    /// transposes) fit no cache, and in parts each thread would stream them all from memory for
+    /// its few rows.
+    Operations,
+}
+
+impl HostSpread {
+    /// The spread for a layer whose frozen products hold `weight_bytes` (forward and transposed
+    /// packs): parts while they are well inside a last-level cache.
+    fn for_weights(weight_bytes: usize) -> Self {
+        const CACHED: usize = 16 << 20;
+        if weight_bytes <= CACHED {
+            Self::Chunks
+        } else {
+            Self::Operations
+        }
+    }
+
+    /// Rows of each run a part holds when each run has at most `rows` and parts of `chunk` rows
+    /// are the chunked spread's size.
+    fn part_rows(self, chunk: usize, rows: usize) -> usize {
+        match self {
+            Self::Chunks => chunk,
+            Self::Operations => rows.max(1),
+        }
+    }
+
+    /// The fewest items a parallel loop inside an operation hands one thread: all of them in
+    /// parts (the parts are what run in parallel), one otherwise.
+    fn min_len(self) -> usize {
+        match self {
+            Self::Chunks => usize::MAX,
+            Self::Operations => 1,
+        }
+    }
+}
+
+/// Rows of each run a part of a step holds ([`HostSpread::Chunks`]). The part's size is fixed,
+/// not the thread count's, so the products see the same shapes however many threads there are.
+const CHUNK: usize = 8;
+
+/// Rows of each run a part of an evaluation holds ([`HostSpread::Chunks`]): with no backward to
+/// keep tokens in cache for, larger parts make fewer and larger products. A multiple of 6, the
+/// rows a frozen product takes at once ([`crate::kernels::PackedMatrix`]), and half of the 48
+/// rows an evaluation hands over at a time, so that two cores share them evenly.
+const EVAL_CHUNK: usize = 24;
+
+/// Rows whose cross-entropies are summed together before the groups' sums are added, in either
+/// spread: a row's share of the loss then depends on neither the spread, the part nor the
+/// threads.
+const LOSS_ROWS: usize = 8;
+
+/// Rows whose per-head query directions rₕ = q₀ₕ W_Kₕ go through gemm together. gemm gives a row
+/// the same numbers whatever rows are beside it, up to 48 of them at the host pass's shapes
+/// (`kernels::tests::gemm_rows_do_not_depend_on_the_rows_beside_them`), and re-packs W_Kₕ at every
+/// call, so fewer, larger groups cost less. An evaluation's 48 rows go in three groups, which the
+/// threads share.
+///
+/// The two trained products whose entries are dot products of rows (x̂₀ W_Qᵀ, ∂L/∂rₕ W_Kₕ) go
+/// through the attention's scores kernel instead, which reads the weights in place where gemm
+/// re-packed them; their numbers depend on no group, so they take all the rows at once and read
+/// each weight once ([`HostLayer::against_rows`]).
+const QUERY_ROWS: usize = 16;
+
+/// Where each query set's rows sit among the rows of a part: every run's trained rows in run
+/// order, then the look-ahead's rows of those that have one, in run order.
+struct Layout {
+    /// Per set: the part's run it belongs to, whether it is the look-ahead's, and its rows.
+    sets: Vec<(usize, bool, Range<usize>)>,
+    /// Rows of the trained sets (the first ones).
+    trained_rows: usize,
+}
+
+impl Layout {
+    fn of(part: &[RunPass]) -> Self {
+        let mut sets = Vec::new();
+        let mut at = 0;
+        for ahead in [false, true] {
+            for (k, run) in part.iter().enumerate() {
+                if !ahead || run.look_ahead.is_some() {
+                    sets.push((k, ahead, at..at + run.rows.len()));
+                    at += run.rows.len();
+                }
+            }
+        }
+        let trained_rows = part.iter().map(|r| r.rows.len()).sum();
+        Self { sets, trained_rows }
+    }
+
+    fn trained(&self) -> impl Iterator<Item = &(usize, bool, Range<usize>)> {
+        self.sets.iter().filter(|(_, ahead, _)| !ahead)
+    }
+
+    /// Each set's rows with the classifier that reads them, in row order.
+    fn readouts<'a>(
+        &self,
+        part: &[RunPass<'a>],
+        trained_only: bool,
+    ) -> Vec<(Range<usize>, &'a HostReadout)> {
+        self.sets
+            .iter()
+            .filter(|(_, ahead, _)| !(trained_only && *ahead))
+            .map(|(k, _, rows)| (rows.clone(), part[*k].readout))
+            .collect()
+    }
+}
+
+/// The sets of a part that attend over the same rows of the same tokens, as indices into the
+/// layout's sets, in their order.
+fn attention_groups(part: &[RunPass], sets: &[usize], layout: &Layout) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for &s in sets {
+        let run = &part[layout.sets[s].0];
+        let same = |g: &&mut Vec<usize>| {
+            let first = &part[layout.sets[g[0]].0];
+            std::ptr::eq(first.tokens, run.tokens) && first.rows == run.rows
+        };
+        match groups.iter_mut().find(same) {
+            Some(group) => group.push(s),
+            None => groups.push(vec![s]),
+        }
+    }
+    groups
+}
+
+/// A part's forward: every set's results, and what the backward of the trained sets reads.
 struct Trace {
-    rows: usize,
-    q0: Vec<f32>,
-    /// (B, H, T)
-    probs: Vec<f32>,
+    /// q₀ of each trained set (rows×D), in set order.
+    q0: Vec<Vec<f32>>,
+    /// The attention of each set (rows×H×T), in set order.
+    probs: Vec<Vec<f32>>,
     first_norm: NormTrace,
-    /// The MLP's pre-activation (B, M).
+    /// The MLP's pre-activation (rows×M).
     pre_activation: Vec<f32>,
     second_norm: NormTrace,
-    /// tanh of the pooler, when there is one (B, D).
+    /// tanh of the pooler, when there is one (rows×D).
     pooled_features: Option<Vec<f32>>,
-    /// (B, C)
+    /// (rows×C)
     logits: Vec<f32>,
 }
 
 impl Trace {
-    /// Rows `b..` split off: their logits (what an evaluation keeps of them); the trace keeps
-    /// the first `b` rows' parts, for the backward.
-    fn split_off_rows(&mut self, b: usize) -> Vec<f32> {
-        let rows = self.rows.max(1);
+    /// The look-ahead's rows (from `b` on) split off: their logits; the trace keeps the trained
+    /// rows' parts, for the backward.
+    fn split_off_rows(&mut self, b: usize, rows: usize) -> Vec<f32> {
+        let rows = rows.max(1);
         let width = |v: &[f32]| v.len() / rows;
         let (d, m, c) = (
             width(&self.first_norm.normalised),
@@ -331,27 +339,42 @@ impl Trace {
         if let Some(y) = &mut self.pooled_features {
             y.truncate(b * d);
         }
-        self.rows = b;
         self.logits.split_off(b * c)
     }
 }
 
-/// The data loss of a batch and its gradient for each trained parameter.
-pub struct HostGradients {
-    pub loss: f32,
-    pub wq: Vec<f32>,
-    pub bq: Vec<f32>,
-    pub wk: Vec<f32>,
-    pub bk: Vec<f32>,
-    /// The batch's rows evaluated at the look-ahead's parameters, when the step was given some.
-    pub evaluated: Option<Evaluated>,
+/// What the backward of one part leaves of one run for its weight gradients (or, joined over
+/// the parts, of its batch).
+#[derive(Default)]
+struct RunRows {
+    /// Σ of the rows' cross-entropies.
+    loss_sum: f32,
+    /// (rows, D)
+    q0: Vec<f32>,
+    /// ∂L/∂r (rows, H, D)
+    grad_queries: Vec<f32>,
+    /// ∂L/∂c (rows, H)
+    grad_bias: Vec<f32>,
+    /// ∂L/∂q₀ (rows, D)
+    grad_q0: Vec<f32>,
+    /// The rows evaluated at the look-ahead's parameters.
+    evaluated: Option<Evaluated>,
 }
 
-/// Rows evaluated by a forward: logits (B×C) and the attention of each head (B×H×T).
-#[derive(Default)]
-pub struct Evaluated {
-    pub logits: Vec<f32>,
-    pub probs: Vec<f32>,
+impl RunRows {
+    /// `part`'s rows appended after these.
+    fn extend(&mut self, part: RunRows) {
+        self.loss_sum += part.loss_sum;
+        self.q0.extend_from_slice(&part.q0);
+        self.grad_queries.extend_from_slice(&part.grad_queries);
+        self.grad_bias.extend_from_slice(&part.grad_bias);
+        self.grad_q0.extend_from_slice(&part.grad_q0);
+        if let Some(part) = part.evaluated {
+            let all = self.evaluated.get_or_insert_with(Evaluated::default);
+            all.logits.extend_from_slice(&part.logits);
+            all.probs.extend_from_slice(&part.probs);
+        }
+    }
 }
 
 /// The `b` rows of `rows` against each row of `weights` (N×`d`): B×N dot products, through the
@@ -373,8 +396,17 @@ fn add_into(a: &mut [f32], b: &[f32]) {
     a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
 }
 
+/// The values of `rows` (a range of rows of `width` values) of `all`.
+fn rows_of<'a, T>(all: &'a [T], rows: &Range<usize>, width: usize) -> &'a [T] {
+    &all[rows.start * width..rows.end * width]
+}
+
+fn rows_of_mut<'a, T>(all: &'a mut [T], rows: &Range<usize>, width: usize) -> &'a mut [T] {
+    &mut all[rows.start * width..rows.end * width]
+}
+
 impl HostLayer {
-    /// The host form of `layer`, when it has one: the CPU and the exact (erf) GELU.
+    /// The host form of `layer`'s frozen part, when it has one: the CPU and the exact (erf) GELU.
     pub(super) fn new(layer: &LastLayer) -> Result<Option<Self>> {
         let attention = layer.attention();
         if !attention.query.weight().device().is_cpu() {
@@ -414,8 +446,6 @@ impl HostLayer {
                 None => bail!("the last layer's dense layers are not in phase 2's form"),
             }
         };
-        let (pooler, classifier) = layer.readout.parts();
-        let classes = classifier.dims().0;
         let pre_norm = match layer.model {
             crate::encoder::Model::Vit(v) => Some(HostNorm::new(&v.last_layer().layernorm_before)?),
             crate::encoder::Model::Bert(_) => None,
@@ -438,14 +468,23 @@ impl HostLayer {
             mlp_output,
             second_norm: HostNorm::new(second_norm)?,
             residual,
-            pooler: pooler.cloned(),
-            classifier: Arc::clone(classifier),
             heads: attention.num_heads,
             head_dim: attention.head_dim,
             hidden: attention.num_heads * attention.head_dim,
-            classes,
             spread,
         }))
+    }
+
+    /// Whether `other` reads the very same frozen weights (runs of one stack must).
+    pub(super) fn shares_weights_with(&self, other: &HostLayer) -> bool {
+        [
+            (&self.value, &other.value),
+            (&self.output, &other.output),
+            (&self.intermediate, &other.intermediate),
+            (&self.mlp_output, &other.mlp_output),
+        ]
+        .iter()
+        .all(|(a, b)| Arc::ptr_eq(a, b))
     }
 
     /// Whether one operation's work is shared out over the threads.
@@ -500,160 +539,210 @@ impl HostLayer {
         }
     }
 
-    /// Logits (B×C) and the CLS attention (B×H×T) of samples `rows` of `tokens`.
-    pub(super) fn forward(
-        &self,
-        qk: &HostQk,
-        cls: &ClsRows,
-        tokens: &KeyValues,
-        rows: &[usize],
-    ) -> (Vec<f32>, Vec<f32>) {
-        let chunk = self.spread.chunk_rows(EVAL_CHUNK, rows.len());
-        let parts: Vec<Trace> = rows
-            .par_chunks(chunk)
-            .enumerate()
-            .map(|(c, rows)| {
-                self.trace(
-                    qk,
-                    &cls.part(c * chunk, rows.len(), self.hidden),
-                    tokens,
-                    rows,
-                    None,
-                )
-                .0
+    /// Each run's logits (B×C) and CLS attention (B×H×T) over its rows.
+    pub(super) fn forward(&self, runs: &[RunPass]) -> Vec<Evaluated> {
+        let parts = self.parts(runs, EVAL_CHUNK);
+        let traced: Vec<(Trace, Layout)> = parts
+            .par_iter()
+            .map(|part| {
+                let passes: Vec<RunPass> = part.iter().map(|p| p.pass).collect();
+                let layout = Layout::of(&passes);
+                (self.trace(&passes, &layout), layout)
             })
             .collect();
-        let (mut logits, mut probs) = (Vec::new(), Vec::new());
-        for part in parts {
-            logits.extend_from_slice(&part.logits);
-            probs.extend_from_slice(&part.probs);
-        }
-        (logits, probs)
-    }
-
-    /// The mean cross-entropy of samples `rows` against `targets` and its gradient for the
-    /// query and key; with `look_ahead`, the same rows evaluated at those parameters as well,
-    /// as [`Self::forward`] evaluates them (a row's numbers do not depend on the rows beside it),
-    /// reading each sample's tokens once for both.
-    pub(super) fn loss_and_gradients(
-        &self,
-        qk: &HostQk,
-        cls: &ClsRows,
-        tokens: &KeyValues,
-        rows: &[usize],
-        targets: &[u32],
-        look_ahead: Option<&HostQk>,
-    ) -> Result<HostGradients> {
-        ensure!(
-            targets.len() == rows.len() && targets.iter().all(|&t| (t as usize) < self.classes),
-            "{} targets for {} rows of {} classes",
-            targets.len(),
-            rows.len(),
-            self.classes
-        );
-        let chunk = self.spread.chunk_rows(CHUNK, rows.len());
-        let parts: Vec<ChunkGradients> = rows
-            .par_chunks(chunk)
-            .zip(targets.par_chunks(chunk))
-            .enumerate()
-            .map(|(c, (chunk_rows, chunk_targets))| {
-                let cls = cls.part(c * chunk, chunk_rows.len(), self.hidden);
-                let step = ChunkStep {
-                    qk,
-                    look_ahead,
-                    cls: &cls,
-                    tokens,
-                    rows: chunk_rows,
-                };
-                self.chunk_gradients(&step, chunk_targets, rows.len())
-            })
-            .collect();
-        let mut whole = ChunkGradients::default();
-        let mut evaluated = look_ahead.map(|_| Evaluated::default());
-        for part in parts {
-            whole.loss_sum += part.loss_sum;
-            whole.q0.extend_from_slice(&part.q0);
-            whole.grad_queries.extend_from_slice(&part.grad_queries);
-            whole.grad_bias.extend_from_slice(&part.grad_bias);
-            whole.grad_q0.extend_from_slice(&part.grad_q0);
-            if let (Some(all), Some(part)) = (&mut evaluated, part.evaluated) {
-                all.logits.extend_from_slice(&part.logits);
-                all.probs.extend_from_slice(&part.probs);
+        let mut out: Vec<Evaluated> = runs.iter().map(|_| Evaluated::default()).collect();
+        let c = runs.first().map_or(0, |r| r.readout.classes());
+        for (part, (trace, layout)) in parts.iter().zip(traced) {
+            for (s, (k, _, rows)) in layout.sets.iter().enumerate() {
+                let own = &mut out[part[*k].run];
+                own.logits
+                    .extend_from_slice(rows_of(&trace.logits, rows, c));
+                own.probs.extend_from_slice(&trace.probs[s]);
             }
         }
-        let mut gradients = self.weight_gradients(cls, &whole, rows.len());
-        gradients.loss = whole.loss_sum / rows.len() as f32;
-        gradients.evaluated = evaluated;
-        Ok(gradients)
+        out
     }
 
-    /// One chunk's forward, its share of the loss (the batch has `batch` rows) and the backward
-    /// through its rows as far as the query row q₀: every step that is row by row.
-    fn chunk_gradients(&self, step: &ChunkStep, targets: &[u32], batch: usize) -> ChunkGradients {
-        let ChunkStep {
-            qk,
-            look_ahead,
-            cls,
-            tokens,
-            rows,
-        } = *step;
-        let (trace, evaluated) = self.trace(qk, cls, tokens, rows, look_ahead);
-        let c = self.classes;
-        let mut grad_logits = Vec::with_capacity(trace.logits.len());
-        let mut loss_sum = 0f32;
-        for (logits, targets) in trace
-            .logits
-            .chunks(LOSS_ROWS * c)
-            .zip(targets.chunks(LOSS_ROWS))
-        {
-            let (sum, grad) = cross_entropy(logits, targets, c, batch);
-            loss_sum += sum;
-            grad_logits.extend_from_slice(&grad);
-        }
-        let grad_context = self.backward_rest(&trace, &grad_logits);
-        let mut part = self.backward_attention(qk, tokens, rows, &trace, &grad_context);
-        part.loss_sum = loss_sum;
-        part.q0 = trace.q0;
-        part.evaluated = evaluated;
-        part
-    }
-
-    /// The forward, keeping what the backward reads; with `look_ahead`, the same rows at those
-    /// parameters as well, returned as an evaluation. Both share each sample's read of its tokens
-    /// and the frozen products, whose rows are then twice as many.
-    fn trace(
+    /// Each run's mean cross-entropy of its rows against its `targets`, its gradient for the
+    /// run's query and key (written into `grads`), and with a look-ahead the rows evaluated at
+    /// those parameters as well, as [`Self::forward`] evaluates them, each sample's tokens read
+    /// once for both.
+    pub(super) fn step(
         &self,
-        qk: &HostQk,
-        cls: &ClsRows,
-        tokens: &KeyValues,
-        rows: &[usize],
-        look_ahead: Option<&HostQk>,
-    ) -> (Trace, Option<Evaluated>) {
-        let b = rows.len();
-        let Some(look_ahead) = look_ahead else {
-            let (q0, queries) = self.query_rows(qk, cls.normed);
-            let (probs, pooled) = self.attend(tokens, rows, &queries);
-            return (self.trace_rest(q0, probs, &pooled, cls.inputs), None);
+        runs: &[RunPass],
+        targets: &[&[u32]],
+        grads: Vec<RunGradients>,
+    ) -> Result<Vec<RunStep>> {
+        ensure!(
+            targets.len() == runs.len() && grads.len() == runs.len(),
+            "{} runs with {} target lists and {} gradient buffers",
+            runs.len(),
+            targets.len(),
+            grads.len()
+        );
+        for (run, targets) in runs.iter().zip(targets) {
+            let classes = run.readout.classes();
+            ensure!(
+                targets.len() == run.rows.len() && targets.iter().all(|&t| (t as usize) < classes),
+                "{} targets for {} rows of {classes} classes",
+                targets.len(),
+                run.rows.len(),
+            );
+        }
+        let parts = self.parts(runs, CHUNK);
+        let per_part: Vec<Vec<(usize, RunRows)>> = parts
+            .par_iter()
+            .map(|part| self.part_gradients(part, runs, targets))
+            .collect();
+        let mut whole: Vec<RunRows> = runs.iter().map(|_| RunRows::default()).collect();
+        for part in per_part {
+            for (run, rows) in part {
+                whole[run].extend(rows);
+            }
+        }
+        // Each run's query and key gradients are independent sums: on the threads side by side.
+        whole
+            .par_iter()
+            .zip(runs.par_iter())
+            .zip(grads.into_par_iter())
+            .for_each(|((whole, run), grads)| self.weight_gradients(&run.cls, whole, grads));
+        Ok(whole
+            .into_iter()
+            .zip(runs)
+            .map(|(whole, run)| RunStep {
+                loss: whole.loss_sum / run.rows.len() as f32,
+                evaluated: whole.evaluated,
+            })
+            .collect())
+    }
+
+    /// The passes cut into parts of `chunk` rows of each run (one part of all rows across
+    /// threads), each pass with the run it comes from and where its rows start in the run's.
+    fn parts<'a>(&self, runs: &'a [RunPass<'a>], chunk: usize) -> Vec<Vec<PartPass<'a>>> {
+        let longest = runs.iter().map(|r| r.rows.len()).max().unwrap_or(0);
+        let size = self.spread.part_rows(chunk, longest);
+        (0..longest.div_ceil(size))
+            .map(|c| {
+                runs.iter()
+                    .enumerate()
+                    .filter(|(_, run)| c * size < run.rows.len())
+                    .map(|(run, pass)| {
+                        let first = c * size;
+                        let rows = &pass.rows[first..pass.rows.len().min(first + size)];
+                        let cls = pass.cls.part(first, rows.len(), self.hidden);
+                        PartPass {
+                            run,
+                            first,
+                            pass: RunPass { rows, cls, ..*pass },
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// One part's forward, the losses of its trained rows and the backward through them as far
+    /// as each run's query row q₀: every step that is row by row.
+    fn part_gradients(
+        &self,
+        part: &[PartPass],
+        runs: &[RunPass],
+        targets: &[&[u32]],
+    ) -> Vec<(usize, RunRows)> {
+        let passes: Vec<RunPass> = part.iter().map(|p| p.pass).collect();
+        let layout = Layout::of(&passes);
+        let mut trace = self.trace(&passes, &layout);
+        let ahead_logits = trace.split_off_rows(
+            layout.trained_rows,
+            layout.sets.last().map_or(0, |s| s.2.end),
+        );
+        let c = passes.first().map_or(0, |r| r.readout.classes());
+        let mut out: Vec<(usize, RunRows)> =
+            part.iter().map(|p| (p.run, RunRows::default())).collect();
+        let mut grad_logits = Vec::with_capacity(trace.logits.len());
+        for (k, _, rows) in layout.trained() {
+            let PartPass { run, first, pass } = part[*k];
+            let targets = &targets[run][first..first + pass.rows.len()];
+            let batch = runs[run].rows.len();
+            for (logits, targets) in rows_of(&trace.logits, rows, c)
+                .chunks(LOSS_ROWS * c)
+                .zip(targets.chunks(LOSS_ROWS))
+            {
+                let (sum, grad) = cross_entropy(logits, targets, c, batch);
+                out[*k].1.loss_sum += sum;
+                grad_logits.extend_from_slice(&grad);
+            }
+        }
+        for (s, (k, ahead, rows)) in layout.sets.iter().enumerate() {
+            if *ahead {
+                let start = layout.trained_rows;
+                out[*k].1.evaluated = Some(Evaluated {
+                    logits: ahead_logits[(rows.start - start) * c..(rows.end - start) * c].to_vec(),
+                    probs: std::mem::take(&mut trace.probs[s]),
+                });
+            }
+        }
+        let grad_context =
+            self.backward_rest(&trace, &grad_logits, &layout.readouts(&passes, true));
+        self.backward_attention(&passes, &layout, &mut trace, &grad_context, &mut out);
+        for ((_, rows), q0) in out.iter_mut().zip(trace.q0) {
+            rows.q0 = q0;
+        }
+        out
+    }
+
+    /// The forward of every set of a part, keeping what the backward of the trained sets reads.
+    fn trace(&self, part: &[RunPass], layout: &Layout) -> Trace {
+        let d = self.hidden;
+        // q₀ and rₕ of each set; across threads, the sets side by side.
+        let query_set = |(k, ahead, _): &(usize, bool, Range<usize>)| {
+            let run = &part[*k];
+            let qk = if *ahead {
+                run.look_ahead.as_ref()
+            } else {
+                Some(&run.qk)
+            };
+            self.query_rows(
+                qk.expect("a look-ahead set has its parameters"),
+                run.cls.normed,
+            )
         };
-        // Across threads, the two sets of queries side by side: each thread takes one set's
-        // weights, with one fork and join where each set's products had two.
-        let trained = || self.query_rows(qk, cls.normed);
-        let ahead = || self.query_rows(look_ahead, cls.normed);
-        let ((q0, queries), (_, ahead_queries)) = if self.across_threads() {
-            rayon::join(trained, ahead)
+        let queries: Vec<(Vec<f32>, Vec<f32>)> = if self.across_threads() && layout.sets.len() > 1 {
+            layout.sets.par_iter().map(query_set).collect()
         } else {
-            (trained(), ahead())
+            layout.sets.iter().map(query_set).collect()
         };
-        let (probs, ahead_probs, pooled) = self.attend_both(tokens, rows, &queries, &ahead_queries);
-        // Each evaluated row's residual is its sample's input, as the trained row's.
-        let inputs = [cls.inputs, cls.inputs].concat();
-        let mut trace = self.trace_rest(q0, probs, &pooled, &inputs);
-        let logits = trace.split_off_rows(b);
-        let evaluated = Evaluated {
-            logits,
-            probs: ahead_probs,
-        };
-        (trace, Some(evaluated))
+        let all: Vec<usize> = (0..layout.sets.len()).collect();
+        let mut attended: Vec<(Vec<f32>, Vec<f32>)> = Vec::with_capacity(layout.sets.len());
+        attended.resize_with(layout.sets.len(), Default::default);
+        for group in attention_groups(part, &all, layout) {
+            let run = &part[layout.sets[group[0]].0];
+            let sets: Vec<&[f32]> = group.iter().map(|&s| queries[s].1.as_slice()).collect();
+            let results = attention::attend(run.tokens, run.rows, &sets, self.spread.min_len());
+            for (s, result) in group.into_iter().zip(results) {
+                attended[s] = result;
+            }
+        }
+        let rows = layout.sets.last().map_or(0, |s| s.2.end);
+        let (mut probs, mut pooled) = (Vec::with_capacity(attended.len()), Vec::new());
+        let mut inputs = Vec::with_capacity(rows * d);
+        for ((k, _, _), (p, y)) in layout.sets.iter().zip(attended) {
+            probs.push(p);
+            if pooled.is_empty() && layout.sets.len() == 1 {
+                pooled = y;
+            } else {
+                pooled.extend_from_slice(&y);
+            }
+            // Each row's residual is its sample's input, whichever parameters it is evaluated at.
+            inputs.extend_from_slice(part[*k].cls.inputs);
+        }
+        let q0 = queries
+            .into_iter()
+            .zip(&layout.sets)
+            .filter(|(_, (_, ahead, _))| !ahead)
+            .map(|((q0, _), _)| q0)
+            .collect();
+        self.trace_rest(q0, probs, &pooled, &inputs, &layout.readouts(part, false))
     }
 
     /// q₀ (B×D) = x̂₀ W_Qᵀ + b_Q of the CLS rows `normed`, and the query directions rₕ (B×H×D)
@@ -693,82 +782,16 @@ impl HostLayer {
         (q0, queries)
     }
 
-    /// The attention of samples `rows` for their `queries` (B×H×D), a sample at a time: the
-    /// probabilities (B×H×T) and the pooled tokens (B×H×D).
-    fn attend(&self, tokens: &KeyValues, rows: &[usize], queries: &[f32]) -> (Vec<f32>, Vec<f32>) {
-        let (h, d) = (self.heads, self.hidden);
-        let (_, _, t) = tokens.geometry();
-        let b = rows.len();
-        let mut probs = vec![0f32; b * h * t];
-        let mut pooled = vec![0f32; b * h * d];
-        probs
-            .par_chunks_mut(h * t)
-            .zip(pooled.par_chunks_mut(h * d))
-            .enumerate()
-            .with_min_len(self.spread.min_len())
-            .for_each(|(bi, (p, y))| {
-                let next = rows.get(bi + 1).copied();
-                tokens.sample_forward(
-                    rows[bi],
-                    &queries[bi * h * d..(bi + 1) * h * d],
-                    p,
-                    y,
-                    d,
-                    next,
-                )
-            });
-        (probs, pooled)
-    }
-
-    /// [`Self::attend`] for two sets of queries of the same samples, each sample's tokens read
-    /// once for both: the probabilities of each (B×H×T), and the pooled tokens of the first set's
-    /// rows followed by the second's (2B×H×D).
-    fn attend_both(
+    /// The layer after the attention and each set's classifier, over the rows of `pooled`
+    /// (rows×H×D) with their residual `inputs` (rows×D), keeping what the backward reads.
+    fn trace_rest(
         &self,
-        tokens: &KeyValues,
-        rows: &[usize],
-        queries: &[f32],
-        ahead_queries: &[f32],
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        let (h, d) = (self.heads, self.hidden);
-        let (_, _, t) = tokens.geometry();
-        let b = rows.len();
-        let (mut probs, mut ahead_probs) = (vec![0f32; b * h * t], vec![0f32; b * h * t]);
-        let mut pooled = vec![0f32; 2 * b * h * d];
-        let (first, second) = pooled.split_at_mut(b * h * d);
-        probs
-            .par_chunks_mut(h * t)
-            .zip(ahead_probs.par_chunks_mut(h * t))
-            .zip(first.par_chunks_mut(h * d))
-            .zip(second.par_chunks_mut(h * d))
-            .enumerate()
-            .with_min_len(self.spread.min_len())
-            .for_each_init(
-                || {
-                    (
-                        vec![0f32; 2 * h * d],
-                        vec![0f32; 2 * h * t],
-                        vec![0f32; 2 * h * d],
-                    )
-                },
-                |(both_queries, both_probs, both_pooled), (bi, (((p, ahead_p), y), ahead_y))| {
-                    let one = bi * h * d..(bi + 1) * h * d;
-                    both_queries[..h * d].copy_from_slice(&queries[one.clone()]);
-                    both_queries[h * d..].copy_from_slice(&ahead_queries[one]);
-                    let next = rows.get(bi + 1).copied();
-                    tokens.sample_forward(rows[bi], both_queries, both_probs, both_pooled, d, next);
-                    p.copy_from_slice(&both_probs[..h * t]);
-                    ahead_p.copy_from_slice(&both_probs[h * t..]);
-                    y.copy_from_slice(&both_pooled[..h * d]);
-                    ahead_y.copy_from_slice(&both_pooled[h * d..]);
-                },
-            );
-        (probs, ahead_probs, pooled)
-    }
-
-    /// The layer after the attention and the classifier, over the rows of `pooled` (B×H×D) with
-    /// their residual `inputs` (B×D), keeping what the backward reads.
-    fn trace_rest(&self, q0: Vec<f32>, probs: Vec<f32>, pooled: &[f32], inputs: &[f32]) -> Trace {
+        q0: Vec<Vec<f32>>,
+        probs: Vec<Vec<f32>>,
+        pooled: &[f32],
+        inputs: &[f32],
+        readouts: &[(Range<usize>, &HostReadout)],
+    ) -> Trace {
         let d = self.hidden;
         let b = inputs.len() / d;
         let mut context = vec![0f32; b * d];
@@ -800,20 +823,8 @@ impl HostLayer {
         );
         let mut features = vec![0f32; b * d];
         let second_norm = self.second_norm.forward(&out, &mut features);
-        let pooled_features = self.pooler.as_ref().map(|pooler| {
-            let mut y = vec![0f32; b * d];
-            pooler.forward_rows(&features, &mut y, self.across_threads());
-            y.iter_mut().for_each(|v| *v = v.tanh());
-            y
-        });
-        let mut logits = vec![0f32; b * self.classes];
-        self.classifier.forward_rows(
-            pooled_features.as_ref().unwrap_or(&features),
-            &mut logits,
-            self.across_threads(),
-        );
+        let (pooled_features, logits) = self.readout_forward(&features, readouts);
         Trace {
-            rows: b,
             q0,
             probs,
             first_norm,
@@ -824,20 +835,77 @@ impl HostLayer {
         }
     }
 
-    /// From ∂L/∂logits back to ∂L/∂context (B×D) through the frozen classifier and layer.
-    fn backward_rest(&self, trace: &Trace, grad_logits: &[f32]) -> Vec<f32> {
-        let (b, d) = (trace.rows, self.hidden);
+    /// Each set's classifier on its rows of `features`: tanh of the pooler, when there is one,
+    /// and the logits.
+    fn readout_forward(
+        &self,
+        features: &[f32],
+        readouts: &[(Range<usize>, &HostReadout)],
+    ) -> (Option<Vec<f32>>, Vec<f32>) {
+        let d = self.hidden;
+        let b = features.len() / d;
+        let pooled_features = readouts.first().and_then(|r| r.1.pooler.as_ref()).map(|_| {
+            let mut y = vec![0f32; b * d];
+            for (rows, readout) in readouts {
+                if let Some(pooler) = &readout.pooler {
+                    pooler.forward_rows(
+                        rows_of(features, rows, d),
+                        rows_of_mut(&mut y, rows, d),
+                        self.across_threads(),
+                    );
+                }
+            }
+            y.iter_mut().for_each(|v| *v = v.tanh());
+            y
+        });
+        let c = readouts.first().map_or(0, |r| r.1.classes());
+        let mut logits = vec![0f32; b * c];
+        let source = pooled_features.as_deref().unwrap_or(features);
+        for (rows, readout) in readouts {
+            readout.classifier.forward_rows(
+                rows_of(source, rows, d),
+                rows_of_mut(&mut logits, rows, c),
+                self.across_threads(),
+            );
+        }
+        (pooled_features, logits)
+    }
+
+    /// From ∂L/∂logits of the trained rows back to ∂L/∂context (rows×D) through each set's
+    /// classifier and the frozen layer.
+    fn backward_rest(
+        &self,
+        trace: &Trace,
+        grad_logits: &[f32],
+        readouts: &[(Range<usize>, &HostReadout)],
+    ) -> Vec<f32> {
+        let d = self.hidden;
+        let b = trace.first_norm.inv_std.len();
+        let c = readouts.first().map_or(0, |r| r.1.classes());
         let mut grad_features = vec![0f32; b * d];
-        self.classifier
-            .backward_rows(grad_logits, &mut grad_features, self.across_threads());
-        if let (Some(pooler), Some(y)) = (&self.pooler, &trace.pooled_features) {
+        for (rows, readout) in readouts {
+            readout.classifier.backward_rows(
+                rows_of(grad_logits, rows, c),
+                rows_of_mut(&mut grad_features, rows, d),
+                self.across_threads(),
+            );
+        }
+        if let Some(y) = &trace.pooled_features {
             // tanh' = 1 − y².
             grad_features
                 .iter_mut()
                 .zip(y)
                 .for_each(|(g, y)| *g *= 1.0 - y * y);
             let mut grad_in = vec![0f32; b * d];
-            pooler.backward_rows(&grad_features, &mut grad_in, self.across_threads());
+            for (rows, readout) in readouts {
+                if let Some(pooler) = &readout.pooler {
+                    pooler.backward_rows(
+                        rows_of(&grad_features, rows, d),
+                        rows_of_mut(&mut grad_in, rows, d),
+                        self.across_threads(),
+                    );
+                }
+            }
             grad_features = grad_in;
         }
         let mut grad_out = vec![0f32; b * d];
@@ -875,52 +943,53 @@ impl HostLayer {
         grad_context
     }
 
-    /// From ∂L/∂context through the attention to the query row of each row of a chunk: ∂L/∂r,
-    /// ∂L/∂c and ∂L/∂q₀.
+    /// From ∂L/∂context of the trained rows through the attention to each run's query rows:
+    /// ∂L/∂r, ∂L/∂c and ∂L/∂q₀ into `out` (one entry per trained set, in set order).
     fn backward_attention(
         &self,
-        qk: &HostQk,
-        tokens: &KeyValues,
-        rows: &[usize],
-        trace: &Trace,
+        part: &[RunPass],
+        layout: &Layout,
+        trace: &mut Trace,
         grad_context: &[f32],
-    ) -> ChunkGradients {
-        let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
-        let (_, _, t) = tokens.geometry();
-        let b = trace.rows;
+        out: &mut [(usize, RunRows)],
+    ) {
+        let (h, d) = (self.heads, self.hidden);
+        let b = layout.trained_rows;
         let mut grad_pooled = vec![0f32; b * h * d];
         self.value
             .backward_rows(grad_context, &mut grad_pooled, self.across_threads());
-        let mut grad_queries = vec![0f32; b * h * d];
-        let mut grad_bias = vec![0f32; b * h];
-        // Last sample first: its tokens are the forward's most recent reads, the likeliest to
-        // be in cache still (in chunks, where one thread takes them in this order).
-        grad_queries
-            .par_chunks_mut(h * d)
-            .zip(grad_bias.par_chunks_mut(h))
-            .enumerate()
-            .rev()
-            .with_min_len(self.spread.min_len())
-            .for_each(|(bi, (gq, gc))| {
-                tokens.sample_backward(
-                    rows[bi],
-                    Rows {
-                        data: &trace.probs[bi * h * t..(bi + 1) * h * t],
-                        stride: t,
-                    },
-                    Rows {
-                        data: &grad_pooled[bi * h * d..(bi + 1) * h * d],
-                        stride: d,
-                    },
-                    None,
-                    gq,
-                    gc,
-                    // The samples go last to first.
-                    bi.checked_sub(1).map(|b| rows[b]),
-                );
-            });
-        // ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ: dot products of rows again, the
-        // first term through the scores kernel, a head at a time for all the rows.
+        let trained: Vec<usize> = (0..layout.sets.len())
+            .filter(|&s| !layout.sets[s].1)
+            .collect();
+        for group in attention_groups(part, &trained, layout) {
+            let run = &part[layout.sets[group[0]].0];
+            let probs: Vec<&[f32]> = group.iter().map(|&s| trace.probs[s].as_slice()).collect();
+            let grads: Vec<&[f32]> = group
+                .iter()
+                .map(|&s| rows_of(&grad_pooled, &layout.sets[s].2, h * d))
+                .collect();
+            let results = attention::attend_backward(
+                run.tokens,
+                run.rows,
+                &probs,
+                &grads,
+                self.spread.min_len(),
+            );
+            for (s, (grad_queries, grad_bias)) in group.into_iter().zip(results) {
+                let k = layout.sets[s].0;
+                let rows = &mut out[k].1;
+                rows.grad_q0 = self.grad_q0(&part[k].qk, &grad_queries, &grad_bias);
+                rows.grad_queries = grad_queries;
+                rows.grad_bias = grad_bias;
+            }
+        }
+    }
+
+    /// ∂L/∂q₀ₕ (B×dₕ) = ∂L/∂rₕ (B×D) · W_Kₕᵀ + ∂L/∂cₕ b_Kₕ: dot products of rows again, the first
+    /// term through the scores kernel, a head at a time for all the rows.
+    fn grad_q0(&self, qk: &HostQk, grad_queries: &[f32], grad_bias: &[f32]) -> Vec<f32> {
+        let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
+        let b = grad_bias.len() / h;
         let per_head: Vec<Vec<f32>> = (0..h)
             .into_par_iter()
             .with_min_len(self.spread.min_len())
@@ -942,22 +1011,18 @@ impl HostLayer {
                 row.iter_mut().zip(bias_k).for_each(|(g, k)| *g += c * k);
             }
         }
-        ChunkGradients {
-            grad_queries,
-            grad_bias,
-            grad_q0,
-            ..Default::default()
-        }
+        grad_q0
     }
 
-    /// The query's and key's gradients from every row's ∂L/∂r, ∂L/∂c and ∂L/∂q₀: sums over the
-    /// batch, done once over all its rows in a fixed order.
-    fn weight_gradients(&self, cls: &ClsRows, whole: &ChunkGradients, b: usize) -> HostGradients {
+    /// One run's query and key gradients from every row's ∂L/∂r, ∂L/∂c and ∂L/∂q₀: sums over its
+    /// batch, done once over all its rows in a fixed order, into `grads` (zeroed).
+    fn weight_gradients(&self, cls: &ClsRows, whole: &RunRows, grads: RunGradients) {
         let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
+        let b = whole.grad_bias.len() / h;
         let (q0, grad_queries) = (&whole.q0, &whole.grad_queries);
+        let RunGradients { wq, bq, wk, bk } = grads;
         // The key's and the query's gradients are independent: one on each of two threads.
         let key = || {
-            let (mut wk, mut bk) = (vec![0f32; d * d], vec![0f32; d]);
             for head in 0..h {
                 // ∂L/∂W_Kₕ (dₕ×D) = q₀ₕᵀ (dₕ×B) · ∂L/∂rₕ (B×D).
                 matmul(
@@ -973,33 +1038,21 @@ impl HostLayer {
                     }
                 }
             }
-            (wk, bk)
         };
         let query = || {
             // ∂L/∂W_Q (D×D) = ∂L/∂q₀ᵀ (D×B) · x̂₀ (B×D); ∂L/∂b_Q = Σ_b ∂L/∂q₀.
-            let mut wq = vec![0f32; d * d];
             matmul(
                 (d, d, b),
-                (&mut wq, d),
+                (wq, d),
                 (&whole.grad_q0, 1, d as isize),
                 (cls.normed, d as isize, 1),
             );
-            let mut bq = vec![0f32; d];
             whole
                 .grad_q0
                 .chunks_exact(d)
-                .for_each(|row| add_into(&mut bq, row));
-            (wq, bq)
+                .for_each(|row| add_into(bq, row));
         };
-        let ((wk, bk), (wq, bq)) = rayon::join(key, query);
-        HostGradients {
-            loss: 0.0,
-            wq,
-            bq,
-            wk,
-            bk,
-            evaluated: None,
-        }
+        rayon::join(key, query);
     }
 }
 
@@ -1026,18 +1079,4 @@ fn cross_entropy(logits: &[f32], targets: &[u32], classes: usize, b: usize) -> (
         g[target as usize] -= 1.0 / b as f32;
     }
     (total, grad)
-}
-
-impl QueryKey {
-    /// `f` with the query and key read in place.
-    pub(super) fn on_host<R>(&self, f: impl FnOnce(&HostQk) -> R) -> Result<R> {
-        use crate::kernels::with_host_f32 as host;
-        Ok(host(self.wq.as_tensor(), |wq| {
-            host(self.bq.as_tensor(), |bq| {
-                host(self.wk.as_tensor(), |wk| {
-                    host(self.bk.as_tensor(), |bk| f(&HostQk { wq, bq, wk, bk }))
-                })
-            })
-        })????)
-    }
 }

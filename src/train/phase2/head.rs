@@ -1,0 +1,287 @@
+//! The card's head mode as a [`Trainee`]: each run's token-selection head (W, p) over the frozen
+//! final tokens, read by the run's frozen phase-1 classifier, f(X) = C(Σₜ softmax(X Wᵀ p)ₜ xₜ).
+//!
+//! Through candle's autograd, the whole stack at once: the heads stacked as W (S, D, D) and
+//! p (S, D), every run's query Wᵀp from one batched product, and one attention op per distinct
+//! fine-tune set over the rows of every run that reads it. Each run's loss is its own batch's
+//! mean, and the stack's objective is their sum, so each run's gradient is that of its own loss.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor, Var};
+
+use super::stack::{RunData, Shared, copies};
+use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Step, Trainee, eval_chunks};
+use super::{QkShape, locater_penalty, qk_spectrum, stacked_parameters};
+use crate::diagnostics::Spectrum;
+use crate::encoder::layer_rows::LayerRows;
+use crate::model::attend::{KeyValues, broadcast_query};
+use crate::model::{Classifier, TokenSelectionHead};
+use crate::train::optim::{AdamW, gradients_of};
+use crate::train::setup::final_tokens;
+
+/// A stack of head-mode runs.
+pub struct HeadTrainee<'a> {
+    classifiers: Vec<&'a Classifier>,
+    /// The distinct fine-tune sets' final tokens as the head reads them, and the one each run
+    /// reads.
+    finetune: Vec<Arc<KeyValues>>,
+    run_finetune: Vec<usize>,
+    finetune_len: usize,
+    /// The distinct test sets' final tokens (in memory, or in a temporary file beside the cache),
+    /// and the one each run reads.
+    test: Vec<LayerRows>,
+    run_test: Vec<usize>,
+    labels: Vec<&'a [u32]>,
+    optimizer: AdamW,
+    shape: QkShape,
+    locater: f64,
+    device: Device,
+}
+
+/// The tokens of rows `rows` of `tokens`, as the head reads them (one head, scale 1).
+fn as_keys(tokens: &LayerRows, rows: &[usize], device: &Device) -> Result<Arc<KeyValues>> {
+    let batch = tokens.batch(rows, device)?;
+    Ok(Arc::new(KeyValues::new(
+        &batch.inputs,
+        1,
+        Some(&batch.lengths),
+        1.0,
+    )?))
+}
+
+impl<'a> HeadTrainee<'a> {
+    /// The stack of `runs`, each head drawn from the run's own stream.
+    pub fn new(shared: &Shared, runs: &[&'a RunData<'a>]) -> Result<Self> {
+        let first = runs.first().context("a stack of no runs")?;
+        let (model, device) = (shared.model, shared.device);
+        let finetune_copies = copies(&runs.iter().map(|r| r.finetune_samples).collect::<Vec<_>>());
+        let test_copies = copies(&runs.iter().map(|r| r.test_samples).collect::<Vec<_>>());
+        let (mut finetune, mut test) = (Vec::new(), Vec::new());
+        let mut finetune_len = 0;
+        for (k, run) in runs.iter().enumerate() {
+            if finetune_copies[k] == k {
+                // The fine-tune set's final tokens once, in memory, as the head reads them.
+                let tokens = final_tokens(model, &run.finetune.resident()?, device, None)?;
+                let all: Vec<usize> = (0..tokens.len()).collect();
+                finetune_len = tokens.len();
+                finetune.push(as_keys(&tokens, &all, device)?);
+            }
+            if test_copies[k] == k {
+                test.push(final_tokens(
+                    model,
+                    run.test,
+                    device,
+                    Some(shared.spill_dir),
+                )?);
+            }
+        }
+        let heads = runs
+            .iter()
+            .map(|run| {
+                TokenSelectionHead::new(
+                    shared.hidden,
+                    &mut *run
+                        .init_rng
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                    device,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let config = first.config;
+        let optimizer = AdamW::stacked(
+            stacked_parameters(
+                &heads
+                    .iter()
+                    .map(TokenSelectionHead::named)
+                    .collect::<Vec<_>>(),
+            )?,
+            runs.len(),
+            config.optimizer.clone(),
+            config.epochs * super::epochs::steps_per_epoch(config.n, config.batch_size),
+        )?;
+        Ok(Self {
+            classifiers: runs.iter().map(|r| r.classifier).collect(),
+            finetune,
+            run_finetune: super::last_layer::index_of_copies(&finetune_copies),
+            finetune_len,
+            test,
+            run_test: super::last_layer::index_of_copies(&test_copies),
+            labels: runs.iter().map(|r| r.labels.labels).collect(),
+            optimizer,
+            shape: QkShape::of(model, config.mode, shared.hidden),
+            locater: config.locater,
+            device: device.clone(),
+        })
+    }
+
+    /// The runs `members` selecting from `keys`, run `members[i]` on rows `rows[i]`: each one's
+    /// logits (B, C) and selection (B, T), differentiable in the stacked parameters.
+    fn select(
+        &self,
+        keys: &Arc<KeyValues>,
+        members: &[usize],
+        rows: &[&[usize]],
+    ) -> Result<Vec<SetOutput>> {
+        let params = self.optimizer.tensors();
+        let (w, p) = (&params[0], &params[1]);
+        // X Wᵀ p = X (Wᵀ p): one D-vector per run and step instead of a (T, D) product per sample.
+        let direction = p.unsqueeze(1)?.matmul(w)?; // (S, 1, D) = (Wᵀ p)ᵀ of each run
+        let queries = members
+            .iter()
+            .zip(rows)
+            .map(|(&k, rows)| broadcast_query(&direction.get(k)?, rows.len()))
+            .collect::<Result<Vec<_>>>()?;
+        let queries = Tensor::cat(&queries, 0)?;
+        let all_rows: Vec<usize> = rows.concat();
+        let bias = Tensor::zeros((all_rows.len(), 1), DType::F32, queries.device())?;
+        let attended = keys.attend(&queries, &bias, &all_rows)?;
+        let (pooled, attention) = (attended.pooled.squeeze(1)?, attended.probs.squeeze(1)?);
+        let mut at = 0;
+        members
+            .iter()
+            .zip(rows)
+            .map(|(&k, rows)| {
+                let (pooled, attention) = (
+                    pooled.narrow(0, at, rows.len())?,
+                    attention.narrow(0, at, rows.len())?,
+                );
+                at += rows.len();
+                Ok(SetOutput {
+                    logits: self.classifiers[k].forward(&pooled)?,
+                    attention,
+                })
+            })
+            .collect()
+    }
+
+    /// The runs that read fine-tune copy `copy`.
+    fn readers(&self, of: &[usize], copy: usize) -> Vec<usize> {
+        (0..self.runs()).filter(|&k| of[k] == copy).collect()
+    }
+
+    /// Every run's output on its rows `rows[k]` of its fine-tune set.
+    fn select_finetune(&self, rows: &[&[usize]]) -> Result<Vec<SetOutput>> {
+        let mut out: Vec<Option<SetOutput>> = (0..self.runs()).map(|_| None).collect();
+        for (copy, keys) in self.finetune.iter().enumerate() {
+            let members = self.readers(&self.run_finetune, copy);
+            let own: Vec<&[usize]> = members.iter().map(|&k| rows[k]).collect();
+            for (&k, output) in members.iter().zip(self.select(keys, &members, &own)?) {
+                out[k] = Some(output);
+            }
+        }
+        out.into_iter()
+            .map(|o| o.context("a run without its fine-tune set"))
+            .collect()
+    }
+
+    /// Every run's test logits: each test set's chunks read once for the runs that score on it.
+    fn test_logits(&self) -> Result<Vec<Tensor>> {
+        let mut chunks: Vec<Vec<Tensor>> = (0..self.runs()).map(|_| Vec::new()).collect();
+        for (copy, tokens) in self.test.iter().enumerate() {
+            let members = self.readers(&self.run_test, copy);
+            for rows in eval_chunks(tokens.len()) {
+                let keys = as_keys(tokens, &rows, &self.device)?;
+                let local: Vec<usize> = (0..rows.len()).collect();
+                let own: Vec<&[usize]> = members.iter().map(|_| local.as_slice()).collect();
+                for (&k, output) in members.iter().zip(self.select(&keys, &members, &own)?) {
+                    chunks[k].push(output.logits.detach());
+                }
+            }
+        }
+        chunks
+            .into_iter()
+            .map(|c| Ok(Tensor::cat(&c, 0)?))
+            .collect()
+    }
+}
+
+impl Trainee for HeadTrainee<'_> {
+    fn runs(&self) -> usize {
+        self.classifiers.len()
+    }
+
+    fn step(&mut self, batches: &[&[usize]]) -> Result<Step> {
+        let outputs = self.select_finetune(batches)?;
+        let mut total: Option<Tensor> = None;
+        let mut losses = Vec::with_capacity(batches.len());
+        for (k, (output, rows)) in outputs.into_iter().zip(batches).enumerate() {
+            let targets: Vec<u32> = rows.iter().map(|&i| self.labels[k][i]).collect();
+            let targets = Tensor::from_vec(targets, rows.len(), output.logits.device())?;
+            let loss = candle_nn::loss::cross_entropy(&output.logits, &targets)?;
+            losses.push(f64::from(loss.to_scalar::<f32>()?));
+            total = Some(match total {
+                None => loss,
+                Some(sum) => (sum + loss)?,
+            });
+        }
+        let params = self.optimizer.tensors();
+        let vars: Vec<Var> = params
+            .iter()
+            .map(Var::from_tensor)
+            .collect::<candle_core::Result<_>>()?;
+        let store = total.context("a step of no runs")?.backward()?;
+        let mut grads = gradients_of(vars.iter(), &store)?;
+        if let Some(extra) = locater_penalty(&params, self.shape, self.locater)? {
+            for (grad, extra) in grads.iter_mut().zip(extra) {
+                *grad = (&*grad + extra)?;
+            }
+        }
+        self.optimizer.apply(grads)?;
+        Ok(Step { losses })
+    }
+
+    fn evaluate(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>> {
+        let mut finetune: Vec<Vec<SetOutput>> = (0..self.runs()).map(|_| Vec::new()).collect();
+        for chunk in eval_chunks(self.finetune_len) {
+            let rows: Vec<&[usize]> = (0..self.runs()).map(|_| chunk.as_slice()).collect();
+            for (k, output) in self.select_finetune(&rows)?.into_iter().enumerate() {
+                finetune[k].push(output);
+            }
+        }
+        let test = if end.score_test {
+            self.test_logits()?.into_iter().map(Some).collect()
+        } else {
+            vec![None; self.runs()]
+        };
+        let runs = finetune
+            .into_iter()
+            .zip(test)
+            .map(|(chunks, test_logits)| {
+                Ok(RunEvaluation {
+                    finetune: SetOutput::join(chunks)?,
+                    test_logits,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(vec![Evaluation {
+            epoch: end.epoch,
+            current: true,
+            runs,
+        }])
+    }
+
+    fn optimizer(&self) -> &AdamW {
+        &self.optimizer
+    }
+
+    fn optimizer_mut(&mut self) -> &mut AdamW {
+        &mut self.optimizer
+    }
+
+    fn pictured(&self, run: usize, rows: &[usize]) -> Result<SetOutput> {
+        let keys = &self.finetune[self.run_finetune[run]];
+        let mut out = self.select(keys, &[run], &[rows])?;
+        out.pop().context("no selection")
+    }
+
+    fn spectrum(&self, run: usize) -> Result<Spectrum> {
+        qk_spectrum(&self.optimizer, run, self.shape)
+    }
+
+    fn rank_collapse(&self, _run: usize) -> Result<Option<f64>> {
+        Ok(None)
+    }
+}
