@@ -12,7 +12,11 @@ fn set(variable: &str) -> bool {
 }
 
 fn main() {
-    for variable in ["BENIGN_DATA_DIR", "BENIGN_MODELS_DIR", "BENIGN_REQUIRE_DATA"] {
+    for variable in [
+        "BENIGN_DATA_DIR",
+        "BENIGN_MODELS_DIR",
+        "BENIGN_REQUIRE_DATA",
+    ] {
         println!("cargo::rerun-if-env-changed={variable}");
     }
     println!("cargo::rerun-if-changed=datasets");
