@@ -29,6 +29,8 @@
 
 mod common;
 
+use common::random_checkpoint::{Size, write_checkpoint};
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -36,15 +38,14 @@ use common::{median, median_seconds};
 
 use benign_attention::data::DatasetName;
 use benign_attention::data::{ImageSet, Inputs, Split};
-use benign_attention::encoder::bert::{BertConfig, TextBatch};
+use benign_attention::encoder::bert::TextBatch;
 use benign_attention::encoder::cache::{Contents, FeatureCache};
 use benign_attention::encoder::layer_rows::LayerRows;
 use benign_attention::encoder::{Backbone, Encoded, Model, TextOptions, resolve};
 use benign_attention::model::{Classifier, LastLayer, QueryKey};
 use benign_attention::train::optim::{AdamW, OptimizerConfig};
 use benign_attention::train::run::RunConfig;
-use candle_core::{DType, Device, Tensor};
-use candle_nn::{VarBuilder, VarMap};
+use candle_core::{Device, Tensor};
 use rand::{RngExt, SeedableRng};
 
 const TEST_N: usize = 10_000;
@@ -53,111 +54,6 @@ const BATCH: usize = 16;
 const CHILD: &str = "BENIGN_SCALE_CHILD";
 /// Children run for each thread count.
 const CHILDREN: usize = 3;
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Size {
-    VitB,
-    BertBase,
-}
-
-impl Size {
-    fn name(self) -> &'static str {
-        match self {
-            Size::VitB => "ViT-B/16 size",
-            Size::BertBase => "bert-base size",
-        }
-    }
-
-    fn tokens(self) -> usize {
-        match self {
-            Size::VitB => 197,
-            Size::BertBase => 128,
-        }
-    }
-}
-
-/// A seeded random-weight checkpoint of `size` in Hugging Face layout under `dir`.
-fn write_checkpoint(size: Size, dir: &Path) {
-    let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    match size {
-        Size::VitB => {
-            std::fs::write(
-                dir.join("config.json"),
-                serde_json::json!({
-                    "model_type": "vit", "hidden_size": 768, "num_hidden_layers": 12,
-                    "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu",
-                    "layer_norm_eps": 1e-12, "image_size": 224, "patch_size": 16,
-                    "num_channels": 3, "qkv_bias": true
-                })
-                .to_string(),
-            )
-            .unwrap();
-            std::fs::write(
-                dir.join("preprocessor_config.json"),
-                r#"{"size": {"height": 224, "width": 224}, "resample": 2}"#,
-            )
-            .unwrap();
-            let config: benign_attention::encoder::vit::VitConfig = Default::default();
-            benign_attention::encoder::vit::Vit::load(vb, &config).unwrap();
-        }
-        Size::BertBase => {
-            std::fs::write(
-                dir.join("config.json"),
-                serde_json::json!({
-                    "model_type": "bert", "vocab_size": 30522, "hidden_size": 768,
-                    "num_hidden_layers": 12, "num_attention_heads": 12,
-                    "intermediate_size": 3072, "hidden_act": "gelu",
-                    "max_position_embeddings": 512, "type_vocab_size": 2,
-                    "layer_norm_eps": 1e-12, "pad_token_id": 0
-                })
-                .to_string(),
-            )
-            .unwrap();
-            // A word-level vocabulary: the bench never tokenizes, the backbone needs one.
-            std::fs::write(
-                dir.join("tokenizer.json"),
-                serde_json::json!({
-                    "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-                    "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
-                    "post_processor": null, "decoder": null,
-                    "model": {"type": "WordLevel", "vocab": {"[PAD]": 0, "[UNK]": 1},
-                              "unk_token": "[UNK]"}
-                })
-                .to_string(),
-            )
-            .unwrap();
-            let config = BertConfig::default();
-            benign_attention::encoder::bert::Bert::load(vb, &config).unwrap();
-        }
-    }
-    // Seeded values with HF's initialisation scales: N(0, 0.02²) weights, unit norms, zero biases.
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2025);
-    let normal = rand_distr::Normal::new(0f32, 0.02).unwrap();
-    let mut names: Vec<(String, candle_core::Var)> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    names.sort_by(|a, b| a.0.cmp(&b.0));
-    for (name, var) in names {
-        let shape = var.shape().clone();
-        let count = shape.elem_count();
-        let norm = name.to_lowercase().contains("layernorm") || name.contains("LayerNorm");
-        let values: Vec<f32> = if name.ends_with("bias") {
-            vec![0.0; count]
-        } else if norm {
-            vec![1.0; count]
-        } else {
-            (0..count).map(|_| rng.sample(normal)).collect()
-        };
-        var.set(&Tensor::from_vec(values, shape, &Device::Cpu).unwrap())
-            .unwrap();
-    }
-    varmap.save(dir.join("model.safetensors")).unwrap();
-}
 
 /// TEST_N + N distinct samples (only their bytes' digests matter: nothing is encoded).
 fn samples(size: Size) -> Split {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::Args;
 
 use super::Places;
@@ -10,16 +10,17 @@ use crate::data::DatasetName;
 use crate::data::noise::NoiseModel;
 use crate::report;
 use crate::rng::RngChoice;
-use crate::train::finetune::{FinetuneJob, HeadClassifier, Mode, RunConfig};
+use crate::train::finetune::{FinetuneJob, HeadClassifier, Mode, Progress, RunConfig, RunFolder};
 
 #[derive(Args, Debug)]
 pub struct FinetuneArgs {
     /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2)
     #[arg(long)]
     pub dataset: DatasetName,
-    /// Label-noise rate η ∈ [0, 1) on the fine-tune set
-    #[arg(long, allow_negative_numbers = true)]
-    pub eta: f64,
+    /// Label-noise rate η ∈ [0, 1) on the fine-tune set; several, comma-separated, train together
+    /// in one pass, one run folder each under --out/runs/ (named as `reproduce` names them)
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', required = true)]
+    pub eta: Vec<f64>,
     /// Fine-tune (noisy) samples [default: configs/<dataset>.toml, 200]
     #[arg(long)]
     pub n: Option<usize>,
@@ -32,9 +33,10 @@ pub struct FinetuneArgs {
     /// Phase-1 epochs [default: 300]
     #[arg(long, value_name = "EPOCHS")]
     pub pretrain_epochs: Option<usize>,
-    /// Seed of the split, the label noise, the initialisations and the batch order
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
+    /// Seed of the split, the label noise, the initialisations and the batch order; several,
+    /// comma-separated, train together as several η do (every η at every seed)
+    #[arg(long, value_delimiter = ',', default_values_t = [42])]
+    pub seed: Vec<u64>,
     /// Whose random draws pick the split, the label noise and both phases' batch orders: `own`
     /// (ChaCha8 streams) or `authors` (numpy and torch draws as the authors' code makes them,
     /// docs/protocol.md §3.1; the initialisations stay ours, recorded as a deviation)
@@ -63,7 +65,8 @@ pub struct FinetuneArgs {
     /// Split the test file into disjoint train and test pools (for AG-news offline); a deviation
     #[arg(long, value_name = "F")]
     pub carve_train_from_test: Option<f64>,
-    /// Write metrics.jsonl, pretrain.jsonl, attention_maps.png and summary.json here
+    /// Write metrics.jsonl, pretrain.jsonl, attention_maps.png, summary.json and the checkpoint
+    /// here; with several η or seeds, each run's into DIR/runs/<run>
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]
@@ -77,7 +80,8 @@ pub struct FinetuneArgs {
     /// Write a checkpoint to --out every K phase-2 epochs (and after phase 1 and the last epoch); 0: none
     #[arg(long, value_name = "K", default_value_t = 100)]
     pub checkpoint_every: usize,
-    /// Continue from the checkpoint in --out (bit for bit); starts afresh if there is none
+    /// Continue from the checkpoint in --out (bit for bit); starts afresh if there is none. With
+    /// several runs, each from its own folder's; runs stopped after different epochs train apart
     #[arg(long, requires = "out")]
     pub resume: bool,
     /// CPU threads for phase 1 and phase 2's autograd route (small ops: one is fastest on few
@@ -96,18 +100,58 @@ pub struct FinetuneArgs {
 }
 
 impl FinetuneArgs {
-    /// The run these flags describe: the dataset's paper defaults with the flags on top.
-    fn job(&self) -> Result<FinetuneJob> {
+    /// The runs these flags describe: the dataset's paper defaults with the flags on top, one per
+    /// seed and η (seed-major, as `reproduce` orders a grid).
+    fn jobs(&self) -> Result<Vec<FinetuneJob>> {
+        if self.eta.is_empty() || self.seed.is_empty() {
+            bail!("--eta and --seed need at least one value each");
+        }
         let paper = RunConfig::paper(&self.dataset)?;
-        let config = RunConfig {
+        let mut configs: Vec<RunConfig> = Vec::new();
+        for &seed in &self.seed {
+            for &eta in &self.eta {
+                let config = self.config(&paper, eta, seed);
+                if !configs.contains(&config) {
+                    configs.push(config);
+                }
+            }
+        }
+        let several = configs.len() > 1;
+        configs
+            .into_iter()
+            .map(|config| {
+                let out = match (&self.out, several) {
+                    (Some(out), true) => Some(RunFolder::among_runs(out, &config)?.0),
+                    (out, _) => out.clone(),
+                };
+                let job = FinetuneJob {
+                    config,
+                    places: self.places.places(),
+                    out,
+                    checkpoint_every: self.checkpoint_every,
+                    resume: self.resume,
+                    encode_batch: self.encode_batch,
+                    // A run (or a stack) alone: every core of the process's pool
+                    // (RAYON_NUM_THREADS, else all).
+                    sample_threads: rayon::current_num_threads(),
+                };
+                job.validate()?;
+                Ok(job)
+            })
+            .collect()
+    }
+
+    /// One run's configuration.
+    fn config(&self, paper: &RunConfig, eta: f64, seed: u64) -> RunConfig {
+        RunConfig {
             mode: self.mode,
             head_classifier: HeadClassifier::for_mode(self.mode, self.head_classifier),
             noise: self.noise,
-            eta: self.eta,
+            eta,
             n: self.n.unwrap_or(paper.n),
             pretrain_n: self.pretrain_n.unwrap_or(paper.pretrain_n),
             test_n: self.test_n,
-            seed: self.seed,
+            seed,
             rng: self.rng,
             epochs: self.epochs.unwrap_or(paper.epochs),
             pretrain_epochs: self.pretrain_epochs.unwrap_or(paper.pretrain_epochs),
@@ -121,42 +165,65 @@ impl FinetuneArgs {
             locater: self.locater,
             train_threads: self.train_threads,
             device: self.places.device,
-            ..paper
+            ..paper.clone()
         }
-        .with_noise_draw();
-        let job = FinetuneJob {
-            config,
-            places: self.places.places(),
-            out: self.out.clone(),
-            checkpoint_every: self.checkpoint_every,
-            resume: self.resume,
-            encode_batch: self.encode_batch,
-            // A run alone: every core of the process's pool (RAYON_NUM_THREADS, else all).
-            sample_threads: rayon::current_num_threads(),
-        };
-        job.validate()?;
-        Ok(job)
+        .with_noise_draw()
     }
 }
 
 pub fn run(args: FinetuneArgs) -> Result<()> {
-    let job = args.job()?;
+    let jobs = args.jobs()?;
     let bars = report::finetune::Bars::default();
-    // With --out, the run's TensorBoard events are written as it trains.
-    let events = job
-        .out
-        .as_deref()
-        .map(|out| report::tensorboard::TensorBoard::new(out, &bars));
-    let progress: &dyn crate::train::finetune::Progress = match &events {
-        Some(events) => events,
-        None => &bars,
-    };
-    let run = crate::train::finetune::finetune(&job, progress)?;
+    // With --out, each run's TensorBoard events are written as it trains.
+    let events: Vec<Option<report::tensorboard::TensorBoard>> = jobs
+        .iter()
+        .map(|job| {
+            job.out
+                .as_deref()
+                .map(|out| report::tensorboard::TensorBoard::new(out, &bars))
+        })
+        .collect();
+    let progress: Vec<&dyn Progress> = events
+        .iter()
+        .map(|events| match events {
+            Some(events) => events as &dyn Progress,
+            None => &bars as &dyn Progress,
+        })
+        .collect();
+    let results = crate::train::finetune::finetune_stack(&jobs, &progress)?;
+    if let [only] = results.as_slice()
+        && only.is_err()
+    {
+        // A lone run's error is the command's, with its exit status.
+        return results.into_iter().next().map_or(Ok(()), |r| r.map(|_| ()));
+    }
+    let mut failed = 0;
+    for ((job, events), result) in jobs.iter().zip(&events).zip(results) {
+        match result {
+            Ok(run) => finish(job, events.as_ref(), &run)?,
+            Err(err) => {
+                failed += 1;
+                eprintln!("{}: {}", job.config.run_name()?, crate::errors::one_line(&err));
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} runs failed (each said why above)", jobs.len());
+    }
+    Ok(())
+}
+
+/// A finished run's files, its summary on stdout, and its result line on stderr.
+fn finish(
+    job: &FinetuneJob,
+    events: Option<&report::tensorboard::TensorBoard>,
+    run: &crate::train::finetune::FinetuneRun,
+) -> Result<()> {
     for deviation in &run.summary.deviations {
         eprintln!("note: {deviation}");
     }
     if let Some(out) = &job.out {
-        report::finetune::write_run(out, &run, events.as_ref())?;
+        report::finetune::write_run(out, run, events)?;
     }
     println!("{}", serde_json::to_string(&run.summary)?);
     let s = &run.summary;

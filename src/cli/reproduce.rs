@@ -56,9 +56,14 @@ pub struct GridArgs {
     /// Result folder: runs/<run>/ and the report [default: results/<experiment>]
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Runs at once, sharing the cores [default: the number of cores]
+    /// Stacks of runs at once, sharing the cores [default: the number of cores]. Runs that
+    /// differ only in η and the seed train together in stacks (docs/usage.md, reproduce)
     #[arg(long, value_name = "J")]
     pub jobs: Option<usize>,
+    /// Memory a stack's phase 2 may hold beyond its backbone, in GiB: runs that differ only in
+    /// η and the seed train together in stacks as large as this allows
+    #[arg(long, value_name = "GIB", default_value_t = library::stacks::STACK_MEMORY_GIB)]
+    pub stack_memory: f64,
     /// Run only the K-th of N interleaved parts of the grid (1 ≤ K ≤ N)
     #[arg(long, value_name = "K/N")]
     pub shard: Option<library::Shard>,
@@ -95,6 +100,7 @@ impl GridArgs {
         if let Some(j) = self.jobs {
             flags.extend(["--jobs".into(), j.to_string()]);
         }
+        flags.extend(["--stack-memory".into(), self.stack_memory.to_string()]);
         flags.extend(["--device".into(), value(&self.places.device)]);
         flags
     }
@@ -227,6 +233,12 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
     if args.jobs == Some(0) {
         anyhow::bail!("--jobs must be at least 1");
     }
+    if !(args.stack_memory.is_finite() && args.stack_memory > 0.0) {
+        anyhow::bail!(
+            "--stack-memory must be a positive number of GiB, got {}",
+            args.stack_memory
+        );
+    }
     let grid = grid_of(experiment, &args)?;
     let out = args
         .out
@@ -238,6 +250,7 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
         jobs: args
             .jobs
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        stack_memory: args.stack_memory * f64::from(1u32 << 30),
         shard: args.shard,
         places: args.places.places(),
         device: args.places.device,

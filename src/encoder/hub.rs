@@ -109,6 +109,17 @@ const HUB_FILES: [(&str, bool); 4] = [
 ];
 
 /// Finds the backbone `id` (see the module's order) with the hub settings of the environment.
+/// The files of `id` when they are on this machine already (a folder, or the models folder),
+/// found without the hub: for estimates made before any backbone loads.
+pub fn local_files(id: &str, models_dir: Option<&Path>) -> Option<BackboneFiles> {
+    let as_path = Path::new(id);
+    if as_path.is_dir() {
+        return from_dir(id, as_path, String::new()).ok();
+    }
+    let dir = models_root(models_dir)?.join(canonical(id));
+    from_dir(id, &dir, String::new()).ok()
+}
+
 pub fn resolve(id: &str, models_dir: Option<&Path>) -> Result<BackboneFiles> {
     resolve_with(id, models_dir, &HubSettings::from_env())
 }

@@ -17,7 +17,7 @@
 //! step's weights (47 MB at ViT-B's width) come from memory, and without this the first block of
 //! every panel waited on them: 16 rows of a 3072 → 768 product ran at 36 G
 //! multiply-adds/s against 48 G with the weights in cache, and at 46 G with the prefetch; 32 rows
-//! of 768 → 3072 at 44 G, and at 54 G with it (one thread, machine G, 2026-11-27, a probe cycling
+//! of 768 → 3072 at 44 G, and at 54 G with it (one thread, a probe cycling
 //! over eight matrices). Extraction's products, whose weights serve many blocks of rows in a row
 //! and stay in cache, do without: asking there slowed MiniLM's forward by about a tenth.
 //!

@@ -76,7 +76,7 @@ pub fn row_scores(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usi
 /// The scores are the first product to touch a sample's tokens, and from memory they ran at
 /// about half their in-cache speed, however far ahead they asked for their own tokens: 24 rows
 /// of ViT-B's scores took 125–145 µs a sample from memory, 77 µs in cache, and 78–86 µs after
-/// the sums before them had asked for their tokens (a probe, machine G, 2026-11-27).
+/// the sums before them had asked for their tokens (a probe).
 pub fn weighted_sums(
     heads: usize,
     w: Rows,
@@ -113,7 +113,7 @@ const AHEAD: usize = 4;
 /// Asks for tokens `first..first + count` (those that exist) to be brought into L2: the scores
 /// are the first product to touch a sample's tokens, and waited on memory at every block. Into L2
 /// (T1), not L1 (T0): scores of cold tokens took 70–93 µs against 93–103 for 12 rows, 105–115
-/// against 129–157 for 24 (one ViT-B sample, three runs each, machine G, 2026-11-27); from L2 the
+/// against 129–157 for 24 (one ViT-B sample, three runs each); from L2 the
 /// hardware's own prefetcher keeps L1 fed, and tokens already in cache ran as fast either way.
 #[inline(always)]
 fn prefetch_tokens(x: Tokens, first: usize, count: usize) {
@@ -433,13 +433,13 @@ fn weighted_sums_kernel<const AVX2: bool>(
 /// buffers until memory answers: after 12 rows of ViT-B's sums the next scores took 61–63 µs
 /// with T0 and 50–51 µs with T1 (41 µs with their tokens in cache). After 24 rows, T0 did as well
 /// as the cache (80 µs) and T1 was slower in four runs of seven (127–131 µs); a probe of the
-/// kernels, machine G, 2026-11-27, alternating builds.
+/// kernels, alternating builds.
 const SHORT_SUMS: usize = 12;
 
 /// Tokens a weighted-sums block reads: together with a strip of Y's rows, they stay in L1. A
 /// block of rows loads its accumulators from Y and stores them back once per block, so a long
 /// block spends less on that: 24 rows of ViT-B's sums took 95–100 µs a sample in blocks of 16
-/// tokens and 73 µs in blocks of 64, their tokens in cache (machine G, 2026-11-27). The length
+/// tokens and 73 µs in blocks of 64, their tokens in cache. The length
 /// does not change the numbers: each output still adds its tokens in order.
 const SUM_TOKENS: usize = 64;
 

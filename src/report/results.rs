@@ -73,7 +73,7 @@ impl ResultRow {
     }
 }
 
-pub const RUNS: &str = "runs";
+pub use crate::train::run::RUNS;
 
 /// The row of the finished run in `dir` (None when it has not finished).
 pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {

@@ -6,6 +6,7 @@
 //! for a cluster's job array (`slurm` writes the script); `report` merges shard folders.
 
 pub mod slurm;
+pub mod stacks;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -19,7 +20,8 @@ use crate::report::results::{RUNS, collect};
 use crate::rng::RngChoice;
 use crate::runtime::DeviceKind;
 use crate::train::finetune::{
-    FinetuneJob, HeadClassifier, Mode, Places, Progress, RunConfig, RunFolder, finetune, prefetch,
+    FinetuneJob, HeadClassifier, Mode, Places, Progress, RunConfig, RunFolder, finetune_stack,
+    prefetch,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -197,8 +199,10 @@ pub fn jobs(grid: &Grid, pool: &dyn Fn(&DatasetName) -> Option<usize>) -> (Vec<J
 pub struct DriverOptions {
     pub grid: Grid,
     pub out: PathBuf,
-    /// Runs at once.
+    /// Stacks at once.
     pub jobs: usize,
+    /// What one stack's phase 2 may hold beyond its backbone, bytes ([`stacks`]).
+    pub stack_memory: f64,
     pub shard: Option<Shard>,
     pub places: Places,
     pub device: DeviceKind,
@@ -252,7 +256,7 @@ impl DriverOptions {
 
     /// A grid run in its folder, named after its configuration.
     pub fn finetune_job(&self, config: RunConfig) -> Result<FinetuneJob> {
-        let run_dir = self.out.join(RUNS).join(config.run_name()?);
+        let run_dir = RunFolder::among_runs(&self.out, &config)?.0;
         Ok(FinetuneJob {
             config,
             places: self.places.clone(),
@@ -382,8 +386,27 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         }
     }
 
-    // Then the runs, `jobs` at a time (each trains on one thread).
-    let workers = options.jobs.clamp(1, pending.len().max(1));
+    // Then the runs, in stacks that train together, `jobs` stacks at a time.
+    let models_dir = options.places.models_dir.as_deref();
+    let pending: Vec<(String, FinetuneJob)> = pending.into_iter().cloned().collect();
+    let total_pending = pending.len();
+    let mut stacked = stacks::stacks(
+        pending,
+        options.stack_memory,
+        options.jobs.max(1),
+        &|config| stacks::backbone_dims(config, models_dir),
+        &|config| test_len_of(&config.dataset).unwrap_or(0),
+    );
+    let workers = options.jobs.clamp(1, stacked.len().max(1));
+    // The cores shared among the stacks going at once.
+    let threads = (rayon::current_num_threads() / workers).max(1);
+    for (_, run) in stacked.iter_mut().flatten() {
+        run.sample_threads = threads;
+    }
+    progress.line(&format!(
+        "{total_pending} runs to make in {} stacks, {workers} at a time",
+        stacked.len()
+    ));
     let next = AtomicUsize::new(0);
     let failed = Mutex::new(Vec::new());
     let done = AtomicUsize::new(0);
@@ -395,39 +418,20 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
                         break;
                     }
                     let k = next.fetch_add(1, Ordering::SeqCst);
-                    let Some((id, run)) = pending.get(k) else {
+                    let Some(stack) = stacked.get(k) else {
                         break;
                     };
-                    let started = Instant::now();
-                    // A run that panics is a failed run; the others finish and the report is
-                    // written.
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        finetune_and_write(run)
-                    }))
-                    .unwrap_or_else(|panic| {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
-                        Err(anyhow::anyhow!("panicked: {what}"))
-                    });
-                    let count = done.fetch_add(1, Ordering::SeqCst) + 1;
-                    match result {
-                        Ok(line) => progress.line(&format!(
-                            "[{count}/{}] {id}: {line} ({:.0} s)",
-                            pending.len(),
-                            started.elapsed().as_secs_f64()
-                        )),
-                        Err(err) => {
-                            progress.line(&format!(
-                                "[{count}/{}] {id}: FAILED: {err:#}",
-                                pending.len()
-                            ));
-                            failed
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push((id.clone(), format!("{err:#}")));
+                    for (id, result) in train_stack_and_write(stack) {
+                        let count = done.fetch_add(1, Ordering::SeqCst) + 1;
+                        match result {
+                            Ok(line) => progress.line(&format!("[{count}/{total_pending}] {id}: {line}")),
+                            Err(err) => {
+                                progress.line(&format!("[{count}/{total_pending}] {id}: FAILED: {err:#}"));
+                                failed
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .push((id.clone(), format!("{err:#}")));
+                            }
                         }
                     }
                 }
@@ -439,7 +443,7 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         let line = format!(
             "{stop} after {} of {} runs; the same command continues the grid (a stopped run from its checkpoint)",
             done.load(Ordering::SeqCst),
-            pending.len()
+            total_pending
         );
         return Err(anyhow::Error::new(stop).context(line));
     }
@@ -453,26 +457,66 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         std::slice::from_ref(&options.out),
     )?;
     Ok(Outcome {
-        ran: pending.len(),
+        ran: total_pending,
         skipped,
         failed: failed.into_inner().unwrap_or_else(|e| e.into_inner()),
         left_out,
     })
 }
 
-/// One run, its outputs written; a one-line result.
-fn finetune_and_write(job: &FinetuneJob) -> Result<String> {
-    let out = job.out.as_deref().context("grid runs have a folder")?;
-    let events = crate::report::tensorboard::TensorBoard::new(out, &());
-    let run = finetune(job, &events)?;
-    crate::report::finetune::write_run(out, &run, Some(&events))?;
-    let s = &run.summary;
-    Ok(format!(
-        "train loss {:.3}, memorization {:.3}, test {:.3}",
-        s.last.train_loss,
-        s.last.memorization,
-        s.test_acc()
-    ))
+/// One stack's runs trained together, each one's outputs written: each run's one-line result or
+/// error. A stack that panics, or that a signal stops, fails every run it held.
+fn train_stack_and_write(stack: &[(String, FinetuneJob)]) -> Vec<(String, Result<String>)> {
+    let started = Instant::now();
+    let jobs: Vec<FinetuneJob> = stack.iter().map(|(_, job)| job.clone()).collect();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let events = jobs
+            .iter()
+            .map(|job| {
+                let out = job.out.as_deref().context("grid runs have a folder")?;
+                Ok(crate::report::tensorboard::TensorBoard::new(out, &()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let progress: Vec<&dyn Progress> = events.iter().map(|e| e as &dyn Progress).collect();
+        let results = finetune_stack(&jobs, &progress)?;
+        Ok(results
+            .into_iter()
+            .zip(&events)
+            .zip(&jobs)
+            .map(|((result, events), job)| {
+                let run = result?;
+                let out = job.out.as_deref().context("grid runs have a folder")?;
+                crate::report::finetune::write_run(out, &run, Some(events))?;
+                let s = &run.summary;
+                Ok(format!(
+                    "train loss {:.3}, memorization {:.3}, test {:.3} ({:.0} s, {} runs together)",
+                    s.last.train_loss,
+                    s.last.memorization,
+                    s.test_acc(),
+                    started.elapsed().as_secs_f64(),
+                    jobs.len()
+                ))
+            })
+            .collect::<Vec<Result<String>>>())
+    }))
+    .unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(anyhow::anyhow!("panicked: {what}"))
+    });
+    match outcome {
+        Ok(results) => stack.iter().map(|(id, _)| id.clone()).zip(results).collect(),
+        Err(err) => {
+            let line = format!("{err:#}");
+            stack
+                .iter()
+                .map(|(id, _)| (id.clone(), Err(anyhow::anyhow!("{line}"))))
+                .collect()
+        }
+    }
 }
 
 /// `reproduce report DIR...`: one report over the runs of many result folders.

@@ -343,11 +343,21 @@ impl FinetuneJob {
     }
 }
 
+/// The folder of a result folder that holds its runs' folders (a grid's, or a stack's made by
+/// `finetune`), each named by [`RunConfig::run_name`].
+pub const RUNS: &str = "runs";
+
 /// The files of a run folder, named in this one place.
 #[derive(Clone, Debug)]
 pub struct RunFolder(pub PathBuf);
 
 impl RunFolder {
+    /// The folder of `config`'s run among the runs of the result folder `out`:
+    /// `out/runs/<run name>`.
+    pub fn among_runs(out: &std::path::Path, config: &RunConfig) -> Result<Self> {
+        Ok(Self(out.join(RUNS).join(config.run_name()?)))
+    }
+
     /// The resolved [`RunConfig`], written when the run starts.
     pub fn config(&self) -> PathBuf {
         self.0.join("config.json")
