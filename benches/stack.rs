@@ -65,8 +65,14 @@ impl Workload {
         }
     }
 
-    /// Epochs each run trains in a child.
+    /// Epochs each run trains in a child (`BENIGN_STACK_EPOCHS` sets it, for a profiler).
     fn epochs(self) -> usize {
+        if let Some(epochs) = std::env::var("BENIGN_STACK_EPOCHS")
+            .ok()
+            .and_then(|e| e.parse().ok())
+        {
+            return epochs;
+        }
         match self {
             Self::VitTi => 30,
             Self::VitB => 6,
@@ -110,7 +116,16 @@ fn load(workload: Workload, scratch: &Path) -> (Backbone, LayerRows, LayerRows) 
             let cache = FeatureCache::open(cache_root(None)).unwrap();
             let read = |name: &str, data, positions: &[usize]| {
                 let (features, _) = cache
-                    .features(&backbone, "cifar10", name, data, positions, Contents::Full, 32, &mut |_| {})
+                    .features(
+                        &backbone,
+                        "cifar10",
+                        name,
+                        data,
+                        positions,
+                        Contents::Full,
+                        32,
+                        &mut |_| {},
+                    )
                     .unwrap();
                 features.layer_inputs.unwrap()
             };
@@ -133,7 +148,9 @@ fn load(workload: Workload, scratch: &Path) -> (Backbone, LayerRows, LayerRows) 
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
             let mut random = |n: usize| {
                 let (t, d) = (197, 768);
-                let values: Vec<f32> = (0..n * t * d).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+                let values: Vec<f32> = (0..n * t * d)
+                    .map(|_| rng.random::<f32>() * 2.0 - 1.0)
+                    .collect();
                 let inputs = Tensor::from_vec(values, (n, t, d), &Device::Cpu).unwrap();
                 LayerRows::from_padded(&inputs, vec![t; n]).unwrap()
             };
@@ -223,7 +240,10 @@ fn spawn(workload: Workload, together: bool, scratch: &Path) -> ChildRun {
         String::from_utf8_lossy(&out.stderr)
     );
     let line = String::from_utf8(out.stdout).unwrap();
-    let v: Vec<f64> = line.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
     ChildRun {
         seconds: v[0],
         peak: v[1],
@@ -244,7 +264,9 @@ fn main() {
     }
     let scratch = tempfile::tempdir().unwrap();
     let cores = rayon::current_num_threads();
-    println!("| five runs (Fig. 8's η, n = {N}), {cores} threads | alone, one after another | one stack | ratio |");
+    println!(
+        "| five runs (Fig. 8's η, n = {N}), {cores} threads | alone, one after another | one stack | ratio |"
+    );
     println!("|---|---|---|---|");
     for workload in [Workload::VitTi, Workload::VitB] {
         // Fill the caches and write the checkpoint before anything is timed.
@@ -264,7 +286,9 @@ fn main() {
             .chain(&together)
             .map(|r| r.limit)
             .fold(0f64, f64::max);
-        let peak = |runs: &[ChildRun]| runs.iter().map(|r| r.peak).fold(0f64, f64::max) / f64::from(1u32 << 20);
+        let peak = |runs: &[ChildRun]| {
+            runs.iter().map(|r| r.peak).fold(0f64, f64::max) / f64::from(1u32 << 20)
+        };
         println!(
             "| {} | {a:.1} run-epochs/s ({}; peak {:.0} MiB) | {t:.1} run-epochs/s ({}; peak {:.0} MiB) | **{:.2}×** throughput, {:.2}× peak |",
             match workload {
@@ -280,8 +304,14 @@ fn main() {
         );
         println!(
             "|  | children: alone {:?} s; together {:?} s |  |  |",
-            alone.iter().map(|r| (r.seconds * 100.0).round() / 100.0).collect::<Vec<_>>(),
-            together.iter().map(|r| (r.seconds * 100.0).round() / 100.0).collect::<Vec<_>>()
+            alone
+                .iter()
+                .map(|r| (r.seconds * 100.0).round() / 100.0)
+                .collect::<Vec<_>>(),
+            together
+                .iter()
+                .map(|r| (r.seconds * 100.0).round() / 100.0)
+                .collect::<Vec<_>>()
         );
     }
 }

@@ -52,7 +52,11 @@ fn finetune_args(mode: &str, epochs: usize, extra: &[&str]) -> Vec<String> {
 }
 
 fn ok(out: &Output) {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A run folder's outcome: summary.json without its wall time, metrics.jsonl, and the
@@ -68,7 +72,9 @@ fn outcome(dir: &Path) -> Outcome {
     let mut summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
     summary.as_object_mut().unwrap().remove("wall_seconds");
-    let saved = checkpoint::load(dir, &Device::Cpu).unwrap().expect("a checkpoint");
+    let saved = checkpoint::load(dir, &Device::Cpu)
+        .unwrap()
+        .expect("a checkpoint");
     let bits = |t: &Tensor| -> Vec<u32> {
         let values: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
         values.iter().map(|v| v.to_bits()).collect()
@@ -93,7 +99,10 @@ fn assert_same(ours: &Outcome, theirs: &Outcome, what: &str) {
     assert_eq!(ours.state, theirs.state, "{what}: checkpoint state");
     assert_eq!(ours.tensors.len(), theirs.tensors.len(), "{what}: tensors");
     for (name, values) in &theirs.tensors {
-        assert!(ours.tensors.get(name) == Some(values), "{what}: tensor {name}");
+        assert!(
+            ours.tensors.get(name) == Some(values),
+            "{what}: tensor {name}"
+        );
     }
 }
 
@@ -131,7 +140,14 @@ fn eta_and_seed_siblings_trained_together_end_as_alone() {
         let args = finetune_args(
             mode,
             12,
-            &["--eta", "0,0.2", "--seed", "42,7", "--out", together.to_str().unwrap()],
+            &[
+                "--eta",
+                "0,0.2",
+                "--seed",
+                "42,7",
+                "--out",
+                together.to_str().unwrap(),
+            ],
         );
         let out = benign(&args, &cache);
         ok(&out);
@@ -145,17 +161,32 @@ fn eta_and_seed_siblings_trained_together_end_as_alone() {
             let args = finetune_args(
                 mode,
                 12,
-                &["--eta", &eta, "--seed", &seed, "--out", alone.to_str().unwrap()],
+                &[
+                    "--eta",
+                    &eta,
+                    "--seed",
+                    &seed,
+                    "--out",
+                    alone.to_str().unwrap(),
+                ],
             );
             ok(&benign(&args, &cache));
-            assert_same(&outcome(&run), &outcome(&alone), &format!("{mode}, η {eta}, seed {seed}"));
+            assert_same(
+                &outcome(&run),
+                &outcome(&alone),
+                &format!("{mode}, η {eta}, seed {seed}"),
+            );
         }
     }
 }
 
 /// Sends SIGTERM to a stack once every run's checkpoint is past phase 1 and mid phase 2, and
 /// returns the epoch they stopped after.
-fn terminate_mid_phase_two(args: &[String], cache: &Path, folders: &dyn Fn() -> Vec<PathBuf>) -> usize {
+fn terminate_mid_phase_two(
+    args: &[String],
+    cache: &Path,
+    folders: &dyn Fn() -> Vec<PathBuf>,
+) -> usize {
     let mut child = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
         .args(args)
         .env("BENIGN_CACHE_DIR", cache)
@@ -164,7 +195,10 @@ fn terminate_mid_phase_two(args: &[String], cache: &Path, folders: &dyn Fn() -> 
         .spawn()
         .unwrap();
     loop {
-        assert!(child.try_wait().unwrap().is_none(), "the stack finished before it could be stopped");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the stack finished before it could be stopped"
+        );
         let done: Vec<usize> = folders()
             .iter()
             .filter_map(|dir| checkpoint::load(dir, &Device::Cpu).ok().flatten())
@@ -187,9 +221,18 @@ fn terminate_mid_phase_two(args: &[String], cache: &Path, folders: &dyn Fn() -> 
     assert!(last.contains("--resume"), "{last}");
     let done: Vec<usize> = folders()
         .iter()
-        .map(|dir| checkpoint::load(dir, &Device::Cpu).unwrap().unwrap().state.epochs_done)
+        .map(|dir| {
+            checkpoint::load(dir, &Device::Cpu)
+                .unwrap()
+                .unwrap()
+                .state
+                .epochs_done
+        })
         .collect();
-    assert!(done.windows(2).all(|w| w[0] == w[1]), "the runs stopped apart: {done:?}");
+    assert!(
+        done.windows(2).all(|w| w[0] == w[1]),
+        "the runs stopped apart: {done:?}"
+    );
     done[0]
 }
 
@@ -229,7 +272,11 @@ fn a_stack_stopped_by_sigterm_resumes_whole_and_its_folders_resume_alone() {
     assert!(at < epochs, "stopped at epoch {at}");
     ok(&benign(&stack(&stopped, true), &cache));
     for (ours, theirs) in run_folders(&stopped).iter().zip(run_folders(&whole)) {
-        assert_same(&outcome(ours), &outcome(&theirs), &format!("{} resumed", ours.display()));
+        assert_same(
+            &outcome(ours),
+            &outcome(&theirs),
+            &format!("{} resumed", ours.display()),
+        );
     }
 
     // Stopped again; one folder resumes alone, then the others together: a run folder made by a
@@ -248,11 +295,23 @@ fn a_stack_stopped_by_sigterm_resumes_whole_and_its_folders_resume_alone() {
     let alone = finetune_args(
         "last-layer",
         epochs,
-        &["--eta", &eta, "--seed", &seed, "--out", first.to_str().unwrap(), "--resume"],
+        &[
+            "--eta",
+            &eta,
+            "--seed",
+            &seed,
+            "--out",
+            first.to_str().unwrap(),
+            "--resume",
+        ],
     );
     ok(&benign(&alone, &cache));
     ok(&benign(&stack(&again, true), &cache));
     for (ours, theirs) in run_folders(&again).iter().zip(run_folders(&whole)) {
-        assert_same(&outcome(ours), &outcome(&theirs), &format!("{} resumed apart", ours.display()));
+        assert_same(
+            &outcome(ours),
+            &outcome(&theirs),
+            &format!("{} resumed apart", ours.display()),
+        );
     }
 }

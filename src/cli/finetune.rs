@@ -19,7 +19,12 @@ pub struct FinetuneArgs {
     pub dataset: DatasetName,
     /// Label-noise rate η ∈ [0, 1) on the fine-tune set; several, comma-separated, train together
     /// in one pass, one run folder each under --out/runs/ (named as `reproduce` names them)
-    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_delimiter = ',',
+        required = true
+    )]
     pub eta: Vec<f64>,
     /// Fine-tune (noisy) samples [default: configs/<dataset>.toml, 200]
     #[arg(long)]
@@ -203,12 +208,19 @@ pub fn run(args: FinetuneArgs) -> Result<()> {
             Ok(run) => finish(job, events.as_ref(), &run)?,
             Err(err) => {
                 failed += 1;
-                eprintln!("{}: {}", job.config.run_name()?, crate::errors::one_line(&err));
+                eprintln!(
+                    "{}: {}",
+                    job.config.run_name()?,
+                    crate::errors::one_line(&err)
+                );
             }
         }
     }
     if failed > 0 {
-        bail!("{failed} of {} runs failed (each said why above)", jobs.len());
+        bail!(
+            "{failed} of {} runs failed (each said why above)",
+            jobs.len()
+        );
     }
     Ok(())
 }

@@ -424,9 +424,13 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
                     for (id, result) in train_stack_and_write(stack) {
                         let count = done.fetch_add(1, Ordering::SeqCst) + 1;
                         match result {
-                            Ok(line) => progress.line(&format!("[{count}/{total_pending}] {id}: {line}")),
+                            Ok(line) => {
+                                progress.line(&format!("[{count}/{total_pending}] {id}: {line}"))
+                            }
                             Err(err) => {
-                                progress.line(&format!("[{count}/{total_pending}] {id}: FAILED: {err:#}"));
+                                progress.line(&format!(
+                                    "[{count}/{total_pending}] {id}: FAILED: {err:#}"
+                                ));
                                 failed
                                     .lock()
                                     .unwrap_or_else(|e| e.into_inner())
@@ -508,7 +512,11 @@ fn train_stack_and_write(stack: &[(String, FinetuneJob)]) -> Vec<(String, Result
         Err(anyhow::anyhow!("panicked: {what}"))
     });
     match outcome {
-        Ok(results) => stack.iter().map(|(id, _)| id.clone()).zip(results).collect(),
+        Ok(results) => stack
+            .iter()
+            .map(|(id, _)| id.clone())
+            .zip(results)
+            .collect(),
         Err(err) => {
             let line = format!("{err:#}");
             stack

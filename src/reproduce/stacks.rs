@@ -36,7 +36,12 @@ pub fn backbone_dims(config: &RunConfig, models_dir: Option<&Path>) -> (usize, u
     let Ok(value) = serde_json::from_str::<serde_json::Value>(&json) else {
         return paper;
     };
-    let field = |name: &str| value.get(name).and_then(serde_json::Value::as_u64).map(|v| v as usize);
+    let field = |name: &str| {
+        value
+            .get(name)
+            .and_then(serde_json::Value::as_u64)
+            .map(|v| v as usize)
+    };
     let hidden = field("hidden_size").unwrap_or(paper.1);
     let tokens = match (text, field("image_size"), field("patch_size")) {
         (false, Some(image), Some(patch)) if patch > 0 => (image / patch).pow(2) + 1,
@@ -107,7 +112,12 @@ pub fn stacks(
                 let same = same_samples(config, &other.config);
                 (seen.0 || same.0, seen.1 || same.1)
             });
-            let adds = run_bytes(config, dims(config), test_len(config), (!shared.0, !shared.1));
+            let adds = run_bytes(
+                config,
+                dims(config),
+                test_len(config),
+                (!shared.0, !shared.1),
+            );
             if !stack.is_empty() && bytes + adds > budget {
                 by_budget.push(std::mem::take(&mut stack));
                 bytes = run_bytes(config, dims(config), test_len(config), (true, true));

@@ -10,8 +10,15 @@ use crate::encoder::layer_rows::LayerRows;
 use crate::model::Classifier;
 use crate::rng::{Shuffle, Stream};
 
+/// Batches of an epoch of `n` samples (the last one smaller): both phases step this many times.
 pub fn steps_per_epoch(n: usize, batch_size: usize) -> usize {
     n.div_ceil(batch_size.max(1))
+}
+
+/// What the classifier trains on in one step: features (B, D) and their targets (B).
+pub struct ClassifierBatch {
+    pub features: Tensor,
+    pub targets: Tensor,
 }
 
 /// How phase 1 steps: epochs, batch size, optimizer and the batch order.
@@ -32,14 +39,14 @@ pub fn train_classifier(
     on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<()> {
     let targets = Tensor::from_slice(labels, labels.len(), features.device())?;
-    let batch = |rows: &[usize]| -> Result<(Tensor, Tensor)> {
+    let batch = |rows: &[usize]| -> Result<ClassifierBatch> {
         let rows = crate::model::attend::row_indices(rows, features.device())?;
-        Ok((
-            features.index_select(&rows, 0)?,
-            targets.index_select(&rows, 0)?,
-        ))
+        Ok(ClassifierBatch {
+            features: features.index_select(&rows, 0)?,
+            targets: targets.index_select(&rows, 0)?,
+        })
     };
-    train_classifier_on(classifier, labels.len(), &batch, schedule, on_epoch)
+    train_classifier_on(classifier, labels.len(), batch, schedule, on_epoch)
 }
 
 /// Phase 1 on every token of each sample, each labelled with its sample's label (head mode's
@@ -52,7 +59,7 @@ pub fn train_classifier_on_tokens(
     on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<()> {
     let device = classifier.weight.device();
-    let batch = |rows: &[usize]| -> Result<(Tensor, Tensor)> {
+    let batch = |rows: &[usize]| -> Result<ClassifierBatch> {
         let samples = tokens.batch(rows, device)?;
         let mut kept = Vec::with_capacity(rows.len());
         let mut targets = Vec::new();
@@ -61,22 +68,19 @@ pub fn train_classifier_on_tokens(
             targets.extend(std::iter::repeat_n(labels[row], len));
         }
         let count = targets.len();
-        Ok((
-            Tensor::cat(&kept, 0)?,
-            Tensor::from_vec(targets, count, device)?,
-        ))
+        Ok(ClassifierBatch {
+            features: Tensor::cat(&kept, 0)?,
+            targets: Tensor::from_vec(targets, count, device)?,
+        })
     };
-    train_classifier_on(classifier, labels.len(), &batch, schedule, on_epoch)
+    train_classifier_on(classifier, labels.len(), batch, schedule, on_epoch)
 }
-
-/// The features and targets of a batch of sample rows.
-type Batch<'a> = dyn Fn(&[usize]) -> Result<(Tensor, Tensor)> + 'a;
 
 /// The phase-1 loop over `n` samples: `batch` gives the features and targets of sample rows.
 fn train_classifier_on(
     classifier: &Classifier,
     n: usize,
-    batch: &Batch,
+    batch: impl Fn(&[usize]) -> Result<ClassifierBatch>,
     schedule: &Schedule,
     on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<()> {
@@ -90,7 +94,7 @@ fn train_classifier_on(
         let order = schedule.shuffle.order(n, Stream::PretrainShuffle, epoch);
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
         for rows in order.chunks(batch_size) {
-            let (features, targets) = batch(rows)?;
+            let ClassifierBatch { features, targets } = batch(rows)?;
             let logits = classifier.forward(&features)?;
             let loss = candle_nn::loss::cross_entropy(&logits, &targets)?;
             opt.step(&loss.backward()?)?;

@@ -7,10 +7,7 @@ use anyhow::{Context, Result};
 
 use super::trainee::{EpochEnd, Evaluation, Trainee};
 use crate::rng::{Shuffle, Stream};
-
-pub fn steps_per_epoch(n: usize, batch_size: usize) -> usize {
-    n.div_ceil(batch_size.max(1))
-}
+pub use crate::train::loops::steps_per_epoch;
 
 /// When and in what order a stack steps.
 pub struct EpochPlan<'a> {

@@ -117,22 +117,33 @@ impl<'a> HeadTrainee<'a> {
         })
     }
 
-    /// The runs `members` selecting from `keys`, run `members[i]` on rows `rows[i]`: each one's
-    /// logits (B, C) and selection (B, T), differentiable in the stacked parameters.
+    /// Every run's query direction Wᵀp, (S, 1, D), from one batched product: differentiable in
+    /// the stacked parameters for a step (`tracked`), detached for an evaluation (the same
+    /// numbers, no graph).
+    fn directions(&self, tracked: bool) -> Result<Tensor> {
+        let params = self.optimizer.tensors();
+        let (w, p) = if tracked {
+            (params[0].clone(), params[1].clone())
+        } else {
+            (params[0].detach(), params[1].detach())
+        };
+        // X Wᵀ p = X (Wᵀ p): one D-vector per run and step instead of a (T, D) product per sample.
+        Ok(p.unsqueeze(1)?.matmul(&w)?)
+    }
+
+    /// The runs `members` selecting from `keys` along `directions` ([`Self::directions`]), run
+    /// `members[i]` on rows `rows[i]`: each one's logits (B, C) and selection (B, T).
     fn select(
         &self,
+        directions: &Tensor,
         keys: &Arc<KeyValues>,
         members: &[usize],
         rows: &[&[usize]],
     ) -> Result<Vec<SetOutput>> {
-        let params = self.optimizer.tensors();
-        let (w, p) = (&params[0], &params[1]);
-        // X Wᵀ p = X (Wᵀ p): one D-vector per run and step instead of a (T, D) product per sample.
-        let direction = p.unsqueeze(1)?.matmul(w)?; // (S, 1, D) = (Wᵀ p)ᵀ of each run
         let queries = members
             .iter()
             .zip(rows)
-            .map(|(&k, rows)| broadcast_query(&direction.get(k)?, rows.len()))
+            .map(|(&k, rows)| broadcast_query(&directions.get(k)?, rows.len()))
             .collect::<Result<Vec<_>>>()?;
         let queries = Tensor::cat(&queries, 0)?;
         let all_rows: Vec<usize> = rows.concat();
@@ -162,13 +173,16 @@ impl<'a> HeadTrainee<'a> {
         (0..self.runs()).filter(|&k| of[k] == copy).collect()
     }
 
-    /// Every run's output on its rows `rows[k]` of its fine-tune set.
-    fn select_finetune(&self, rows: &[&[usize]]) -> Result<Vec<SetOutput>> {
+    /// Every run's output on its rows `rows[k]` of its fine-tune set, along `directions`.
+    fn select_finetune(&self, directions: &Tensor, rows: &[&[usize]]) -> Result<Vec<SetOutput>> {
         let mut out: Vec<Option<SetOutput>> = (0..self.runs()).map(|_| None).collect();
         for (copy, keys) in self.finetune.iter().enumerate() {
             let members = self.readers(&self.run_finetune, copy);
             let own: Vec<&[usize]> = members.iter().map(|&k| rows[k]).collect();
-            for (&k, output) in members.iter().zip(self.select(keys, &members, &own)?) {
+            for (&k, output) in members
+                .iter()
+                .zip(self.select(directions, keys, &members, &own)?)
+            {
                 out[k] = Some(output);
             }
         }
@@ -179,6 +193,7 @@ impl<'a> HeadTrainee<'a> {
 
     /// Every run's test logits: each test set's chunks read once for the runs that score on it.
     fn test_logits(&self) -> Result<Vec<Tensor>> {
+        let directions = self.directions(false)?;
         let mut chunks: Vec<Vec<Tensor>> = (0..self.runs()).map(|_| Vec::new()).collect();
         for (copy, tokens) in self.test.iter().enumerate() {
             let members = self.readers(&self.run_test, copy);
@@ -186,7 +201,11 @@ impl<'a> HeadTrainee<'a> {
                 let keys = as_keys(tokens, &rows, &self.device)?;
                 let local: Vec<usize> = (0..rows.len()).collect();
                 let own: Vec<&[usize]> = members.iter().map(|_| local.as_slice()).collect();
-                for (&k, output) in members.iter().zip(self.select(&keys, &members, &own)?) {
+                for (&k, output) in
+                    members
+                        .iter()
+                        .zip(self.select(&directions, &keys, &members, &own)?)
+                {
                     chunks[k].push(output.logits.detach());
                 }
             }
@@ -204,7 +223,7 @@ impl Trainee for HeadTrainee<'_> {
     }
 
     fn step(&mut self, batches: &[&[usize]]) -> Result<Step> {
-        let outputs = self.select_finetune(batches)?;
+        let outputs = self.select_finetune(&self.directions(true)?, batches)?;
         let mut total: Option<Tensor> = None;
         let mut losses = Vec::with_capacity(batches.len());
         for (k, (output, rows)) in outputs.into_iter().zip(batches).enumerate() {
@@ -234,10 +253,15 @@ impl Trainee for HeadTrainee<'_> {
     }
 
     fn evaluate(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>> {
+        let directions = self.directions(false)?;
         let mut finetune: Vec<Vec<SetOutput>> = (0..self.runs()).map(|_| Vec::new()).collect();
         for chunk in eval_chunks(self.finetune_len) {
             let rows: Vec<&[usize]> = (0..self.runs()).map(|_| chunk.as_slice()).collect();
-            for (k, output) in self.select_finetune(&rows)?.into_iter().enumerate() {
+            for (k, output) in self
+                .select_finetune(&directions, &rows)?
+                .into_iter()
+                .enumerate()
+            {
                 finetune[k].push(output);
             }
         }
@@ -273,7 +297,7 @@ impl Trainee for HeadTrainee<'_> {
 
     fn pictured(&self, run: usize, rows: &[usize]) -> Result<SetOutput> {
         let keys = &self.finetune[self.run_finetune[run]];
-        let mut out = self.select(keys, &[run], &[rows])?;
+        let mut out = self.select(&self.directions(false)?, keys, &[run], &[rows])?;
         out.pop().context("no selection")
     }
 

@@ -70,6 +70,13 @@ struct Probe {
     mask: Option<Tensor>,
 }
 
+/// Each run's batch loss and the stack's gradients (of the stacked parameters' shapes), before
+/// the optimizer takes them.
+struct Gradients {
+    losses: Vec<f64>,
+    gradients: Vec<Tensor>,
+}
+
 /// A stack of last-layer runs.
 pub struct LastLayerTrainee<'a> {
     /// Each run's layer: one frozen layer, each run's classifier.
@@ -176,7 +183,7 @@ impl<'a> LastLayerTrainee<'a> {
     }
 
     /// The host pass's step of every run, the look-ahead's rows recorded.
-    fn host_step(&mut self, batches: &[&[usize]]) -> Result<(Vec<f64>, Vec<Tensor>)> {
+    fn host_step(&mut self, batches: &[&[usize]]) -> Result<Gradients> {
         let targets: Vec<Vec<u32>> = batches
             .iter()
             .zip(&self.labels)
@@ -201,12 +208,15 @@ impl<'a> LastLayerTrainee<'a> {
                 pending.record(k, batches[k], evaluated)?;
             }
         }
-        Ok((step.losses, step.gradients))
+        Ok(Gradients {
+            losses: step.losses,
+            gradients: step.gradients,
+        })
     }
 
     /// Every run's step through autograd: the sum of the runs' losses, each run's own mean over
     /// its batch, differentiated (a run's gradient is its own loss's).
-    fn autograd_step(&self, batches: &[&[usize]]) -> Result<(Vec<f64>, Vec<Tensor>)> {
+    fn autograd_step(&self, batches: &[&[usize]]) -> Result<Gradients> {
         let params = self.params();
         let mut total: Option<Tensor> = None;
         let mut losses = Vec::with_capacity(batches.len());
@@ -228,7 +238,10 @@ impl<'a> LastLayerTrainee<'a> {
             .iter()
             .map(Var::from_tensor)
             .collect::<candle_core::Result<_>>()?;
-        Ok((losses, gradients_of(vars.iter(), &grads)?))
+        Ok(Gradients {
+            losses,
+            gradients: gradients_of(vars.iter(), &grads)?,
+        })
     }
 
     /// Every run's whole fine-tune set, and test set when `score_test`, at the current parameters.
@@ -406,7 +419,10 @@ impl Trainee for LastLayerTrainee<'_> {
     }
 
     fn step(&mut self, batches: &[&[usize]]) -> Result<Step> {
-        let (losses, mut grads) = if self.has_host_pass() {
+        let Gradients {
+            losses,
+            mut gradients,
+        } = if self.has_host_pass() {
             let pool = Arc::clone(&self.pool);
             pool.install(|| self.host_step(batches))?
         } else {
@@ -414,11 +430,11 @@ impl Trainee for LastLayerTrainee<'_> {
         };
         if let Some(extra) = locater_penalty(&self.params(), self.shape, self.locater)? {
             // The penalty's gradient joins the data loss's: they are the objective's.
-            for (grad, extra) in grads.iter_mut().zip(extra) {
+            for (grad, extra) in gradients.iter_mut().zip(extra) {
                 *grad = (&*grad + extra)?;
             }
         }
-        self.optimizer.apply(grads)?;
+        self.optimizer.apply(gradients)?;
         Ok(Step { losses })
     }
 

@@ -76,6 +76,18 @@ pub(super) fn phase_two(shared: &Shared, runs: &[RunContext]) -> Result<Vec<Phas
             done(run)
         );
     }
+    if runs.len() > 1 {
+        let distinct = |samples: Vec<stack::Samples>| {
+            let copies = stack::copies(&samples);
+            copies.iter().enumerate().filter(|(k, c)| *k == **c).count()
+        };
+        first.progress.note(&format!(
+            "phase 2 of {} runs together: {} fine-tune set(s) and {} test set(s) between them",
+            runs.len(),
+            distinct(data.iter().map(|d| d.finetune_samples).collect()),
+            distinct(data.iter().map(|d| d.test_samples).collect()),
+        ));
+    }
     let pool = Arc::new(
         rayon::ThreadPoolBuilder::new()
             .num_threads(first.job.sample_threads)
