@@ -44,7 +44,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// put 20–30 % of a forward in the kernel's page clearing (`clear_page_erms`) with glibc's
 /// malloc, whose blocks above 32 MiB are always fresh mappings. mimalloc with purging off keeps
 /// freed pages mapped and reuses them: ViT-B/16 went from 2.2 to 4.1 images/s, ViT-Ti from 38.6
-/// to 44.3 (idle, docs/performance.md). Peak RSS is the high-water mark of what is live
+/// to 44.3 (idle). Peak RSS is the high-water mark of what is live
 /// plus mimalloc's free lists; the scale bench and the MNIST runs measure it.
 fn keep_freed_memory() {
     // SAFETY: sets one allocator option; any thread may call it at any time.
@@ -105,10 +105,9 @@ pub fn float_kernels() -> &'static str {
 /// microseconds of serial work between. rayon's idle threads sleep after a few dozen empty polls,
 /// and on a virtual machine a sleeping CPU takes tens of microseconds to wake: the loop's thread
 /// then ran much of each parallel section alone, having taken back the half it had left for the
-/// other (docs/performance.md, where the ViT-B-size epoch goes). Kept to the span of `work`, the
-/// cost is a core busy while it runs, as an OpenMP runtime's threads spin between its parallel
-/// regions; the polling yields the CPU to other processes now and then. Outside a pool, or in a
-/// pool of one, `work` simply runs.
+/// other. Kept to the span of `work`, the cost is a core busy while it runs, as an OpenMP
+/// runtime's threads spin between its parallel regions; the polling yields the CPU to other
+/// processes now and then. Outside a pool, or in a pool of one, `work` simply runs.
 pub fn with_workers_awake<R>(work: impl FnOnce() -> R) -> R {
     let Some(this_thread) = rayon::current_thread_index() else {
         return work();

@@ -61,7 +61,7 @@ pub fn train(trainee: &mut dyn Trainee, plan: &EpochPlan, record: &mut dyn Recor
             score_test: true,
             now: true,
         };
-        for evaluation in trainee.evaluate(&reset)? {
+        if let Some(evaluation) = trainee.evaluate(&reset)? {
             record.epoch(trainee, evaluation, None)?;
         }
     }
@@ -78,16 +78,30 @@ pub fn train(trainee: &mut dyn Trainee, plan: &EpochPlan, record: &mut dyn Recor
         let epoch_losses =
             crate::runtime::with_workers_awake(|| run_steps(trainee, &orders, plan.batch_size))?;
         losses.push((epoch + 1, epoch_losses));
-        for evaluation in trainee.evaluate(&plan.end_of(epoch + 1))? {
-            let at = losses
-                .iter()
-                .position(|(e, _)| *e == evaluation.epoch)
-                .with_context(|| format!("epoch {} evaluated twice", evaluation.epoch))?;
-            let (_, batch_losses) = losses.remove(at);
-            record.epoch(trainee, evaluation, Some(&batch_losses))?;
+        // The epoch before, if its evaluation rode along these steps, then this one's.
+        if let Some(evaluation) = trainee.deferred()? {
+            record_epoch(trainee, record, evaluation, &mut losses)?;
+        }
+        if let Some(evaluation) = trainee.evaluate(&plan.end_of(epoch + 1))? {
+            record_epoch(trainee, record, evaluation, &mut losses)?;
         }
     }
     Ok(())
+}
+
+/// `evaluation` recorded with its epoch's batch losses, which leave `losses`.
+fn record_epoch(
+    trainee: &dyn Trainee,
+    record: &mut dyn Record,
+    evaluation: Evaluation,
+    losses: &mut Vec<(usize, Vec<Vec<f64>>)>,
+) -> Result<()> {
+    let at = losses
+        .iter()
+        .position(|(e, _)| *e == evaluation.epoch)
+        .with_context(|| format!("epoch {} evaluated twice", evaluation.epoch))?;
+    let (_, batch_losses) = losses.remove(at);
+    record.epoch(trainee, evaluation, Some(&batch_losses))
 }
 
 /// One epoch's steps: every run's batch k at step k. Each run's batch losses in order.

@@ -252,7 +252,7 @@ impl Trainee for HeadTrainee<'_> {
         Ok(Step { losses })
     }
 
-    fn evaluate(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>> {
+    fn evaluate(&mut self, end: &EpochEnd) -> Result<Option<Evaluation>> {
         let directions = self.directions(false)?;
         let mut finetune: Vec<Vec<SetOutput>> = (0..self.runs()).map(|_| Vec::new()).collect();
         for chunk in eval_chunks(self.finetune_len) {
@@ -280,11 +280,11 @@ impl Trainee for HeadTrainee<'_> {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(vec![Evaluation {
+        Ok(Some(Evaluation {
             epoch: end.epoch,
             current: true,
             runs,
-        }])
+        }))
     }
 
     fn optimizer(&self) -> &AdamW {

@@ -438,23 +438,18 @@ impl Trainee for LastLayerTrainee<'_> {
         Ok(Step { losses })
     }
 
-    fn evaluate(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>> {
-        let mut done = Vec::new();
-        if let Some(pending) = self.pending.take() {
-            done.push(pending.finish()?);
-        }
+    fn evaluate(&mut self, end: &EpochEnd) -> Result<Option<Evaluation>> {
         if self.has_host_pass() && !end.now && !end.score_test && end.epoch > 0 {
             let n = self.finetune[0].len();
-            self.pending = Some(Pending::new(
-                end.epoch,
-                self.optimizer.snapshot()?,
-                self.runs(),
-                n,
-            ));
-        } else {
-            done.push(self.evaluate_now(end.epoch, end.score_test)?);
+            let params = self.optimizer.snapshot()?;
+            self.pending = Some(Pending::new(end.epoch, params, self.runs(), n));
+            return Ok(None);
         }
-        Ok(done)
+        Ok(Some(self.evaluate_now(end.epoch, end.score_test)?))
+    }
+
+    fn deferred(&mut self) -> Result<Option<Evaluation>> {
+        self.pending.take().map(Pending::finish).transpose()
     }
 
     fn optimizer(&self) -> &AdamW {

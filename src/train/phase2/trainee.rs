@@ -16,10 +16,14 @@ pub trait Trainee: Send {
     /// One AdamW step of every run: run r on rows `batches[r]` of its fine-tune set.
     fn step(&mut self, batches: &[&[usize]]) -> Result<Step>;
 
-    /// Every run evaluated after the epoch `end` names, at the current parameters; or, where the
-    /// trainee defers an evaluation to the next epoch's steps (the host pass's look-ahead), the
-    /// earlier epoch that just finished instead. In epoch order.
-    fn evaluate(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>>;
+    /// Every run evaluated after the epoch `end` names, at the current parameters; none where the
+    /// trainee defers that evaluation to the next epoch's steps (the host pass's look-ahead).
+    fn evaluate(&mut self, end: &EpochEnd) -> Result<Option<Evaluation>>;
+
+    /// The evaluation of an epoch deferred to the steps just taken, now complete.
+    fn deferred(&mut self) -> Result<Option<Evaluation>> {
+        Ok(None)
+    }
 
     /// The stack's optimizer: each run's parameters, moments and step count.
     fn optimizer(&self) -> &AdamW;
