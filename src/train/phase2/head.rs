@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor, Var};
 
 use super::stack::{RunData, Shared, copies};
 use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Step, Trainee, eval_chunks};
-use super::{QkShape, locater_penalty, qk_spectrum, stacked_parameters};
+use super::{QkShape, locater_penalty, qk_spectrum, stacked_optimizer};
 use crate::diagnostics::Spectrum;
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::attend::{KeyValues, broadcast_query};
@@ -79,29 +79,11 @@ impl<'a> HeadTrainee<'a> {
         }
         let heads = runs
             .iter()
-            .map(|run| {
-                TokenSelectionHead::new(
-                    shared.hidden,
-                    &mut *run
-                        .init_rng
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner),
-                    device,
-                )
-            })
+            .map(|run| run.with_init_rng(|rng| TokenSelectionHead::new(shared.hidden, rng, device)))
             .collect::<Result<Vec<_>>>()?;
+        let named: Vec<_> = heads.iter().map(TokenSelectionHead::named).collect();
         let config = first.config;
-        let optimizer = AdamW::stacked(
-            stacked_parameters(
-                &heads
-                    .iter()
-                    .map(TokenSelectionHead::named)
-                    .collect::<Vec<_>>(),
-            )?,
-            runs.len(),
-            config.optimizer.clone(),
-            config.epochs * super::epochs::steps_per_epoch(config.n, config.batch_size),
-        )?;
+        let optimizer = stacked_optimizer(config, &named)?;
         Ok(Self {
             classifiers: runs.iter().map(|r| r.classifier).collect(),
             finetune,

@@ -15,7 +15,7 @@ use candle_core::{Tensor, Var};
 use super::look_ahead::Pending;
 use super::stack::{RunData, Shared, copies};
 use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Step, Trainee, eval_chunks};
-use super::{QkShape, locater_penalty, qk_spectrum, stacked_parameters};
+use super::{QkShape, locater_penalty, qk_spectrum, stacked_optimizer};
 use crate::diagnostics::Spectrum;
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::last_layer::{HostRows, HostSource, ResidentSet, StackEval, StackRun};
@@ -134,29 +134,14 @@ impl<'a> LastLayerTrainee<'a> {
         let run_test = index_of_copies(&run_test);
         let resets = runs
             .iter()
-            .map(|run| {
-                QueryKey::reset(
-                    shared.hidden,
-                    &mut *run
-                        .init_rng
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner),
-                    shared.device,
-                )
-            })
+            .map(|run| run.with_init_rng(|rng| QueryKey::reset(shared.hidden, rng, shared.device)))
+            .collect::<Result<Vec<_>>>()?;
+        let named = resets
+            .iter()
+            .map(QueryKey::named)
             .collect::<Result<Vec<_>>>()?;
         let config = first.config;
-        let optimizer = AdamW::stacked(
-            stacked_parameters(
-                &resets
-                    .iter()
-                    .map(QueryKey::named)
-                    .collect::<Result<Vec<_>>>()?,
-            )?,
-            runs.len(),
-            config.optimizer.clone(),
-            config.epochs * super::epochs::steps_per_epoch(config.n, config.batch_size),
-        )?;
+        let optimizer = stacked_optimizer(config, &named)?;
         Ok(Self {
             shape: QkShape::of(shared.model, config.mode, shared.hidden),
             locater: config.locater,

@@ -35,7 +35,7 @@ use super::attention_maps::{self, PER_KIND, Picks, Snapshot};
 use super::checkpoint::Checkpoint;
 use super::metrics::EpochMetrics;
 use super::optim::{AdamW, gradients_of};
-use super::run::Mode;
+use super::run::{Mode, RunConfig};
 use crate::diagnostics::locater::{head_symmetric_variance, symmetric_variance};
 use crate::diagnostics::{Spectrum, head_spectrum, mean_over_heads, spectrum};
 use crate::encoder::Model;
@@ -228,6 +228,17 @@ impl QkShape {
     pub fn scale(&self) -> f64 {
         1.0 / (self.head_dim as f64).sqrt()
     }
+}
+
+/// The stack's optimizer over each run's freshly initialised parameters (`runs`, each run's named
+/// parameters in one order), for all of `config`'s epochs.
+pub fn stacked_optimizer(config: &RunConfig, runs: &[Vec<(String, Var)>]) -> Result<AdamW> {
+    AdamW::stacked(
+        stacked_parameters(runs)?,
+        runs.len(),
+        config.optimizer.clone(),
+        config.epochs * epochs::steps_per_epoch(config.n, config.batch_size),
+    )
 }
 
 /// Each named parameter of every run stacked along a new first axis, as one variable per name

@@ -54,6 +54,16 @@ pub struct RunData<'a> {
     pub init_rng: Mutex<rand_chacha::ChaCha8Rng>,
 }
 
+impl RunData<'_> {
+    /// `f` with the run's initialisation stream, where its reset is drawn.
+    pub fn with_init_rng<R>(&self, f: impl FnOnce(&mut rand_chacha::ChaCha8Rng) -> R) -> R {
+        f(&mut self
+            .init_rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
+
 /// One run of a stack, with everything it trains with, passed in rather than reached for: what
 /// its trainee reads, and where its progress, metrics and checkpoints go.
 pub(in crate::train) struct RunContext<'a> {
