@@ -1,11 +1,128 @@
-//! Output files: every file is written whole or not at all (temp file in the same folder, then
-//! rename), so an interrupted run never leaves a file that looks finished.
+//! Files: every input opened the one way ([`open_input`]: a regular file, of a size its format
+//! allows, opened without blocking), and every output written whole or not at all (temp file in
+//! the same folder, then rename), so an interrupted run never leaves a file that looks finished.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+
+/// Sizes input formats may take, for [`open_input`]'s `limit`: what a reader holds in memory is
+/// bounded by these, whatever lies at the path.
+pub mod limits {
+    /// A small JSON or TOML file: a configuration, a sidecar, a manifest.
+    pub const SMALL_TEXT: u64 = 64 << 20;
+    /// A data file read whole (a CSV, a label file, a class-name file, an archive of labels).
+    pub const DATA_FILE: u64 = 4 << 30;
+    /// A tokenizer's `tokenizer.json`.
+    pub const TOKENIZER: u64 = 256 << 20;
+    /// Safetensors: backbone weights, checkpoints, cache shards (mapped or read).
+    pub const TENSORS: u64 = 64 << 30;
+}
+
+/// What a path that is not a regular file is, in words ("a FIFO", "a character device", …).
+fn not_a_file(kind: &std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    Some(if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_file() {
+        return None;
+    } else {
+        "not a regular file"
+    })
+}
+
+/// The one way this crate opens an input: `path` must be a regular file (after following links)
+/// of at most `limit` bytes. It is opened without blocking, so that a FIFO put in its place
+/// cannot hang the open (a signal could not end it), and checked again once open. The error
+/// names the file and what it is instead. Returns the file and its length.
+pub fn open_input(path: &Path, limit: u64) -> Result<(std::fs::File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            bail!(
+                "{}: is a loop of symbolic links, not a file",
+                path.display()
+            )
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match std::fs::symlink_metadata(path) {
+                Ok(_) => bail!(
+                    "{}: is a symbolic link to nothing (its target does not exist)",
+                    path.display()
+                ),
+                Err(_) => bail!("{}: does not exist", path.display()),
+            }
+        }
+        Err(e) => return Err(e).with_context(|| format!("{}: cannot read", path.display())),
+    };
+    check_input(path, &meta, limit)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("{}: cannot open", path.display()))?;
+    // What was opened is what was checked (the path may have been replaced in between).
+    let meta = file
+        .metadata()
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    check_input(path, &meta, limit)?;
+    Ok((file, meta.len()))
+}
+
+fn check_input(path: &Path, meta: &std::fs::Metadata, limit: u64) -> Result<()> {
+    if let Some(what) = not_a_file(&meta.file_type()) {
+        bail!("{}: is {what}, not a regular file", path.display());
+    }
+    if meta.len() > limit {
+        bail!(
+            "{}: {} bytes, more than the {} a file of its kind may hold",
+            path.display(),
+            meta.len(),
+            limit
+        );
+    }
+    Ok(())
+}
+
+/// Whether anything is at `path` (a file, a FIFO, a dangling link…): an optional input that is
+/// present is read, and refused if it cannot be, rather than taken for absent.
+pub fn is_present(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
+}
+
+/// The whole of input file `path` ([`open_input`]), at most `limit` bytes.
+pub fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let (file, len) = open_input(path, limit)?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    // A file that grows while it is read stops at the limit, not at the machine's memory.
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    if bytes.len() as u64 > limit {
+        bail!(
+            "{}: grew past the {limit} bytes a file of its kind may hold while it was read",
+            path.display()
+        );
+    }
+    Ok(bytes)
+}
+
+/// [`read_input`] as UTF-8 text.
+pub fn read_input_text(path: &Path, limit: u64) -> Result<String> {
+    String::from_utf8(read_input(path, limit)?)
+        .with_context(|| format!("{}: not UTF-8 text", path.display()))
+}
 
 /// Creates `dir` (and parents) if needed; fails with the path if it exists and is not a folder.
 pub fn ensure_dir(dir: &Path) -> Result<()> {
@@ -130,9 +247,30 @@ pub fn produce_atomic(path: &Path, produce: impl FnOnce(&Path) -> Result<()>) ->
         .unwrap_or_default();
     let tmp = temporary_beside(&dir, &suffix)?;
     produce(tmp.path()).with_context(|| format!("{}: cannot write", path.display()))?;
+    // A library that writes its own new file in the temporary's place (safetensors does, 0600)
+    // would leave a cache or a checkpoint that a cluster's other users cannot read.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = 0o644 & !process_umask();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("{}: cannot set its permissions", path.display()))?;
+    }
     tmp.persist(path)
         .with_context(|| format!("{}: cannot move into place", path.display()))?;
     Ok(())
+}
+
+/// The process's umask, read where it does not change it (`/proc/self/status`); 022 where that
+/// is not readable.
+fn process_umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("Umask:"))?;
+            u32::from_str_radix(line.trim_start_matches("Umask:").trim(), 8).ok()
+        })
+        .unwrap_or(0o022)
 }
 
 /// The temporary file an atomic write fills, `.tmp-*<suffix>` in `dir`, readable by others as a
@@ -261,7 +399,18 @@ mod tests {
         write_json(&json, &1).unwrap();
         let png = dir.path().join("b.png");
         produce_atomic(&png, |tmp| Ok(std::fs::write(tmp, b"x")?)).unwrap();
-        for path in [json, png] {
+        // The safetensors writer replaces the temporary file with one of its own (0600).
+        let tensors = dir.path().join("c.safetensors");
+        produce_atomic(&tensors, |tmp| {
+            let zeros =
+                candle_core::Tensor::zeros(1, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+            Ok(candle_core::safetensors::save(
+                &std::collections::HashMap::from([("x".to_string(), zeros)]),
+                tmp,
+            )?)
+        })
+        .unwrap();
+        for path in [json, png, tensors] {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o644 & !umask, "{}", path.display());
         }

@@ -114,6 +114,10 @@ pub struct ReportArgs {
     /// Where to write results.csv, report.md and the figures
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Write the report even when a shard of a grid is missing or a run has not finished (each
+    /// is named on stderr); without it such a merge is refused
+    #[arg(long)]
+    pub allow_partial: bool,
 }
 
 #[derive(Args, Debug)]
@@ -169,8 +173,15 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
         ReproduceCommand::Fig8(args) => (library::Experiment::Fig8, args),
         ReproduceCommand::Fig9(args) => (library::Experiment::Fig9, args),
         ReproduceCommand::Report(args) => {
-            let runs = library::merge(&args.dirs, &args.out)?;
-            println!("{runs} runs → {}", args.out.join("report.md").display());
+            let merged = library::merge(&args.dirs, &args.out, args.allow_partial)?;
+            for gap in &merged.gaps {
+                eprintln!("warning: partial report: {gap}");
+            }
+            println!(
+                "{} runs → {}",
+                merged.runs,
+                args.out.join("report.md").display()
+            );
             return Ok(ExitCode::SUCCESS);
         }
         ReproduceCommand::Slurm(args) => {
@@ -220,13 +231,7 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
             crate::io::ensure_dir(&out.join("logs"))?;
             crate::io::write_atomic(&path, |w| Ok(w.write_all(script.render().as_bytes())?))?;
             println!("{}", path.display());
-            eprintln!(
-                "submit with `sbatch {}`; then merge with `{} reproduce report {}/shard-* --out {}/report`",
-                path.display(),
-                script.binary.display(),
-                out.display(),
-                out.display()
-            );
+            eprintln!("{}", script.hint(&path));
             return Ok(ExitCode::SUCCESS);
         }
     };

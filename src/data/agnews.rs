@@ -13,8 +13,7 @@ pub fn load_csv(path: &Path) -> Result<Split> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
-        .from_path(path)
-        .map_err(|e| DataError::format(path, e.to_string()))?;
+        .from_reader(super::files::open_data(path)?);
     let (mut texts, mut labels) = (Vec::new(), Vec::new());
     for (row, record) in reader.records().enumerate() {
         let line = row + 1;

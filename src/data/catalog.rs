@@ -246,7 +246,7 @@ impl fmt::Display for FileStatus {
 
 /// Checks `path` against the manifest's checksums and size for it.
 pub fn check_file(path: &Path, file: &ManifestFile) -> Result<FileStatus> {
-    if !path.is_file() {
+    if !crate::io::is_present(path) {
         return Ok(FileStatus::Missing);
     }
     let d = super::files::digests(path)?;
@@ -365,13 +365,13 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
         }
         DatasetName::AgNews => {
             let classes_path = dir.join("classes.txt");
-            let class_names = if classes_path.is_file() {
+            let class_names = if crate::io::is_present(&classes_path) {
                 agnews::load_class_names(&classes_path)?
             } else {
                 names(&agnews::DEFAULT_CLASS_NAMES)
             };
             let train_path = dir.join("train.csv");
-            let train = if train_path.is_file() {
+            let train = if crate::io::is_present(&train_path) {
                 Some(agnews::load_csv(&train_path)?)
             } else {
                 warnings.push(format!(

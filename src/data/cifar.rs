@@ -36,7 +36,7 @@ pub const CLASS_NAMES: [&str; 10] = [
 
 /// One batch file: labels, pixels, and a warning if it holds fewer records than the release.
 fn read_batch(path: &Path) -> Result<(Vec<u32>, Vec<u8>, Option<String>)> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+    let bytes = super::files::read_data(path)?;
     if bytes.is_empty() || bytes.len() % RECORD_BYTES != 0 {
         return Err(DataError::format(
             path,

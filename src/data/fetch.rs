@@ -79,7 +79,7 @@ pub fn load_or_fetch(name: &DatasetName, root: &Path, mirror: Option<&str>) -> R
         let missing = manifest
             .files
             .iter()
-            .any(|f| !f.derived && !dir.join(&f.path).is_file());
+            .any(|f| !f.derived && !crate::io::is_present(&dir.join(&f.path)));
         if missing {
             eprintln!(
                 "{name}: files missing under {}; downloading the official ones",
@@ -124,16 +124,24 @@ fn fetch_files(
     wanted: Wanted,
 ) -> Result<FetchReport> {
     let dir = root.join(&manifest.folder);
-    let created = !dir.exists();
+    // The folders this fetch creates, the deepest first: a failed fetch leaves none of them (the
+    // data root included, when it did not exist).
+    let created: Vec<PathBuf> = dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !crate::io::is_present(a))
+        .map(Path::to_path_buf)
+        .collect();
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("{}: cannot create the dataset folder", dir.display()))?;
     let result = download::lock_dir(&dir).and_then(|_lock| {
         download::sweep(&dir)?;
         fetch_into(manifest, &dir, mirror, wanted)
     });
-    if result.is_err() && created {
-        // Only succeeds if the folder is still empty.
-        let _ = std::fs::remove_dir(&dir);
+    if result.is_err() {
+        for folder in &created {
+            // Only succeeds while the folder is empty.
+            let _ = std::fs::remove_dir(folder);
+        }
     }
     result
 }
@@ -155,7 +163,7 @@ fn fetch_into(
         )
     };
     let needed = |file: &ManifestFile| match wanted {
-        Wanted::Missing => !dir.join(&file.path).is_file(),
+        Wanted::Missing => !crate::io::is_present(&dir.join(&file.path)),
         Wanted::NotOfficial => !verified(&dir.join(&file.path), file),
     };
 
@@ -202,7 +210,7 @@ fn unpack(manifest: &Manifest, dir: &Path, archive: &Path, url: &str) -> Result<
     let staging = tempfile::Builder::new()
         .prefix(".unpack-")
         .tempdir_in(dir)?;
-    let file = std::fs::File::open(archive)?;
+    let (file, _) = crate::io::open_input(archive, crate::io::limits::DATA_FILE)?;
     if url.ends_with(".zip") {
         zip::ZipArchive::new(file)
             .and_then(|mut zip| zip.extract(staging.path()))

@@ -20,6 +20,9 @@ pub enum DataError {
     Format { path: PathBuf, problem: String },
     #[error("{dataset}: {problem}")]
     Unavailable { dataset: String, problem: String },
+    /// Not a file that can be read as one ([`crate::io::open_input`]): its message names it.
+    #[error("{0}")]
+    Input(String),
 }
 
 impl DataError {
@@ -40,11 +43,36 @@ impl DataError {
 
 pub type Result<T, E = DataError> = std::result::Result<T, E>;
 
+impl DataError {
+    fn input(err: anyhow::Error) -> Self {
+        DataError::Input(format!("{err:#}"))
+    }
+}
+
+/// Data file `path` opened the one way inputs are ([`crate::io::open_input`]): a regular file
+/// of at most [`crate::io::limits::DATA_FILE`] bytes, opened without blocking.
+pub fn open_data(path: &Path) -> Result<std::fs::File> {
+    crate::io::open_input(path, crate::io::limits::DATA_FILE)
+        .map(|(file, _)| file)
+        .map_err(DataError::input)
+}
+
+/// The whole of data file `path` ([`open_data`]).
+pub fn read_data(path: &Path) -> Result<Vec<u8>> {
+    crate::io::read_input(path, crate::io::limits::DATA_FILE).map_err(DataError::input)
+}
+
+/// [`read_data`] as UTF-8 text.
+pub fn read_data_text(path: &Path) -> Result<String> {
+    crate::io::read_input_text(path, crate::io::limits::DATA_FILE).map_err(DataError::input)
+}
+
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
-/// The file's bytes, gunzipped when it starts with the gzip magic (whatever its name).
+/// The file's bytes, gunzipped when it starts with the gzip magic (whatever its name); the
+/// unpacked bytes are bounded as a data file is.
 pub fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>> {
-    let raw = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+    let raw = read_data(path)?;
     if !raw.starts_with(&GZIP_MAGIC) {
         return Ok(raw);
     }
@@ -53,16 +81,24 @@ pub fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>> {
         .len()
         .checked_sub(4)
         .map(|at| u32::from_le_bytes(raw[at..].try_into().unwrap()) as usize);
+    let limit = crate::io::limits::DATA_FILE;
     let mut out = Vec::with_capacity(hint.unwrap_or(raw.len() * 4).min(1 << 31));
     flate2::read::GzDecoder::new(&raw[..])
+        .take(limit + 1)
         .read_to_end(&mut out)
         .map_err(|e| DataError::format(path, format!("truncated or corrupt gzip stream ({e})")))?;
+    if out.len() as u64 > limit {
+        return Err(DataError::format(
+            path,
+            format!("unpacks to more than the {limit} bytes a data file may hold"),
+        ));
+    }
     Ok(out)
 }
 
 /// The first existing path among `candidates`.
 pub fn first_existing(candidates: &[PathBuf]) -> Option<&PathBuf> {
-    candidates.iter().find(|p| p.is_file())
+    candidates.iter().find(|p| crate::io::is_present(p))
 }
 
 /// Hex digests of a file, streamed.
@@ -74,7 +110,9 @@ pub struct Digests {
 }
 
 pub fn digests(path: &Path) -> Result<Digests> {
-    let mut file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
+    // Backbone weights are digested too: the larger of the two limits.
+    let (mut file, _) =
+        crate::io::open_input(path, crate::io::limits::TENSORS).map_err(DataError::input)?;
     let (mut sha, mut md5) = (Sha256::new(), Md5::new());
     let mut buf = vec![0u8; 1 << 20];
     let mut bytes = 0u64;
@@ -100,7 +138,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// A release's class-name file: one name per line (blank lines ignored), `expected` of them.
 pub fn class_names(path: &Path, expected: usize) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+    let text = read_data_text(path)?;
     let names: Vec<String> = text
         .lines()
         .map(str::trim)

@@ -112,7 +112,7 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
                 RngChoice::Own => String::new(),
                 RngChoice::Authors => format!(
                     "--rng authors: all {} training rows the authors' split draws are missing: ",
-                    plan.pretrain_n + plan.n
+                    plan.pretrain_n.saturating_add(plan.n)
                 ),
             };
             return Err(unavailable(format!(
@@ -137,7 +137,12 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
     if test_pool.is_empty() {
         return Err(unavailable("the test pool holds no samples".into()));
     }
-    let wanted = plan.pretrain_n + plan.n;
+    let wanted = plan.pretrain_n.checked_add(plan.n).ok_or_else(|| {
+        unavailable(format!(
+            "--pretrain-n {} and --n {} add up past any number of samples",
+            plan.pretrain_n, plan.n
+        ))
+    })?;
     let exceeds = |pool: usize| {
         unavailable(format!(
             "pretrain_n + n = {} + {} = {wanted} exceeds the {pool} samples of the training pool",
@@ -233,7 +238,12 @@ fn authors_rows(
     plan: &SplitPlan,
     deviations: &mut Vec<String>,
 ) -> std::result::Result<Vec<usize>, String> {
-    let wanted = plan.pretrain_n + plan.n;
+    let wanted = plan.pretrain_n.checked_add(plan.n).ok_or_else(|| {
+        format!(
+            "--pretrain-n {} and --n {} add up past any number of samples",
+            plan.pretrain_n, plan.n
+        )
+    })?;
     if let Some(copy) = match dataset.name {
         DatasetName::Stl10 => Some("tanganke/stl10"),
         DatasetName::Sst2 => Some("nyu-mll/glue sst2"),

@@ -15,7 +15,7 @@ const HEADER: &str = "sentence\tlabel";
 
 /// One labelled GLUE file (`train.tsv` or `dev.tsv`).
 pub fn load_tsv(path: &Path) -> Result<Split> {
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+    let text = super::files::read_data_text(path)?;
     let mut lines = text.lines();
     match lines.next().map(|l| l.trim_end_matches('\r')) {
         Some(HEADER) => {}

@@ -24,7 +24,7 @@ pub const CLASS_NAMES: [&str; 10] = [
 pub fn load_split(dir: &Path, split: &str) -> Result<Split> {
     let images_path = dir.join(format!("{split}_X.bin"));
     let labels_path = dir.join(format!("{split}_y.bin"));
-    let raw = std::fs::read(&images_path).map_err(|e| DataError::io(&images_path, e))?;
+    let raw = super::files::read_data(&images_path)?;
     if raw.is_empty() || raw.len() % IMAGE_BYTES != 0 {
         return Err(DataError::format(
             &images_path,
@@ -35,7 +35,7 @@ pub fn load_split(dir: &Path, split: &str) -> Result<Split> {
         ));
     }
     let count = raw.len() / IMAGE_BYTES;
-    let label_bytes = std::fs::read(&labels_path).map_err(|e| DataError::io(&labels_path, e))?;
+    let label_bytes = super::files::read_data(&labels_path)?;
     if label_bytes.len() != count {
         return Err(DataError::format(
             &labels_path,

@@ -15,7 +15,7 @@ fn decode_latin1(bytes: &[u8]) -> String {
 }
 
 pub fn load_file(path: &Path) -> Result<Split> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+    let bytes = super::files::read_data(path)?;
     let text = decode_latin1(&bytes);
     let (mut texts, mut labels) = (Vec::new(), Vec::new());
     for (k, line) in text

@@ -83,6 +83,9 @@ struct ModelType {
 /// checkpoint has only that.
 pub fn weights(path: &Path, device: &Device) -> Result<VarBuilder<'static>> {
     let read = |e: candle_core::Error| anyhow!("{}: cannot read the weights: {e}", path.display());
+    // Checked as every input is (a regular file, of a size weights may have) before candle maps
+    // or reads it.
+    drop(crate::io::open_input(path, crate::io::limits::TENSORS)?);
     if path.extension().is_some_and(|e| e == "bin") {
         return VarBuilder::from_pth(path, DType::F32, device).map_err(read);
     }
@@ -92,8 +95,7 @@ pub fn weights(path: &Path, device: &Device) -> Result<VarBuilder<'static>> {
 
 impl Backbone {
     pub fn load(files: BackboneFiles, device: &Device, text: TextOptions) -> Result<Self> {
-        let config_text = std::fs::read_to_string(&files.config)
-            .with_context(|| format!("{}: cannot read", files.config.display()))?;
+        let config_text = crate::io::read_input_text(&files.config, crate::io::limits::SMALL_TEXT)?;
         let bad_config = |e: String| anyhow!("{}: {e}", files.config.display());
         let parse_error = |e: serde_json::Error| bad_config(super::json_error(&config_text, &e));
         let weights_sha256 = digests(&files.weights)?.sha256;
@@ -165,6 +167,17 @@ impl Backbone {
                     .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
                 let tokenizer =
                     TextPreprocessor::from_file(path, text.max_length, text.special_tokens)?;
+                // An id past the word embeddings would stop extraction midway, naming neither.
+                let ids = tokenizer.vocabulary_size();
+                if ids > config.vocab_size {
+                    bail!(
+                        "{}: its vocabulary holds {ids} token ids, more than the {} rows of {}'s word embeddings (vocab_size in {}): the tokenizer is not this backbone's",
+                        path.display(),
+                        config.vocab_size,
+                        files.id,
+                        files.config.display()
+                    );
+                }
                 (Model::Bert(model), Preprocessing::Text(Box::new(tokenizer)))
             }
             other => bail!(

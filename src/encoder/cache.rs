@@ -90,6 +90,25 @@ struct ShardKey {
     /// Absent for the CPU, whose shards keep the names they had before devices were told apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     device: Option<String>,
+    /// What computed the features: [`EXTRACTION_VERSION`] and the CPU's float kernels
+    /// ([`crate::runtime::float_kernels`]). Another version of extraction's arithmetic, or
+    /// another family of kernels (AVX-512 against AVX2), gives other features in the last bits:
+    /// they are extracted again, with a warning, not reused. Absent in shards written before it
+    /// was recorded, which are therefore never reused.
+    #[serde(default)]
+    extraction: Option<String>,
+}
+
+/// The version of extraction's arithmetic (the backbones' forward, the preprocessing): raised
+/// whenever a change to it changes a feature's bits, so that caches filled before are not reused.
+pub const EXTRACTION_VERSION: u32 = 1;
+
+/// What a shard written now records as its [`ShardKey::extraction`].
+fn extraction_stamp() -> String {
+    format!(
+        "extraction {EXTRACTION_VERSION}, {}",
+        crate::runtime::float_kernels()
+    )
 }
 
 /// A shard's sidecar: its key and the checksums of its tensors: sha256 of each small tensor's
@@ -246,6 +265,13 @@ impl FeatureCache {
             .filter(|(_, id)| !store.location.contains_key(*id))
             .map(|(&p, _)| p)
             .collect();
+        if let (false, Some(other)) = (missing.is_empty(), &store.other_extraction) {
+            stats.warnings.push(format!(
+                "{}: cached features made by {other}, not by this build's {}: extracted again",
+                dir.display(),
+                extraction_stamp()
+            ));
+        }
         if !missing.is_empty() {
             // One writer per folder: wait for the others, then see what they wrote meanwhile.
             let lock = FolderLock::acquire(&dir)?;
@@ -330,6 +356,7 @@ impl FeatureCache {
                 DeviceLocation::Cuda { .. } => Some("cuda".into()),
                 DeviceLocation::Metal { .. } => Some("metal".into()),
             },
+            extraction: Some(extraction_stamp()),
         }
     }
 }
@@ -369,6 +396,8 @@ struct ShardStore {
     location: HashMap<(usize, String), (usize, usize)>,
     /// Sidecars already read (by path), so a second scan only opens new shards.
     seen: std::collections::HashSet<PathBuf>,
+    /// What made features of requested samples that this extraction does not reuse, if any.
+    other_extraction: Option<String>,
 }
 
 impl ShardStore {
@@ -417,6 +446,23 @@ impl ShardStore {
                 .iter()
                 .zip(&key.sample_digest)
                 .any(|(&r, d)| needed.contains(&(r, d.clone())));
+            // The same samples of the same source, made by another extraction.
+            let other_extraction = ShardKey {
+                extraction: expected.extraction.clone(),
+                ..key.clone()
+            } == ShardKey {
+                contents: key.contents,
+                release_index: key.release_index.clone(),
+                sample_digest: key.sample_digest.clone(),
+                ..expected.clone()
+            };
+            if !same_source && other_extraction && holds_wanted {
+                self.other_extraction = Some(
+                    key.extraction
+                        .clone()
+                        .unwrap_or_else(|| "an extraction that did not record its version".into()),
+                );
+            }
             if !same_source
                 || key.contents < contents
                 || key.release_index.len() != key.sample_digest.len()
@@ -550,7 +596,7 @@ fn read_sidecars(dir: &Path) -> Vec<(PathBuf, Sidecar)> {
         if !(name.starts_with("shard-") && name.ends_with(".json")) {
             continue;
         }
-        let Some(sidecar) = std::fs::read(&path)
+        let Some(sidecar) = crate::io::read_input(&path, crate::io::limits::SMALL_TEXT)
             .ok()
             .and_then(|b| serde_json::from_slice::<Sidecar>(&b).ok())
         else {
@@ -603,7 +649,7 @@ fn safetensors_header(file: &std::fs::File) -> Result<(HashMap<String, TensorInf
 /// values; the layer inputs stay on disk (each sample is checked when read).
 fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
     use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(path).context("unreadable")?;
+    let (file, _) = crate::io::open_input(path, crate::io::limits::TENSORS)?;
     let (infos, data_start) = safetensors_header(&file)?;
     let key = &sidecar.key;
     let n = key.release_index.len();
@@ -863,6 +909,7 @@ mod tests {
             release_index: vec![3],
             sample_digest: vec!["d".into()],
             device: None,
+            extraction: Some(extraction_stamp()),
         };
         let json = serde_json::to_string(&key).unwrap();
         assert!(!json.contains("device"), "{json}");
@@ -872,5 +919,90 @@ mod tests {
             ..key.clone()
         };
         assert_ne!(key.file_stem().unwrap(), on_gpu.file_stem().unwrap());
+    }
+
+    /// Features that another version of extraction (or another family of float kernels) made
+    /// are extracted again, with a warning naming both, not served.
+    #[test]
+    fn features_of_another_extraction_are_extracted_again_with_a_warning() {
+        use crate::data::{ImageSet, Inputs};
+        use crate::encoder::{BackboneFiles, TextOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_vit");
+        let preprocessor = dir.path().join("preprocessor_config.json");
+        std::fs::write(
+            &preprocessor,
+            r#"{"size": {"height": 32, "width": 32}, "resample": 2}"#,
+        )
+        .unwrap();
+        let files = BackboneFiles {
+            id: "fixture/tiny-vit".into(),
+            config: fixture.join("config.json"),
+            weights: fixture.join("model.safetensors"),
+            preprocessor: Some(preprocessor),
+            tokenizer: None,
+            source: "test fixture".into(),
+        };
+        let backbone = Backbone::load(files, &Device::Cpu, TextOptions::default()).unwrap();
+        let count = 4;
+        let data = Split {
+            inputs: Inputs::Images(ImageSet {
+                count,
+                channels: 3,
+                height: 32,
+                width: 32,
+                pixels: (0..count * 3 * 32 * 32).map(|k| (k % 251) as u8).collect(),
+            }),
+            labels: vec![0; count],
+            release_index: (0..count).collect(),
+        };
+        let all: Vec<usize> = (0..count).collect();
+        let cache = FeatureCache::open(dir.path().join("cache")).unwrap();
+        // A shard of these very samples, as an older extraction would have left it.
+        let folder = cache.dir(&backbone, "toy", "test");
+        std::fs::create_dir_all(&folder).unwrap();
+        let stale = ShardKey {
+            extraction: Some("extraction 0, an older build".into()),
+            ..cache.key(&backbone, "toy", "test", &data, &all, Contents::Full)
+        };
+        let encoded = backbone.encode(&data.inputs, &all).unwrap();
+        write_encoded(&folder, &stale, &[encoded], &backbone).unwrap();
+        let (_, stats) = cache
+            .features(
+                &backbone,
+                "toy",
+                "test",
+                &data,
+                &all,
+                Contents::Full,
+                4,
+                &mut |_| {},
+            )
+            .unwrap();
+        assert_eq!(
+            stats.computed, count,
+            "the older extraction's features were served"
+        );
+        let warning = stats.warnings.join(" | ");
+        assert!(
+            warning.contains("extraction 0, an older build")
+                && warning.contains(&extraction_stamp()),
+            "{warning}"
+        );
+        // What this extraction wrote is served the next time, without a warning.
+        let (_, again) = cache
+            .features(
+                &backbone,
+                "toy",
+                "test",
+                &data,
+                &all,
+                Contents::Full,
+                4,
+                &mut |_| {},
+            )
+            .unwrap();
+        assert_eq!(again.computed, 0);
+        assert!(again.warnings.is_empty(), "{:?}", again.warnings);
     }
 }

@@ -51,13 +51,14 @@ const PYTORCH_WEIGHTS: &str = "pytorch_model.bin";
 /// The files in a checkpoint folder; errors when config.json is there but no weights are.
 fn from_dir(id: &str, dir: &Path, source: String) -> Result<BackboneFiles> {
     let config = dir.join("config.json");
-    if !config.is_file() {
+    if !crate::io::is_present(&config) {
         bail!("{id}: {} has no config.json", dir.display());
     }
+    // Present is enough here: what is not a readable file is refused, naming it, when read.
     let weights = [WEIGHTS, PYTORCH_WEIGHTS]
         .iter()
         .map(|name| dir.join(name))
-        .find(|p| p.is_file());
+        .find(|p| crate::io::is_present(p));
     let Some(weights) = weights else {
         bail!(
             "{id}: {} has config.json but no {WEIGHTS} (nor {PYTORCH_WEIGHTS}): the weights are \
@@ -65,7 +66,7 @@ fn from_dir(id: &str, dir: &Path, source: String) -> Result<BackboneFiles> {
             dir.display()
         );
     };
-    let optional = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
+    let optional = |name: &str| Some(dir.join(name)).filter(|p| crate::io::is_present(p));
     Ok(BackboneFiles {
         id: id.to_string(),
         config,

@@ -50,8 +50,7 @@ impl RowFile {
         if let Some(file) = self.open.get() {
             return Ok(file);
         }
-        let file = std::fs::File::open(&self.path)
-            .with_context(|| format!("{}: cannot open", self.path.display()))?;
+        let (file, _) = crate::io::open_input(&self.path, crate::io::limits::TENSORS)?;
         // Two threads may open it at once; the first one's handle is kept.
         Ok(self.open.get_or_init(|| file))
     }

@@ -306,8 +306,7 @@ impl ImagePreprocessor {
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read", path.display()))?;
+        let text = crate::io::read_input_text(path, crate::io::limits::SMALL_TEXT)?;
         let config: ImageProcessorConfig = serde_json::from_str(&text).map_err(|e| {
             anyhow::anyhow!(
                 "{}: not a ViT preprocessor config: {}",

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use tokenizers::{
     PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection,
     TruncationParams, TruncationStrategy,
@@ -31,9 +31,15 @@ pub struct Encoded {
 }
 
 impl TextPreprocessor {
+    /// One past the largest token id the tokenizer can give (its vocabulary with the added
+    /// tokens).
+    pub fn vocabulary_size(&self) -> usize {
+        let vocabulary = self.tokenizer.get_vocab(true);
+        vocabulary.values().max().map_or(0, |&id| id as usize + 1)
+    }
+
     pub fn from_file(path: &Path, max_length: usize, special_tokens: bool) -> Result<Self> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let bytes = crate::io::read_input(path, crate::io::limits::TOKENIZER)?;
         let mut tokenizer = Tokenizer::from_bytes(&bytes)
             .map_err(|e| anyhow!("{}: not a tokenizer.json ({e})", path.display()))?;
         let pad_token = "[PAD]";

@@ -74,6 +74,7 @@ pub fn load(
             timm.architecture
         );
     }
+    drop(crate::io::open_input(weights, crate::io::limits::TENSORS)?);
     let tensors: HashMap<String, Tensor> = if weights.extension().is_some_and(|e| e == "bin") {
         candle_core::pickle::read_all(weights).map(|all| all.into_iter().collect())
     } else {

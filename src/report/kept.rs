@@ -111,7 +111,7 @@ pub fn write_curves(out: &Path, curves: &[(String, Curve)]) -> Result<()> {
 }
 
 fn file_sha256(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let bytes = crate::io::read_input(path, crate::io::limits::DATA_FILE)?;
     Ok(sha256_hex(&bytes))
 }
 

@@ -360,7 +360,7 @@ fn noise_sweep(path: &Path, rows: &[ResultRow], colors: &DatasetColors) -> Resul
 
 fn read_metrics(run_dir: &Path) -> Result<Vec<EpochMetrics>> {
     let path = RunFolder(run_dir.to_path_buf()).metrics();
-    let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    let text = crate::io::read_input_text(&path, crate::io::limits::SMALL_TEXT)?;
     text.lines()
         .map(|l| serde_json::from_str(l).with_context(|| format!("{}", path.display())))
         .collect()

@@ -78,10 +78,10 @@ pub use crate::train::run::RUNS;
 /// The row of the finished run in `dir` (None when it has not finished).
 pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
     let path = RunFolder(dir.to_path_buf()).summary();
-    if !path.exists() {
+    if !crate::io::is_present(&path) {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    let text = crate::io::read_input_text(&path, crate::io::limits::SMALL_TEXT)?;
     let summary: FinetuneSummary = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a finetune summary", path.display()))?;
     let config = &summary.config;

@@ -342,8 +342,7 @@ impl<'a> TensorBoard<'a> {
 
     /// Adds attention_maps.png (the reset's and the last epoch's panels) at step `epoch`.
     pub fn attention_maps(&self, epoch: usize, png: &Path) -> Result<()> {
-        let bytes =
-            std::fs::read(png).with_context(|| format!("{}: cannot read", png.display()))?;
+        let bytes = crate::io::read_input(png, crate::io::limits::SMALL_TEXT)?;
         let (width, height) =
             png_size(&bytes).with_context(|| format!("{}: not a PNG", png.display()))?;
         let image = Value {

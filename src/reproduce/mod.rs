@@ -5,6 +5,7 @@
 //! sample passes through its backbone once whatever the grid. `--shard K/N` keeps every N-th run
 //! for a cluster's job array (`slurm` writes the script); `report` merges shard folders.
 
+pub mod grid_record;
 pub mod slurm;
 pub mod stacks;
 
@@ -218,6 +219,13 @@ pub struct Outcome {
 }
 
 impl DriverOptions {
+    /// A digest of what defines the grid (its points, budget, mode, streams and device): the
+    /// shards of one grid carry the same.
+    pub fn grid_digest(&self) -> Result<String> {
+        let definition = format!("{:?} {:?} {:?}", self.grid, self.rng, self.device);
+        Ok(crate::io::json_digest(&definition)?[..16].to_string())
+    }
+
     /// The configuration of one grid point: the paper's run with the grid's values.
     pub fn run_config(&self, job: &Job, carve: bool, test_len: Option<usize>) -> Result<RunConfig> {
         let grid = &self.grid;
@@ -296,6 +304,8 @@ fn pools(options: &DriverOptions) -> Vec<(DatasetName, Option<usize>, bool, Opti
 
 /// Runs the grid (or this shard of it) and writes the report into `out`.
 pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> {
+    // One reproduce per result folder, and an unwritable one refused, before any work.
+    let _only_writer = grid_record::lock(&options.out)?;
     // Datasets without a folder under the data root are left out, said once each, and the grid
     // goes on with the others.
     let root = data::data_root(options.places.data_dir.as_deref());
@@ -355,6 +365,15 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         let id = run.config.run_name()?;
         runs.push((id, run));
     }
+    grid_record::write(
+        &options.out,
+        &grid_record::ShardRecord {
+            grid: options.grid_digest()?,
+            index: options.shard.map_or(1, |s| s.index),
+            count: options.shard.map_or(1, |s| s.count),
+            runs: runs.iter().map(|(id, _)| id.clone()).collect(),
+        },
+    )?;
     let finished = |run: &FinetuneJob| {
         run.out
             .as_ref()
@@ -410,6 +429,7 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
     let next = AtomicUsize::new(0);
     let failed = Mutex::new(Vec::new());
     let done = AtomicUsize::new(0);
+    let finished_now = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
@@ -425,6 +445,7 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
                         let count = done.fetch_add(1, Ordering::SeqCst) + 1;
                         match result {
                             Ok(line) => {
+                                finished_now.fetch_add(1, Ordering::SeqCst);
                                 progress.line(&format!("[{count}/{total_pending}] {id}: {line}"))
                             }
                             Err(err) => {
@@ -446,7 +467,7 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
     if let Some(stop) = crate::interrupt::requested() {
         let line = format!(
             "{stop} after {} of {} runs; the same command continues the grid (a stopped run from its checkpoint)",
-            done.load(Ordering::SeqCst),
+            finished_now.load(Ordering::SeqCst),
             total_pending
         );
         return Err(anyhow::Error::new(stop).context(line));
@@ -527,8 +548,23 @@ fn train_stack_and_write(stack: &[(String, FinetuneJob)]) -> Vec<(String, Result
     }
 }
 
-/// `reproduce report DIR...`: one report over the runs of many result folders.
-pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<usize> {
+/// What a merge of result folders wrote: the runs it reports on, and what it lacks.
+pub struct Merged {
+    pub runs: usize,
+    /// Missing shards and unfinished runs ([`grid_record::gaps`]), one line each.
+    pub gaps: Vec<String>,
+}
+
+/// `reproduce report DIR...`: one report over the runs of many result folders. A merge that lacks
+/// a shard of a grid or a run is refused, naming each, unless `allow_partial`.
+pub fn merge(dirs: &[PathBuf], out: &Path, allow_partial: bool) -> Result<Merged> {
+    let gaps = grid_record::gaps(dirs)?;
+    if !gaps.is_empty() && !allow_partial {
+        bail!(
+            "the report would be partial: {}; make the missing runs (the same reproduce command resumes them) or pass --allow-partial",
+            gaps.join("; ")
+        );
+    }
     let runs = collect(dirs)?;
     if runs.is_empty() {
         bail!(
@@ -540,7 +576,10 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<usize> {
         );
     }
     crate::report::reproduce::write_report(out, &runs, dirs)?;
-    Ok(runs.len())
+    Ok(Merged {
+        runs: runs.len(),
+        gaps,
+    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! `reproduce slurm`: a ready Slurm job-array script. Task K of N runs `reproduce <experiment>
 //! --shard K/N` into its own folder; `reproduce report` then merges the folders.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub struct SlurmScript {
     /// The command's arguments after `reproduce <experiment>`, without --out and --shard.
@@ -18,7 +18,9 @@ pub struct SlurmScript {
     pub env: Vec<(String, String)>,
 }
 
-fn quote(s: &str) -> String {
+/// `s` as one word of a POSIX shell command line: as it is when it has nothing the shell reads
+/// specially, else single-quoted.
+pub fn quote(s: &str) -> String {
     if !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./,:=@%+".contains(c))
@@ -30,6 +32,22 @@ fn quote(s: &str) -> String {
 }
 
 impl SlurmScript {
+    /// The commands that submit the script at `path` and then merge its shards' reports, each
+    /// word quoted for the shell (paths with spaces paste as they are).
+    pub fn hint(&self, path: &Path) -> String {
+        let (binary, out) = (
+            self.binary.display().to_string(),
+            self.out.display().to_string(),
+        );
+        format!(
+            "submit with `sbatch {}`; then merge with `{} reproduce report {}/shard-* --out {}`",
+            quote(&path.display().to_string()),
+            quote(&binary),
+            quote(&out),
+            quote(&format!("{out}/report"))
+        )
+    }
+
     pub fn render(&self) -> String {
         let out = self.out.display().to_string();
         let mut s = String::new();

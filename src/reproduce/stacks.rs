@@ -30,7 +30,7 @@ pub fn backbone_dims(config: &RunConfig, models_dir: Option<&Path>) -> (usize, u
     else {
         return paper;
     };
-    let Ok(json) = std::fs::read_to_string(&files.config) else {
+    let Ok(json) = crate::io::read_input_text(&files.config, crate::io::limits::SMALL_TEXT) else {
         return paper;
     };
     let Ok(value) = serde_json::from_str::<serde_json::Value>(&json) else {

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::engine::EngineKind;
@@ -65,8 +65,7 @@ impl Default for SyntheticConfig {
 impl SyntheticConfig {
     /// Reads a TOML file with any subset of the keys above; missing keys keep the paper defaults.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read config", path.display()))?;
+        let text = crate::io::read_input_text(path, crate::io::limits::SMALL_TEXT)?;
         toml::from_str(&text).map_err(|err| {
             let msg = err.message().replace('\n', " ");
             anyhow::anyhow!("{}: invalid synthetic config: {msg}", path.display())

@@ -225,7 +225,8 @@ fn word_pieces(backbone: &Backbone, texts: &[String]) -> Result<Vec<Vec<String>>
         .tokenizer
         .as_ref()
         .with_context(|| format!("{}: no tokenizer.json", backbone.files.id))?;
-    let vocabulary = tokenizers::Tokenizer::from_file(path)
+    let bytes = crate::io::read_input(path, crate::io::limits::TOKENIZER)?;
+    let vocabulary = tokenizers::Tokenizer::from_bytes(&bytes)
         .map_err(|e| anyhow!("{}: not a tokenizer.json ({e})", path.display()))?;
     encoded
         .input_ids

@@ -158,11 +158,13 @@ pub fn load_state<S: DeserializeOwned>(
     file: &Path,
     device: &Device,
 ) -> Result<Option<(S, HashMap<String, Tensor>)>> {
-    if !file.exists() {
+    if !crate::io::is_present(file) {
         return Ok(None);
     }
-    let mut tensors = candle_core::safetensors::load(file, &Device::Cpu)
+    let bytes = crate::io::read_input(file, crate::io::limits::TENSORS)?;
+    let mut tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
         .with_context(|| format!("{}: not a readable checkpoint", file.display()))?;
+    drop(bytes);
     verify_checksums(file, &mut tensors)?;
     let json = tensors
         .remove(STATE)

@@ -214,8 +214,8 @@ fn resume_groups(ready: &[Option<Result<ReadyRun>>]) -> Vec<Vec<usize>> {
     groups.into_iter().map(|(_, group)| group).collect()
 }
 
-/// One run of a stack through to phase 2: its split, labels and features, its checkpoint, its
-/// folder and phase 1.
+/// One run of a stack through to phase 2: its split and labels, its checkpoint and folder
+/// (everything a run can be refused for), then its features and phase 1.
 fn prepare_run(
     template: &Setup,
     job: &FinetuneJob,
@@ -226,7 +226,6 @@ fn prepare_run(
     let mut folder_lock = job.out.as_deref().map(FolderLock::acquire).transpose()?;
     let mut setup = setup_sibling(template, job)?;
     let prepared = prepare_data(&setup, job)?;
-    let features = run_features(&setup, &prepared, job, progress)?;
     let identity = RunIdentity {
         config: job.config.clone(),
         backbone_sha256: setup.backbone.weights_sha256.clone(),
@@ -244,6 +243,8 @@ fn prepare_run(
         lock.create()?;
         write_config(out, &job.config)?;
     }
+    // Features last: what a run is refused for is found before any sample meets the backbone.
+    let features = run_features(&setup, &prepared, job, progress)?;
     match &resumed {
         Some(saved) => {
             progress.series_start(&job.config, &saved.state.pretrain_losses, &saved.state.log)

@@ -80,9 +80,10 @@ impl FolderLock {
 /// another run's: its config.json would no longer describe its checkpoint and summary.
 pub fn ensure_no_other_run(folder: &Path, config: &RunConfig) -> Result<()> {
     let file = RunFolder(folder.to_path_buf()).config();
-    let Ok(text) = std::fs::read(&file) else {
+    if !crate::io::is_present(&file) {
         return Ok(());
-    };
+    }
+    let text = crate::io::read_input(&file, crate::io::limits::SMALL_TEXT)?;
     let theirs: serde_json::Value = serde_json::from_slice(&text).with_context(|| {
         format!(
             "{}: not JSON; the folder holds a run this build cannot read, choose another --out",

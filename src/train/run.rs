@@ -19,6 +19,16 @@ use crate::data::noise::{NoiseModel, authors_only_symmetric};
 use crate::rng::{AuthorsNoiseDraw, RngChoice};
 use crate::runtime::DeviceKind;
 
+/// The most samples a set may be asked for (more than any dataset holds, and small enough that
+/// sums of sizes cannot overflow).
+pub const MAX_SAMPLES: usize = 1_000_000_000;
+
+/// The most threads a flag may ask for: past this a machine runs out of threads, not work.
+pub const MAX_THREADS: usize = 1024;
+
+/// The most inputs a backbone batch may hold (`--encode-batch`).
+pub const MAX_ENCODE_BATCH: usize = 4096;
+
 /// What phase 2 trains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -194,6 +204,17 @@ impl RunConfig {
                 bail!("{flag} must be at least 1, got 0");
             }
         }
+        let at_most = [
+            ("--n", self.n, MAX_SAMPLES),
+            ("--pretrain-n", self.pretrain_n, MAX_SAMPLES),
+            ("--test-n", self.test_n.unwrap_or(1), MAX_SAMPLES),
+            ("--train-threads", self.train_threads, MAX_THREADS),
+        ];
+        for (flag, value, limit) in at_most {
+            if value > limit {
+                bail!("{flag} must be at most {limit}, got {value}");
+            }
+        }
         if !(self.locater.is_finite() && self.locater >= 0.0) {
             bail!(
                 "--locater must be a finite number ≥ 0, got {}",
@@ -335,6 +356,12 @@ impl FinetuneJob {
         }
         if self.encode_batch == 0 {
             bail!("--encode-batch must be at least 1, got 0");
+        }
+        if self.encode_batch > MAX_ENCODE_BATCH {
+            bail!(
+                "--encode-batch must be at most {MAX_ENCODE_BATCH}, got {}",
+                self.encode_batch
+            );
         }
         if self.resume && self.out.is_none() {
             bail!("--resume needs --out (the folder holding the checkpoint)");

@@ -217,7 +217,7 @@ pub(super) fn split_plan(
         );
     }
     let mut pretrain_n = config.pretrain_n;
-    if pool > 0 && pretrain_n + n > pool {
+    if pool > 0 && pretrain_n.saturating_add(n) > pool {
         let shrunk = pool - n;
         deviations.push(format!(
             "pretrain_n shrunk from {pretrain_n} to {shrunk}: the training pool holds {pool} samples ({})",
