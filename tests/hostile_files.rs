@@ -83,6 +83,8 @@ fn run(args: &[&str], env: &[(&str, &Path)]) -> Ended {
     for (key, value) in env {
         command.env(key, value);
     }
+    // Reaped by `wait4` below, which also gives its peak memory.
+    #[allow(clippy::zombie_processes)]
     let child = command.spawn().unwrap();
     let pid = child.id() as libc::pid_t;
     let (mut status, mut usage): (libc::c_int, libc::rusage) = (0, unsafe { std::mem::zeroed() });
