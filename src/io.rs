@@ -80,6 +80,30 @@ pub fn open_input(path: &Path, limit: u64) -> Result<(std::fs::File, u64)> {
     Ok((file, meta.len()))
 }
 
+/// Opens `path` for writing with `options`, without blocking (a FIFO in its place would block
+/// an `open(2)` for writing until a reader came, and no signal could end the wait), and only if
+/// what was opened is a regular file.
+pub fn open_writable(options: &mut std::fs::OpenOptions, path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Named for what it is, where the open itself would only say ENXIO (a FIFO without reader).
+    if let Ok(meta) = std::fs::metadata(path)
+        && let Some(what) = not_a_file(&meta.file_type())
+    {
+        bail!("{}: is {what}, not a regular file", path.display());
+    }
+    let file = options
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("{}: cannot open", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    if let Some(what) = not_a_file(&meta.file_type()) {
+        bail!("{}: is {what}, not a regular file", path.display());
+    }
+    Ok(file)
+}
+
 fn check_input(path: &Path, meta: &std::fs::Metadata, limit: u64) -> Result<()> {
     if let Some(what) = not_a_file(&meta.file_type()) {
         bail!("{}: is {what}, not a regular file", path.display());
@@ -162,12 +186,13 @@ pub struct FileLock {
 
 impl FileLock {
     fn open(path: &Path) -> Result<std::fs::File> {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .with_context(|| format!("{}: cannot open the lock file", path.display()))
+        open_writable(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true),
+            path,
+        )
     }
 
     /// Blocks until this process holds the lock.
@@ -381,6 +406,24 @@ pub fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A FIFO where a lock file or a download's part file goes is refused at once: an `open(2)`
+    /// for writing would wait for a reader for ever.
+    #[test]
+    fn a_fifo_to_write_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join(".lock");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: no mkfifo");
+            return;
+        }
+        let error = match FileLock::try_take(&fifo) {
+            Err(e) => format!("{e:#}"),
+            Ok(_) => panic!("a FIFO was taken for a lock file"),
+        };
+        assert!(error.contains("is a FIFO"), "{error}");
+    }
 
     /// Written files are as readable as a plain file (0644 less the umask), not tempfile's 0600:
     /// results and caches on a cluster are read by other users.

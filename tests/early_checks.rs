@@ -280,7 +280,19 @@ fn a_merge_names_a_missing_shard_and_an_unfinished_run() {
         .output()
         .unwrap();
     assert!(partial.status.success(), "{}", stderr(&partial));
-    assert!(stderr(&partial).contains("shard 2/2") && report.join("report.md").exists());
+    assert!(
+        stderr(&partial).contains("shard 2/2"),
+        "{}",
+        stderr(&partial)
+    );
+    let markdown = std::fs::read_to_string(report.join("report.md")).unwrap();
+    let header = markdown.split("## ").next().unwrap();
+    assert!(
+        header.contains("Partial report")
+            && header.contains("shard 2/2")
+            && header.contains(unfinished),
+        "the report's header does not say what is missing:\n{header}"
+    );
 }
 
 #[test]

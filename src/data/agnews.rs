@@ -30,7 +30,10 @@ pub fn load_csv(path: &Path) -> Result<Split> {
         let class: u32 = record[0].trim().parse().map_err(|_| {
             DataError::format(
                 path,
-                format!("row {line}: class {:?} is not a number 1..4", &record[0]),
+                format!(
+                    "row {line}: class {} is not a number 1..4",
+                    super::files::excerpt(&record[0])
+                ),
             )
         })?;
         if !(1..=NUM_CLASSES).contains(&class) {

@@ -76,12 +76,11 @@ pub fn download(
     target: &Path,
 ) -> Result<(), Vec<String>> {
     let part_path = part_path(target);
-    let part = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .read(true)
-        .open(&part_path)
-        .map_err(|e| vec![format!("{}: {e}", part_path.display())])?;
+    let part = crate::io::open_writable(
+        OpenOptions::new().create(true).append(true).read(true),
+        &part_path,
+    )
+    .map_err(|e| vec![format!("{e:#}")])?;
     part.lock()
         .map_err(|e| vec![format!("{}: cannot lock: {e}", part_path.display())])?;
     // Another process may have finished it while this one waited for the lock.

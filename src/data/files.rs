@@ -97,6 +97,16 @@ pub fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// The first existing path among `candidates`.
+/// `text` quoted for an error line: at most 80 characters, the rest counted, so a malformed
+/// line of a huge file names its start instead of filling the terminal.
+pub fn excerpt(text: &str) -> String {
+    const SHOWN: usize = 80;
+    match text.char_indices().nth(SHOWN) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes in all)", &text[..cut], text.len()),
+    }
+}
+
 pub fn first_existing(candidates: &[PathBuf]) -> Option<&PathBuf> {
     candidates.iter().find(|p| crate::io::is_present(p))
 }
@@ -156,6 +166,15 @@ pub fn class_names(path: &Path, expected: usize) -> Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_excerpt_is_short_and_counts_the_rest() {
+        assert_eq!(excerpt("LOC:city"), "\"LOC:city\"");
+        let long = "é".repeat(1000);
+        let quoted = excerpt(&long);
+        assert!(quoted.ends_with("… (2000 bytes in all)"), "{quoted}");
+        assert_eq!(quoted.matches('é').count(), 80);
+    }
+
     use super::*;
     use std::io::Write;
 

@@ -48,7 +48,10 @@ pub fn load_tsv(path: &Path) -> Result<Split> {
             other => {
                 return Err(DataError::format(
                     path,
-                    format!("line {line_no}: label {other:?}, expected 0 or 1"),
+                    format!(
+                        "line {line_no}: label {}, expected 0 or 1",
+                        super::files::excerpt(other)
+                    ),
                 ));
             }
         };

@@ -30,13 +30,25 @@ pub fn load_file(path: &Path) -> Result<Split> {
             .ok_or_else(|| {
                 DataError::format(
                     path,
-                    format!("line {line_no}: expected \"COARSE:fine question\", found {line:?}"),
+                    format!(
+                        "line {line_no}: expected \"COARSE:fine question\", found {}",
+                        super::files::excerpt(line)
+                    ),
                 )
             })?;
         let coarse = label.split(':').next().unwrap_or_default();
-        let class = CLASS_NAMES.iter().position(|c| *c == coarse).ok_or_else(|| {
-            DataError::format(path, format!("line {line_no}: unknown coarse label {coarse:?} (expected one of {CLASS_NAMES:?})"))
-        })?;
+        let class = CLASS_NAMES
+            .iter()
+            .position(|c| *c == coarse)
+            .ok_or_else(|| {
+                DataError::format(
+                    path,
+                    format!(
+                        "line {line_no}: unknown coarse label {} (expected one of {CLASS_NAMES:?})",
+                        super::files::excerpt(coarse)
+                    ),
+                )
+            })?;
         labels.push(class as u32);
         texts.push(question.trim_end_matches(['\r', '\n']).to_string());
     }

@@ -138,6 +138,12 @@ pub fn resolve_with(
     let repo_id = canonical(id);
     match models_root(models_dir) {
         Some(root) => {
+            if std::fs::metadata(&root).is_ok_and(|meta| !meta.is_dir()) {
+                bail!(
+                    "{}: the models folder (--models-dir or {MODELS_DIR_ENV}) is not a folder",
+                    root.display()
+                );
+            }
             let dir = root.join(repo_id);
             if dir.is_dir() {
                 return from_dir(id, &dir, format!("models folder {}", dir.display()));

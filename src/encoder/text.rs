@@ -21,6 +21,8 @@ pub struct TextPreprocessor {
     pub max_length: usize,
     pub special_tokens: bool,
     tokenizer_sha256: String,
+    /// The `tokenizer.json` it was read from, named by a failure to tokenize.
+    path: std::path::PathBuf,
 }
 
 /// Token ids and padding masks of a batch, each row `max_length` long.
@@ -65,19 +67,24 @@ impl TextPreprocessor {
                 direction: TruncationDirection::Right,
             }))
             .map_err(|e| anyhow!("{}: cannot truncate at {max_length} ({e})", path.display()))?;
-        Ok(Self {
+        let preprocessor = Self {
             tokenizer,
             max_length,
             special_tokens,
             tokenizer_sha256: sha256_hex(&bytes),
-        })
+            path: path.to_path_buf(),
+        };
+        // A tokenizer that parses but cannot tokenize (no [UNK], a broken model) fails here, at
+        // load, not at the first batch of extraction.
+        preprocessor.encode(&["What is a question ?".to_string()])?;
+        Ok(preprocessor)
     }
 
     pub fn encode(&self, texts: &[String]) -> Result<Encoded> {
         let encodings = self
             .tokenizer
             .encode_batch(texts.to_vec(), self.special_tokens)
-            .map_err(|e| anyhow!("tokenization failed: {e}"))?;
+            .map_err(|e| anyhow!("{}: tokenization failed: {e}", self.path.display()))?;
         Ok(Encoded {
             input_ids: encodings.iter().map(|e| e.get_ids().to_vec()).collect(),
             attention_mask: encodings

@@ -30,7 +30,12 @@ pub const SCATTER: &str = "memorization_vs_test_accuracy.png";
 pub const VERDICTS: &str = "verdicts.csv";
 
 /// Writes results.csv, report.md and the figures the runs allow into `out`.
-pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBuf]) -> Result<()> {
+pub fn write_report(
+    out: &Path,
+    runs: &[(ResultRow, PathBuf)],
+    sources: &[PathBuf],
+    missing: &[String],
+) -> Result<()> {
     ensure_dir(out)?;
     let rows: Vec<ResultRow> = runs.iter().map(|(r, _)| r.clone()).collect();
     write_csv(&out.join("results.csv"), &rows)?;
@@ -52,6 +57,12 @@ pub fn write_report(out: &Path, runs: &[(ResultRow, PathBuf)], sources: &[PathBu
         ));
     }
     let mut markdown = markdown(&rows, &cells, &verdict_rows, sources, &figures)?;
+    if !missing.is_empty() {
+        // Under the title, so a partial table is never read as the whole grid.
+        let title_end = markdown.find("\n\n").map_or(0, |i| i + 2);
+        let note = format!("**Partial report**: {}.\n\n", missing.join("; "));
+        markdown.insert_str(title_end, &note);
+    }
     markdown.push_str(&attention_maps(out, runs)?);
     write_atomic(&out.join("report.md"), |w| {
         Ok(std::io::Write::write_all(w, markdown.as_bytes())?)

@@ -71,9 +71,32 @@ pub fn read(dir: &Path) -> Result<Option<ShardRecord>> {
         return Ok(None);
     }
     let text = crate::io::read_input_text(&path, crate::io::limits::SMALL_TEXT)?;
-    Ok(Some(serde_json::from_str(&text).with_context(|| {
-        format!("{}: not a reproduce shard record", path.display())
-    })?))
+    let record: ShardRecord = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a reproduce shard record", path.display()))?;
+    if !(1..=record.count).contains(&record.index) {
+        bail!(
+            "{}: shard {}/{}: expected an index from 1 to the count",
+            path.display(),
+            record.index,
+            record.count
+        );
+    }
+    if let Some(run) = record.runs.iter().find(|run| !is_folder_name(run)) {
+        bail!(
+            "{}: run {run:?} is not the name of a folder under {RUNS}/",
+            path.display()
+        );
+    }
+    Ok(Some(record))
+}
+
+/// Whether `name` is one plain path component (no separator, not `.` or `..`).
+fn is_folder_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    ) && !name.contains('/')
 }
 
 /// What a report over `dirs` lacks, one line each: the shards of a grid that are not among them,
@@ -110,15 +133,39 @@ pub fn gaps(dirs: &[PathBuf]) -> Result<Vec<String>> {
             .map(|(r, _)| r)
             .collect();
         let count = parts.iter().map(|r| r.count).max().unwrap_or(1);
-        for index in 1..=count {
-            if !parts.iter().any(|r| r.index == index) {
-                gaps.push(format!(
-                    "shard {index}/{count} of the grid is missing (no folder given holds it; its task may have died before it started)"
-                ));
-            }
+        let present: Vec<usize> = parts.iter().map(|r| r.index).collect();
+        for (first, last) in missing_ranges(&present, count) {
+            let which = if first == last {
+                format!("shard {first}/{count} of the grid is missing")
+            } else {
+                format!("shards {first} to {last} of {count} of the grid are missing")
+            };
+            gaps.push(format!(
+                "{which} (no folder given holds it; its task may have died before it started)"
+            ));
         }
     }
     Ok(gaps)
+}
+
+/// The runs of indices in 1..=count absent from `present`, as inclusive ranges: as many as there
+/// are gaps, however large `count` is.
+fn missing_ranges(present: &[usize], count: usize) -> Vec<(usize, usize)> {
+    let mut present: Vec<usize> = present.to_vec();
+    present.sort_unstable();
+    present.dedup();
+    let mut ranges = Vec::new();
+    let mut next = 1;
+    for index in present
+        .into_iter()
+        .chain(std::iter::once(count.saturating_add(1)))
+    {
+        if index > next {
+            ranges.push((next, index - 1));
+        }
+        next = index + 1;
+    }
+    ranges
 }
 
 /// The run folders under `dir/runs` that a run began (its config.json) but did not finish.
@@ -140,4 +187,36 @@ fn begun_unfinished(dir: &Path) -> Result<Vec<String>> {
     }
     unfinished.sort();
     Ok(unfinished)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_shards_are_ranges_however_many_there_are() {
+        assert_eq!(missing_ranges(&[1, 2], 2), vec![]);
+        assert_eq!(missing_ranges(&[2], 4), vec![(1, 1), (3, 4)]);
+        assert_eq!(
+            missing_ranges(&[5, 5, 1], usize::MAX - 1),
+            vec![(2, 4), (6, usize::MAX - 1)]
+        );
+    }
+
+    #[test]
+    fn a_record_out_of_range_or_naming_a_path_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for (record, needle) in [
+            (r#"{"grid":"g","index":3,"count":2,"runs":[]}"#, "3/2"),
+            (r#"{"grid":"g","index":0,"count":2,"runs":[]}"#, "0/2"),
+            (
+                r#"{"grid":"g","index":1,"count":2,"runs":["../x"]}"#,
+                "../x",
+            ),
+        ] {
+            std::fs::write(dir.path().join(SHARD_FILE), record).unwrap();
+            let error = format!("{:#}", read(dir.path()).unwrap_err());
+            assert!(error.contains(needle), "{error}");
+        }
+    }
 }

@@ -304,8 +304,6 @@ fn pools(options: &DriverOptions) -> Vec<(DatasetName, Option<usize>, bool, Opti
 
 /// Runs the grid (or this shard of it) and writes the report into `out`.
 pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> {
-    // One reproduce per result folder, and an unwritable one refused, before any work.
-    let _only_writer = grid_record::lock(&options.out)?;
     // Datasets without a folder under the data root are left out, said once each, and the grid
     // goes on with the others.
     let root = data::data_root(options.places.data_dir.as_deref());
@@ -365,6 +363,9 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         let id = run.config.run_name()?;
         runs.push((id, run));
     }
+    // One reproduce per result folder, and an unwritable one refused, before any work, but
+    // after the flags are known to make a grid, so a refused grid leaves no folder.
+    let _only_writer = grid_record::lock(&options.out)?;
     grid_record::write(
         &options.out,
         &grid_record::ShardRecord {
@@ -480,6 +481,7 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         &options.out,
         &runs,
         std::slice::from_ref(&options.out),
+        &[],
     )?;
     Ok(Outcome {
         ran: total_pending,
@@ -575,7 +577,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path, allow_partial: bool) -> Result<Merged
                 .join(", ")
         );
     }
-    crate::report::reproduce::write_report(out, &runs, dirs)?;
+    crate::report::reproduce::write_report(out, &runs, dirs, &gaps)?;
     Ok(Merged {
         runs: runs.len(),
         gaps,

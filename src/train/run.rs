@@ -26,6 +26,10 @@ pub const MAX_SAMPLES: usize = 1_000_000_000;
 /// The most threads a flag may ask for: past this a machine runs out of threads, not work.
 pub const MAX_THREADS: usize = 1024;
 
+/// The most epochs a phase may be asked for: the paper's longest is 2000; products of epochs and
+/// steps stay far from overflow.
+pub const MAX_EPOCHS: usize = 10_000_000;
+
 /// The most inputs a backbone batch may hold (`--encode-batch`).
 pub const MAX_ENCODE_BATCH: usize = 4096;
 
@@ -209,6 +213,9 @@ impl RunConfig {
             ("--pretrain-n", self.pretrain_n, MAX_SAMPLES),
             ("--test-n", self.test_n.unwrap_or(1), MAX_SAMPLES),
             ("--train-threads", self.train_threads, MAX_THREADS),
+            ("--epochs", self.epochs, MAX_EPOCHS),
+            ("--pretrain-epochs", self.pretrain_epochs, MAX_EPOCHS),
+            ("--eval-every", self.eval_every, MAX_EPOCHS),
         ];
         for (flag, value, limit) in at_most {
             if value > limit {
