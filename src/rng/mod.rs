@@ -103,6 +103,8 @@ pub enum Stream {
     FinetuneShuffle = 8,
     /// Initialisation of the classifier, the re-initialised query/key and the head.
     Init = 9,
+    /// Initialisation of the synthetic one-layer encoder's parameters.
+    EncoderInit = 10,
 }
 
 /// A fresh permutation of 0..n for epoch `epoch`, which depends only on (seed, stream, epoch):

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod data;
 pub mod dense;
+pub mod encoder;
 pub mod engine;
 pub mod model;
 pub mod subspace;

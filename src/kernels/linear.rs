@@ -1,0 +1,419 @@
+//! Products by a trained matrix that a step both reads and updates: the synthetic encoder's
+//! weights (up to 3d² + 2·2000·d ≈ 95 M floats at d = 5000) meet only n ≈ 20 rows per step, so a
+//! step is bound by the weights' memory traffic, not by arithmetic. The backward pass and the SGD
+//! update of a weight are fused: each block of the weight's rows is read once, serves the input
+//! gradient while it is in cache, and is updated there.
+//!
+//! The rows are cut into parts of a fixed size whatever the thread count, each part's partial sums
+//! are added in part order, and gemm sees the same shapes: results do not depend on the threads.
+
+use rayon::prelude::*;
+
+/// Rows of a weight one task handles (the unit of parallelism and of the fixed summation order).
+const PART_ROWS: usize = 256;
+
+/// Rows of a weight that stay in cache between the backward pass's two products.
+const BLOCK_ROWS: usize = 32;
+
+/// What the backward pass does with a weight's gradient.
+pub(crate) enum WeightGradient<'a> {
+    /// Plain gradient descent in place: W −= lr · ∇W.
+    Descend(f32),
+    /// Writes ∇W here (the weight's shape) and leaves W as it is.
+    Store(&'a mut [f32]),
+}
+
+/// dst (m × n, row stride `dst_rs`) = keep · dst + scale · lhs (m × k) · rhs (k × n); operands
+/// as (data, row stride, column stride); `keep` 0 ignores dst's old values.
+#[allow(clippy::too_many_arguments)]
+fn gemm_scaled(
+    (m, n, k): (usize, usize, usize),
+    (dst, dst_rs): (&mut [f32], usize),
+    (lhs, lhs_rs, lhs_cs): (&[f32], usize, usize),
+    (rhs, rhs_rs, rhs_cs): (&[f32], usize, usize),
+    keep: f32,
+    scale: f32,
+) {
+    let last = |rs: usize, cs: usize, rows: usize, cols: usize| rs * (rows - 1) + cs * (cols - 1);
+    assert!(
+        m > 0
+            && n > 0
+            && k > 0
+            && dst.len() > last(dst_rs, 1, m, n)
+            && lhs.len() > last(lhs_rs, lhs_cs, m, k)
+            && rhs.len() > last(rhs_rs, rhs_cs, k, n),
+        "matmul operands out of bounds"
+    );
+    // SAFETY: the assertion keeps every element gemm touches inside the slices; dst is borrowed
+    // mutably, so it aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            keep != 0.0,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            keep,
+            scale,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// y = x Wᵀ for x (n × cols) and W (rows × cols): y is (n × rows). Parts of W's rows in parallel.
+pub(crate) fn linear_forward(
+    w: &[f32],
+    (rows, cols): (usize, usize),
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
+    assert_eq!(
+        (w.len(), x.len()),
+        (rows * cols, n * cols),
+        "linear_forward shapes"
+    );
+    // Each part computes its rows' outputs transposed (part × n), so parts write apart.
+    let parts: Vec<Vec<f32>> = w
+        .par_chunks(PART_ROWS * cols)
+        .map(|part| {
+            let part_rows = part.len() / cols;
+            let mut out_t = vec![0f32; part_rows * n];
+            gemm_scaled(
+                (part_rows, n, cols),
+                (&mut out_t, n),
+                (part, cols, 1),
+                (x, 1, cols),
+                0.0,
+                1.0,
+            );
+            out_t
+        })
+        .collect();
+    let mut y = vec![0f32; n * rows];
+    for (p, out_t) in parts.iter().enumerate() {
+        for (r, row) in out_t.chunks_exact(n).enumerate() {
+            for (i, &v) in row.iter().enumerate() {
+                y[i * rows + p * PART_ROWS + r] = v;
+            }
+        }
+    }
+    y
+}
+
+/// The backward pass of y = x Wᵀ: returns dx = dy W (n × cols) and hands ∇W = dyᵀ x to
+/// `gradient`, W read once (see the module).
+pub(crate) fn linear_backward(
+    w: &mut [f32],
+    (rows, cols): (usize, usize),
+    x: &[f32],
+    dy: &[f32],
+    n: usize,
+    gradient: WeightGradient,
+) -> Vec<f32> {
+    assert_eq!(
+        (w.len(), x.len(), dy.len()),
+        (rows * cols, n * cols, n * rows),
+        "linear_backward shapes"
+    );
+    let (descend, stored) = split(gradient, rows * cols);
+    let backward_part = |p: usize, part: &mut [f32], mut stored: Option<&mut [f32]>| {
+        let mut dx = vec![0f32; n * cols];
+        for (b, rows_of_block) in part.chunks_mut(BLOCK_ROWS * cols).enumerate() {
+            let first = p * PART_ROWS + b * BLOCK_ROWS;
+            let block_rows = rows_of_block.len() / cols;
+            // dx += dy[:, block] · W[block], before W[block] changes.
+            gemm_scaled(
+                (n, cols, block_rows),
+                (&mut dx, cols),
+                (&dy[first..], rows, 1),
+                (rows_of_block, cols, 1),
+                1.0,
+                1.0,
+            );
+            // ∇W[block] = dy[:, block]ᵀ · x, stored or descended along.
+            let (target, keep, scale) = match stored.as_deref_mut() {
+                Some(grad) => {
+                    let start = b * BLOCK_ROWS * cols;
+                    (&mut grad[start..start + block_rows * cols], 0.0, 1.0)
+                }
+                None => (rows_of_block, 1.0, -descend),
+            };
+            gemm_scaled(
+                (block_rows, cols, n),
+                (target, cols),
+                (&dy[first..], 1, rows),
+                (x, cols, 1),
+                keep,
+                scale,
+            );
+        }
+        dx
+    };
+    let partials = by_parts(w, stored, PART_ROWS * cols, backward_part);
+    sum_in_order(partials)
+}
+
+/// y = x W for x (n × rows) and W (rows × cols): y is (n × cols), a sum over W's rows.
+pub(crate) fn transposed_forward(
+    w: &[f32],
+    (rows, cols): (usize, usize),
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
+    assert_eq!(
+        (w.len(), x.len()),
+        (rows * cols, n * rows),
+        "transposed_forward shapes"
+    );
+    let partials: Vec<Vec<f32>> = w
+        .par_chunks(PART_ROWS * cols)
+        .enumerate()
+        .map(|(p, part)| {
+            let part_rows = part.len() / cols;
+            let mut y = vec![0f32; n * cols];
+            gemm_scaled(
+                (n, cols, part_rows),
+                (&mut y, cols),
+                (&x[p * PART_ROWS..], rows, 1),
+                (part, cols, 1),
+                0.0,
+                1.0,
+            );
+            y
+        })
+        .collect();
+    sum_in_order(partials)
+}
+
+/// The backward pass of y = x W (W: rows × cols): returns dx = dy Wᵀ (n × rows) and hands
+/// ∇W = xᵀ dy to `gradient`, W read once. Each row of W gives its own column of dx: no sums
+/// across parts.
+pub(crate) fn transposed_backward(
+    w: &mut [f32],
+    (rows, cols): (usize, usize),
+    x: &[f32],
+    dy: &[f32],
+    n: usize,
+    gradient: WeightGradient,
+) -> Vec<f32> {
+    assert_eq!(
+        (w.len(), x.len(), dy.len()),
+        (rows * cols, n * rows, n * cols),
+        "transposed_backward shapes"
+    );
+    let (descend, stored) = split(gradient, rows * cols);
+    let backward_part = |p: usize, part: &mut [f32], stored: Option<&mut [f32]>| {
+        let part_rows = part.len() / cols;
+        // dx[:, part]ᵀ = W[part] · dyᵀ, (part × n), before W[part] changes.
+        let mut dx_t = vec![0f32; part_rows * n];
+        gemm_scaled(
+            (part_rows, n, cols),
+            (&mut dx_t, n),
+            (part, cols, 1),
+            (dy, 1, cols),
+            0.0,
+            1.0,
+        );
+        // ∇W[part] = x[:, part]ᵀ · dy, stored or descended along.
+        let (target, keep, scale) = match stored {
+            Some(grad) => (grad, 0.0, 1.0),
+            None => (part, 1.0, -descend),
+        };
+        gemm_scaled(
+            (part_rows, cols, n),
+            (target, cols),
+            (&x[p * PART_ROWS..], 1, rows),
+            (dy, cols, 1),
+            keep,
+            scale,
+        );
+        dx_t
+    };
+    let parts = by_parts(w, stored, PART_ROWS * cols, backward_part);
+    let mut dx = vec![0f32; n * rows];
+    for (p, dx_t) in parts.iter().enumerate() {
+        for (r, row) in dx_t.chunks_exact(n).enumerate() {
+            for (i, &v) in row.iter().enumerate() {
+                dx[i * rows + p * PART_ROWS + r] = v;
+            }
+        }
+    }
+    dx
+}
+
+/// The step size of a descent (0 when the gradient is stored) and the stored gradient's buffer.
+fn split<'a>(gradient: WeightGradient<'a>, len: usize) -> (f32, Option<&'a mut [f32]>) {
+    match gradient {
+        WeightGradient::Descend(lr) => (lr, None),
+        WeightGradient::Store(grad) => {
+            assert_eq!(grad.len(), len, "gradient shape");
+            (0.0, Some(grad))
+        }
+    }
+}
+
+/// `backward_part(p, rows of part p, its gradient rows)` over the parts of `w` in parallel. A
+/// stored gradient leaves `w` alone: the parts then work on a copy.
+fn by_parts<F>(
+    w: &mut [f32],
+    stored: Option<&mut [f32]>,
+    part_len: usize,
+    backward_part: F,
+) -> Vec<Vec<f32>>
+where
+    F: Fn(usize, &mut [f32], Option<&mut [f32]>) -> Vec<f32> + Sync,
+{
+    match stored {
+        None => w
+            .par_chunks_mut(part_len)
+            .enumerate()
+            .map(|(p, part)| backward_part(p, part, None))
+            .collect(),
+        Some(grad) => {
+            let mut copy = w.to_vec();
+            copy.par_chunks_mut(part_len)
+                .zip(grad.par_chunks_mut(part_len))
+                .enumerate()
+                .map(|(p, (part, grad))| backward_part(p, part, Some(grad)))
+                .collect()
+        }
+    }
+}
+
+/// The element-wise sum of equal-length partial results, in their order.
+fn sum_in_order(partials: Vec<Vec<f32>>) -> Vec<f32> {
+    let mut partials = partials.into_iter();
+    let mut total = partials.next().expect("at least one part");
+    for partial in partials {
+        total.iter_mut().zip(&partial).for_each(|(t, p)| *t += p);
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_values;
+
+    /// Reference products in f64.
+    fn product(a: &[f32], (m, k): (usize, usize), b: &[f32], n: usize) -> Vec<f64> {
+        let mut out = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k)
+                    .map(|l| a[i * k + l] as f64 * b[l * n + j] as f64)
+                    .sum();
+            }
+        }
+        out
+    }
+
+    fn transpose(a: &[f32], (m, n): (usize, usize)) -> Vec<f32> {
+        (0..n)
+            .flat_map(|j| (0..m).map(move |i| a[i * n + j]))
+            .collect()
+    }
+
+    fn close(a: &[f32], b: &[f64]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((*x as f64 - y).abs() < 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn products_and_fused_updates_match_the_reference() {
+        // Rows across several parts and blocks, the last of each partial.
+        let (rows, cols, n, lr) = (PART_ROWS + 37, 45, 3, 0.25f32);
+        let w = test_values(rows * cols, 1);
+        let x = test_values(n * cols, 2);
+        let dy = test_values(n * rows, 3);
+        // y = x Wᵀ and its backward.
+        close(
+            &linear_forward(&w, (rows, cols), &x, n),
+            &product(&x, (n, cols), &transpose(&w, (rows, cols)), rows),
+        );
+        let mut grad = vec![0f32; rows * cols];
+        let mut kept = w.clone();
+        let dx = linear_backward(
+            &mut kept,
+            (rows, cols),
+            &x,
+            &dy,
+            n,
+            WeightGradient::Store(&mut grad),
+        );
+        assert_eq!(kept, w, "Store leaves W alone");
+        close(&dx, &product(&dy, (n, rows), &w, cols));
+        let expected = product(&transpose(&dy, (n, rows)), (rows, n), &x, cols);
+        close(&grad, &expected);
+        let mut descended = w.clone();
+        let dx2 = linear_backward(
+            &mut descended,
+            (rows, cols),
+            &x,
+            &dy,
+            n,
+            WeightGradient::Descend(lr),
+        );
+        assert_eq!(dx, dx2);
+        let stepped: Vec<f64> = w
+            .iter()
+            .zip(&expected)
+            .map(|(w, g)| *w as f64 - lr as f64 * g)
+            .collect();
+        close(&descended, &stepped);
+
+        // y = x W (x: n × rows) and its backward.
+        let xt = test_values(n * rows, 4);
+        let dyt = test_values(n * cols, 5);
+        close(
+            &transposed_forward(&w, (rows, cols), &xt, n),
+            &product(&xt, (n, rows), &w, cols),
+        );
+        let mut grad = vec![0f32; rows * cols];
+        let mut kept = w.clone();
+        let dx = transposed_backward(
+            &mut kept,
+            (rows, cols),
+            &xt,
+            &dyt,
+            n,
+            WeightGradient::Store(&mut grad),
+        );
+        assert_eq!(kept, w);
+        close(
+            &dx,
+            &product(&dyt, (n, cols), &transpose(&w, (rows, cols)), rows),
+        );
+        let expected = product(&transpose(&xt, (n, rows)), (rows, n), &dyt, cols);
+        close(&grad, &expected);
+        let mut descended = w.clone();
+        let dx2 = transposed_backward(
+            &mut descended,
+            (rows, cols),
+            &xt,
+            &dyt,
+            n,
+            WeightGradient::Descend(lr),
+        );
+        assert_eq!(dx, dx2);
+        let stepped: Vec<f64> = w
+            .iter()
+            .zip(&expected)
+            .map(|(w, g)| *w as f64 - lr as f64 * g)
+            .collect();
+        close(&descended, &stepped);
+    }
+}
