@@ -18,5 +18,6 @@ pub mod report;
 pub mod reproduce;
 pub mod rng;
 pub mod runtime;
+pub mod shard;
 pub mod synthetic;
 pub mod train;

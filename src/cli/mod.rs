@@ -122,7 +122,11 @@ pub fn main() -> ExitCode {
     // first signal; the others keep the default (the signal ends them at once).
     let stops_cleanly = matches!(
         cli.command,
-        Command::Finetune(_) | Command::Reproduce(_) | Command::Extract(_)
+        Command::Finetune(_)
+            | Command::Reproduce(_)
+            | Command::Extract(_)
+            | Command::SyntheticSweep(_)
+            | Command::LocalizationSweep(_)
     );
     if stops_cleanly && let Err(err) = crate::interrupt::install() {
         eprintln!("error: cannot install the SIGTERM/SIGINT handlers: {err}");

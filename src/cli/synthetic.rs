@@ -3,11 +3,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-use clap::Args;
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
 
 use crate::report;
-use crate::synthetic::{self, EngineKind, Grid, SyntheticConfig, Trace};
+use crate::synthetic::{self, EncoderSettings, EngineKind, Grid, SyntheticConfig, Trace};
 
 /// Hyper-parameters shared by a single run and the grid, named after the authors' config keys.
 /// Unset flags take the value from --config, else the authors' final config.
@@ -48,10 +48,21 @@ pub struct SharedHyperParams {
     /// Log (and evaluate on the test set) every this many steps [default: 10]
     #[arg(long, value_name = "STEPS")]
     pub log_interval: Option<usize>,
-    /// Training computation: the exact low-rank `subspace` reformulation, or the plain `dense`
-    /// d×d candle autograd of the authors' code (same updates, O(d²) per step).
-    #[arg(long, value_enum, default_value_t = EngineKind::Subspace)]
-    pub engine: EngineKind,
+    /// The model: the paper's `token-selector`, or the one-layer Transformer `encoder` of
+    /// Figs. 6/7 (every parameter trained) [default: the config file's, else token-selector]
+    #[arg(long, value_enum)]
+    pub model: Option<ModelKind>,
+    /// The encoder's FFN width [default: 2000]
+    #[arg(long, value_name = "WIDTH")]
+    pub mlp_dim: Option<usize>,
+    /// Seed of the encoder's initialisation (the data keep --seed) [default: 0]
+    #[arg(long, value_name = "SEED")]
+    pub init_seed: Option<u64>,
+    /// The token selector's training computation: the exact low-rank `subspace` reformulation, or
+    /// the plain `dense` d×d candle autograd of the authors' code (same updates, O(d²) per step)
+    /// [default: subspace]
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineKind>,
     /// λ of the LocAteR penalty λ·v_sym(W), the variance of the eigenvalues of W's symmetric part
     /// (keeps their mean; docs/design.md, localization diagnostics); needs --engine dense [default: 0, none]
     #[arg(long, value_name = "LAMBDA", allow_negative_numbers = true)]
@@ -80,8 +91,49 @@ impl SharedHyperParams {
             c.seed = seed;
         }
         c.paper_test_seed |= self.paper_test_seed;
+        match self.model {
+            Some(ModelKind::Encoder) => {
+                c.encoder.get_or_insert_with(EncoderSettings::default);
+            }
+            Some(ModelKind::TokenSelector) => c.encoder = None,
+            None => {}
+        }
+        match &mut c.encoder {
+            Some(encoder) => {
+                if let Some(width) = self.mlp_dim {
+                    encoder.mlp_dim = width;
+                }
+                if let Some(seed) = self.init_seed {
+                    encoder.init_seed = seed;
+                }
+                if self.engine.is_some() {
+                    bail!(
+                        "--engine: the encoder has one computation; the flag is the token selector's"
+                    );
+                }
+            }
+            None => {
+                if self.mlp_dim.is_some() || self.init_seed.is_some() {
+                    bail!("--mlp-dim and --init-seed are the encoder's: add --model encoder");
+                }
+            }
+        }
         Ok(c)
     }
+
+    /// The token selector's engine (ignored by the encoder).
+    fn engine(&self) -> EngineKind {
+        self.engine.unwrap_or(EngineKind::Subspace)
+    }
+}
+
+/// Which synthetic model a command trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModelKind {
+    /// f(X) = νᵀ Xᵀ softmax(X Wᵀ p): W and p trained, the head ν fixed.
+    TokenSelector,
+    /// The one-layer Transformer encoder of Figs. 6/7 (the authors' `main_one_layer.py`).
+    Encoder,
 }
 
 #[derive(Args, Debug)]
@@ -108,12 +160,12 @@ pub struct SweepArgs {
     /// `coarse`: a 9 × 9 subset of it.
     #[arg(long, value_enum, default_value_t = Grid::Full)]
     pub grid: Grid,
-    /// Output folder for sweep.csv and the heat maps.
+    /// Output folder for sweep.csv and the heat maps; each finished cell is kept in its cells/,
+    /// so the same command resumes a stopped sweep.
     #[arg(long, value_name = "DIR", default_value = "results/synthetic-sweep")]
     pub out: PathBuf,
-    /// Parallel runs [default: all cores]
-    #[arg(long, value_name = "N")]
-    pub jobs: Option<usize>,
+    #[command(flatten)]
+    pub flags: GridFlags,
 }
 
 #[derive(Args, Debug)]
@@ -123,12 +175,12 @@ pub struct LocalizationSweepArgs {
     /// `coarse`: 9 × 9 cells of the Fig. 5 grid; `full`: all 39 × 39.
     #[arg(long, value_enum, default_value_t = Grid::Coarse)]
     pub grid: Grid,
-    /// Output folder for localization.csv and entropy_vs_eigen_variance.png.
+    /// Output folder for localization.csv and entropy_vs_eigen_variance.png; each finished cell
+    /// is kept in its cells/, so the same command resumes a stopped sweep.
     #[arg(long, value_name = "DIR", default_value = "results/localization-sweep")]
     pub out: PathBuf,
-    /// Parallel runs [default: all cores]
-    #[arg(long, value_name = "N")]
-    pub jobs: Option<usize>,
+    #[command(flatten)]
+    pub flags: GridFlags,
 }
 
 pub fn run(args: SyntheticArgs) -> Result<()> {
@@ -139,9 +191,9 @@ pub fn run(args: SyntheticArgs) -> Result<()> {
     if let Some(norm) = args.signal_norm {
         config.signal_norm = norm;
     }
-    config.validate_for(args.shared.engine)?;
+    config.validate_for(args.shared.engine())?;
     let bar = crate::progress_bar::bar(config.num_steps as u64 + 1, "steps");
-    let run = synthetic::run(&config, args.shared.engine, Trace::Full, &mut |_| {
+    let run = synthetic::run(&config, args.shared.engine(), Trace::Full, &mut |_| {
         bar.inc(1)
     })?;
     bar.finish_and_clear();
@@ -154,7 +206,7 @@ pub fn run(args: SyntheticArgs) -> Result<()> {
     let s = &run.summary;
     eprintln!(
         "{}: train acc {:.3}, test acc {:.3}, noisy fitted {}/{}, clean x₁ prob {:.3}, \
-         entropy clean {:.3} / noisy {}, W eigen-variance (symmetric part) {} ({:.2} s){}",
+         entropy clean {:.3} / noisy {}, query-key eigen-variance (symmetric part) {} ({:.2} s){}",
         s.regime.name(),
         s.train_acc,
         s.test_acc,
@@ -177,52 +229,103 @@ pub fn run(args: SyntheticArgs) -> Result<()> {
     Ok(())
 }
 
-/// Every cell of `grid` on `jobs` threads, with a progress bar: the validated base config, the
-/// rows and the wall time in seconds.
+/// The flags of a grid run: which cells, where they are kept, on how many threads.
+#[derive(Args, Debug)]
+pub struct GridFlags {
+    /// Parallel runs [default: all cores]
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Run only the K-th of N interleaved parts of the grid (a job array's task); the parts
+    /// share --out, and the table and figures are drawn once every cell is there.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<crate::shard::Shard>,
+}
+
+/// The cells of `grid` not yet finished under `out` (of `shard`'s part), on `jobs` threads, with a
+/// progress bar: the validated base config, where the grid stands and the wall time in seconds.
 fn run_grid(
     shared: &SharedHyperParams,
     grid: Grid,
-    jobs: Option<usize>,
+    flags: &GridFlags,
+    out: &std::path::Path,
     trace: Trace,
-) -> Result<(SyntheticConfig, Vec<synthetic::SweepRow>, f64)> {
+) -> Result<(SyntheticConfig, synthetic::GridProgress, f64)> {
     let base = shared.config()?;
-    base.validate_for(shared.engine)?;
-    if jobs == Some(0) {
-        anyhow::bail!("--jobs must be at least 1, got 0");
+    base.validate_for(shared.engine())?;
+    if flags.jobs == Some(0) {
+        bail!("--jobs must be at least 1, got 0");
     }
     let mut pool = rayon::ThreadPoolBuilder::new();
-    if let Some(jobs) = jobs {
+    if let Some(jobs) = flags.jobs {
         pool = pool.num_threads(jobs);
     }
     let pool = pool.build().context("cannot start the worker threads")?;
-    let cells = (grid.embed_dims().len() * grid.signal_norms().len()) as u64;
-    let bar = crate::progress_bar::bar(cells, "runs");
+    let store = synthetic::cells::CellStore::open(out, trace == Trace::FinalWithSpectrum)?;
+    let pending = synthetic::sweep::pending(&base, grid, &store, flags.shard)?;
+    let bar = crate::progress_bar::bar(pending as u64, "runs");
     let started = std::time::Instant::now();
-    let rows =
-        pool.install(|| synthetic::sweep(&base, grid, shared.engine, trace, &|| bar.inc(1)))?;
+    let progress = pool.install(|| {
+        synthetic::sweep_into(
+            &base,
+            grid,
+            (shared.engine(), trace),
+            &store,
+            flags.shard,
+            &|| bar.inc(1),
+        )
+    })?;
     bar.finish_and_clear();
-    Ok((base, rows, started.elapsed().as_secs_f64()))
+    Ok((base, progress, started.elapsed().as_secs_f64()))
+}
+
+/// One line on what a grid command did; `None` when the grid is not complete yet.
+fn grid_outcome(
+    progress: &synthetic::GridProgress,
+    seconds: f64,
+) -> Option<Vec<synthetic::SweepRow>> {
+    let missing = progress.rows.iter().filter(|r| r.is_none()).count();
+    eprint!(
+        "{} cells run in {seconds:.1} s, {} found finished",
+        progress.ran, progress.reused
+    );
+    if missing > 0 {
+        eprintln!(
+            "; {missing} of {} still to run (the other shards, or this command again)",
+            progress.rows.len()
+        );
+    }
+    progress.complete()
 }
 
 pub fn sweep(args: SweepArgs) -> Result<()> {
-    let (base, rows, seconds) = run_grid(&args.shared, args.grid, args.jobs, Trace::FinalOnly)?;
-    report::synthetic::write_sweep(&args.out, args.grid, &base, &rows)?;
-    eprintln!(
-        "{} runs in {seconds:.1} s; sweep.csv and heat maps in {}",
-        rows.len(),
-        args.out.display()
-    );
+    let (base, progress, seconds) = run_grid(
+        &args.shared,
+        args.grid,
+        &args.flags,
+        &args.out,
+        Trace::FinalOnly,
+    )?;
+    if let Some(rows) = grid_outcome(&progress, seconds) {
+        report::synthetic::write_sweep(&args.out, args.grid, &base, &rows)?;
+        eprintln!("; sweep.csv and heat maps in {}", args.out.display());
+    }
     Ok(())
 }
 
 pub fn localization_sweep(args: LocalizationSweepArgs) -> Result<()> {
-    let (base, rows, seconds) =
-        run_grid(&args.shared, args.grid, args.jobs, Trace::FinalWithSpectrum)?;
-    report::synthetic::write_localization(&args.out, args.grid, &base, &rows)?;
-    eprintln!(
-        "{} runs in {seconds:.1} s; localization.csv and entropy_vs_eigen_variance.png in {}",
-        rows.len(),
-        args.out.display()
-    );
+    let (base, progress, seconds) = run_grid(
+        &args.shared,
+        args.grid,
+        &args.flags,
+        &args.out,
+        Trace::FinalWithSpectrum,
+    )?;
+    if let Some(rows) = grid_outcome(&progress, seconds) {
+        report::synthetic::write_localization(&args.out, args.grid, &base, &rows)?;
+        eprintln!(
+            "; localization.csv and entropy_vs_eigen_variance.png in {}",
+            args.out.display()
+        );
+    }
     Ok(())
 }

@@ -4,16 +4,14 @@
 //! update of a weight are fused: each block of the weight's rows is read once, serves the input
 //! gradient while it is in cache, and is updated there.
 //!
-//! The rows are cut into parts of a fixed size whatever the thread count, each part's partial sums
-//! are added in part order, and gemm sees the same shapes: results do not depend on the threads.
+//! The work is cut into parts of a fixed size whatever the thread count, partial sums (where a
+//! product sums over parts) are added in part order, and gemm sees the same shapes: results do
+//! not depend on the threads.
 
 use rayon::prelude::*;
 
 /// Rows of a weight one task handles (the unit of parallelism and of the fixed summation order).
 const PART_ROWS: usize = 256;
-
-/// Rows of a weight that stay in cache between the backward pass's two products.
-const BLOCK_ROWS: usize = 32;
 
 /// What the backward pass does with a weight's gradient.
 pub(crate) enum WeightGradient<'a> {
@@ -112,7 +110,10 @@ pub(crate) fn linear_forward(
 }
 
 /// The backward pass of y = x Wᵀ: returns dx = dy W (n × cols) and hands ∇W = dyᵀ x to
-/// `gradient`, W read once (see the module).
+/// `gradient`, W read once (see the module). W is taken in blocks of whole columns, each small
+/// enough to stay in cache between its two products: dx's columns of the block come from one
+/// product over all of W's rows (no partial sums), then the block is updated in place. Blocks
+/// touch disjoint columns, so they run in parallel.
 pub(crate) fn linear_backward(
     w: &mut [f32],
     (rows, cols): (usize, usize),
@@ -127,42 +128,97 @@ pub(crate) fn linear_backward(
         "linear_backward shapes"
     );
     let (descend, stored) = split(gradient, rows * cols);
-    let backward_part = |p: usize, part: &mut [f32], mut stored: Option<&mut [f32]>| {
-        let mut dx = vec![0f32; n * cols];
-        for (b, rows_of_block) in part.chunks_mut(BLOCK_ROWS * cols).enumerate() {
-            let first = p * PART_ROWS + b * BLOCK_ROWS;
-            let block_rows = rows_of_block.len() / cols;
-            // dx += dy[:, block] · W[block], before W[block] changes.
-            gemm_scaled(
-                (n, cols, block_rows),
-                (&mut dx, cols),
-                (&dy[first..], rows, 1),
-                (rows_of_block, cols, 1),
-                1.0,
-                1.0,
-            );
-            // ∇W[block] = dy[:, block]ᵀ · x, stored or descended along.
-            let (target, keep, scale) = match stored.as_deref_mut() {
-                Some(grad) => {
-                    let start = b * BLOCK_ROWS * cols;
-                    (&mut grad[start..start + block_rows * cols], 0.0, 1.0)
-                }
-                None => (rows_of_block, 1.0, -descend),
-            };
-            gemm_scaled(
-                (block_rows, cols, n),
-                (target, cols),
-                (&dy[first..], 1, rows),
-                (x, cols, 1),
-                keep,
-                scale,
-            );
-        }
-        dx
-    };
-    let partials = by_parts(w, stored, PART_ROWS * cols, backward_part);
-    sum_in_order(partials)
+    let block_cols = column_block(rows);
+    let mut dx = vec![0f32; n * cols];
+    let (w_at, dx_at) = (Shared(w.as_mut_ptr()), Shared(dx.as_mut_ptr()));
+    let grad_at = stored.map(|grad| Shared(grad.as_mut_ptr()));
+    (0..cols.div_ceil(block_cols))
+        .into_par_iter()
+        .for_each(|b| {
+            let first = b * block_cols;
+            let width = block_cols.min(cols - first);
+            // SAFETY: block b reads and writes only columns first..first + width of W, dx and the
+            // stored gradient, which no other block touches; the slices outlive the loop and every
+            // index gemm forms stays inside them (rows × cols, n × cols).
+            unsafe {
+                // dx[:, block] = dy · W[:, block], before the block changes.
+                gemm::gemm(
+                    n,
+                    width,
+                    rows,
+                    dx_at.at(first),
+                    1,
+                    cols as isize,
+                    false,
+                    dy.as_ptr(),
+                    1,
+                    rows as isize,
+                    w_at.at(first),
+                    1,
+                    cols as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+                // ∇W[:, block] = dyᵀ · x[:, block], stored or descended along.
+                let (target, keep, scale) = match grad_at {
+                    Some(grad) => (grad.at(first), 0.0, 1.0),
+                    None => (w_at.at(first), 1.0, -descend),
+                };
+                gemm::gemm(
+                    rows,
+                    width,
+                    n,
+                    target,
+                    1,
+                    cols as isize,
+                    keep != 0.0,
+                    dy.as_ptr(),
+                    rows as isize,
+                    1,
+                    x.as_ptr().add(first),
+                    1,
+                    cols as isize,
+                    keep,
+                    scale,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        });
+    dx
 }
+
+/// Columns of a weight with `rows` rows that fit in about 1 MiB (half of a core's L2 on the
+/// machines measured), at least 16: the unit of [`linear_backward`]'s blocks. It depends on the
+/// shape only, so results do not depend on the threads.
+fn column_block(rows: usize) -> usize {
+    ((256 * 1024 / rows.max(1)) / 16 * 16).max(16)
+}
+
+/// A pointer shared by parallel tasks that touch disjoint parts of its buffer.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+
+impl Shared {
+    /// The pointer `offset` elements on.
+    ///
+    /// # Safety
+    /// `offset` must stay inside the buffer.
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: the caller keeps `offset` inside the buffer.
+        unsafe { self.0.add(offset) }
+    }
+}
+
+// SAFETY: only used where each task writes elements no other task reads or writes.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
 
 /// y = x W for x (n × rows) and W (rows × cols): y is (n × cols), a sum over W's rows.
 pub(crate) fn transposed_forward(

@@ -407,18 +407,30 @@ fn draw_cells<T>(
 
 /// A heat map with a colour bar (viridis; NaN cells grey).
 pub fn heatmap(path: &Path, title: &str, grid: &Grid2d<f64>, value_label: &str) -> Result<()> {
+    heatmap_in(path, title, grid, value_label, None)
+}
+
+/// [`heatmap`] with the colour scale spanning `range` (values beyond it take its end colours), as
+/// a paper's figure does; `None`: the values' own range.
+pub fn heatmap_in(
+    path: &Path,
+    title: &str,
+    grid: &Grid2d<f64>,
+    value_label: &str,
+    range: Option<(f64, f64)>,
+) -> Result<()> {
     let finite = grid.values.iter().copied().filter(|v| v.is_finite());
     let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
         (lo.min(v), hi.max(v))
     });
-    let (lo, hi) = if lo.is_finite() && hi > lo {
-        (lo, hi)
-    } else {
-        (lo.min(0.0), lo.max(0.0) + 1.0)
+    let (lo, hi) = match range {
+        Some(range) => range,
+        None if lo.is_finite() && hi > lo => (lo, hi),
+        None => (lo.min(0.0), lo.max(0.0) + 1.0),
     };
     let color = |v: &f64| {
         if v.is_finite() {
-            ViridisRGB::get_color_normalized(*v, lo, hi)
+            ViridisRGB::get_color_normalized(v.clamp(lo, hi), lo, hi)
         } else {
             RGBColor(200, 200, 200)
         }

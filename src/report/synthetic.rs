@@ -8,8 +8,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::plot::{
-    Grid2d, LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, category_map, heatmap,
-    line_panels, scatter_panels, subscript,
+    Grid2d, LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, category_map,
+    heatmap_in, line_panels, scatter_panels, subscript,
 };
 use crate::io::{ensure_dir, write_csv, write_json, write_json_lines};
 use crate::synthetic::{Grid, Regime, RunSummary, SweepRow, SyntheticConfig, SyntheticRun};
@@ -95,7 +95,11 @@ pub fn plot_token_probabilities(path: &Path, run: &SyntheticRun) -> Result<()> {
         LinePanel {
             title: format!("{what} training sample #{sample}"),
             x_label: "step".into(),
-            y_label: "softmax probability".into(),
+            y_label: if run.config.encoder.is_some() {
+                "CLS attention".into()
+            } else {
+                "softmax probability".into()
+            },
             y_range: (0.0, 1.0),
             series,
         }
@@ -109,7 +113,12 @@ pub fn plot_token_probabilities(path: &Path, run: &SyntheticRun) -> Result<()> {
     }
     let c = &run.config;
     let title = format!(
-        "Token selection, d = {}, ‖μ‖ = {}, η = {} ({})",
+        "{}, d = {}, ‖μ‖ = {}, η = {} ({})",
+        if c.encoder.is_some() {
+            "One-layer encoder, CLS attention"
+        } else {
+            "Token selection"
+        },
         c.embed_dim,
         c.signal_norm,
         c.noise_ratio,
@@ -120,7 +129,7 @@ pub fn plot_token_probabilities(path: &Path, run: &SyntheticRun) -> Result<()> {
 
 /// Fig. 1 style: each sample's most attended token in the μ₊/μ₋ plane, train and test.
 pub fn plot_selected_tokens(path: &Path, run: &SyntheticRun) -> Result<()> {
-    let groups = |selected: &[crate::synthetic::train::SelectedToken]| {
+    let groups = |selected: &[crate::synthetic::trajectory::SelectedToken]| {
         let pick = |label: f64, noisy: bool| -> Vec<(f64, f64)> {
             selected
                 .iter()
@@ -171,7 +180,12 @@ pub fn plot_selected_tokens(path: &Path, run: &SyntheticRun) -> Result<()> {
             groups: groups(&run.selected_test),
         },
     ];
-    let title = format!("Selected tokens, SNR {:.3}: {}", s.snr, s.regime.name());
+    let title = format!(
+        "{}Selected tokens, SNR {:.3}: {}",
+        model_name(&run.config),
+        s.snr,
+        s.regime.name()
+    );
     scatter_panels(path, &title, &panels)
 }
 
@@ -189,6 +203,20 @@ fn write_grid_table(
         &dir.join(format!("{name}_config.json")),
         &serde_json::json!({ "grid": grid, "base": base }),
     )
+}
+
+/// The colour ranges of Fig. 6's heat maps (the one-layer encoder), read from the paper's figure
+/// (docs/protocol.md §2.7).
+const FIG6_TRAIN_LOSS_RANGE: (f64, f64) = (0.405, 0.55);
+const FIG6_TEST_LOSS_RANGE: (f64, f64) = (0.41, 0.64);
+
+/// "One-layer encoder, " for the encoder's figures; nothing for the token selector's.
+fn model_name(config: &SyntheticConfig) -> &'static str {
+    if config.encoder.is_some() {
+        "one-layer encoder, "
+    } else {
+        ""
+    }
 }
 
 /// sweep.csv, heatmap_train_loss.png, heatmap_test_loss.png and regime.png under `dir`.
@@ -210,19 +238,26 @@ pub fn write_sweep(
             .collect()
     };
     let subtitle = format!(
-        "n = {}, η = {}, {} steps",
-        base.train_n, base.noise_ratio, base.num_steps
+        "{}n = {}, η = {}, {} steps",
+        model_name(base),
+        base.train_n,
+        base.noise_ratio,
+        base.num_steps
     );
-    for (name, label, values) in [
+    // The encoder's heat maps in Fig. 6's colour ranges, so that they read beside the paper's.
+    let encoder = base.encoder.is_some();
+    for (name, label, values, range) in [
         (
             "heatmap_train_loss.png",
             "train loss",
             collect(&|r| r.train_loss),
+            encoder.then_some(FIG6_TRAIN_LOSS_RANGE),
         ),
         (
             "heatmap_test_loss.png",
             "test loss",
             collect(&|r| r.test_loss),
+            encoder.then_some(FIG6_TEST_LOSS_RANGE),
         ),
     ] {
         let grid2d = Grid2d {
@@ -232,11 +267,12 @@ pub fn write_sweep(
             x_label: "d (embed_dim)",
             y_label: "‖μ‖ (signal_norm)",
         };
-        heatmap(
+        heatmap_in(
             &dir.join(name),
             &format!("Final {label}, {subtitle}"),
             &grid2d,
             label,
+            range,
         )?;
     }
     let legend: Vec<(&str, _)> = Regime::ALL

@@ -20,6 +20,7 @@ use crate::data::{self, DatasetName};
 use crate::report::results::{RUNS, collect};
 use crate::rng::RngChoice;
 use crate::runtime::DeviceKind;
+pub use crate::shard::Shard;
 use crate::train::finetune::{
     FinetuneJob, HeadClassifier, Mode, Places, Progress, RunConfig, RunFolder, finetune_stack,
     prefetch,
@@ -137,35 +138,6 @@ pub struct Job {
     pub n: usize,
     pub eta: f64,
     pub seed: u64,
-}
-
-/// `--shard K/N`: the K-th (1-based) of N interleaved parts of the grid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
-    pub index: usize,
-    pub count: usize,
-}
-
-impl std::str::FromStr for Shard {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let parsed = s
-            .split_once('/')
-            .and_then(|(k, n)| Some((k.trim().parse().ok()?, n.trim().parse().ok()?)));
-        match parsed {
-            Some((index, count)) if count >= 1 && (1..=count).contains(&index) => {
-                Ok(Self { index, count })
-            }
-            _ => Err(format!("expected K/N with 1 ≤ K ≤ N, got {s:?}")),
-        }
-    }
-}
-
-impl Shard {
-    pub fn keeps(&self, position: usize) -> bool {
-        position % self.count == self.index - 1
-    }
 }
 
 /// The grid in order (dataset, η, n, seed), without points the data cannot hold (BreastMNIST has

@@ -40,6 +40,31 @@ pub struct SyntheticConfig {
     /// λ of the LocAteR penalty λ·v_sym(W) (`diagnostics::locater`); 0, the paper's setting: none.
     /// Not one of the authors' keys; needs the dense engine.
     pub locater: f64,
+    /// Train the one-layer Transformer encoder of Figs. 6/7 (the authors' `main_one_layer.py`)
+    /// instead of the token selector; absent: the token selector.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoder: Option<EncoderSettings>,
+}
+
+/// The encoder's own hyper-parameters (`config/main_one_layer.yaml`; the other keys are shared).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EncoderSettings {
+    /// Width of the FFN's hidden layer.
+    pub mlp_dim: usize,
+    /// Seed of the parameters' initialisation. The authors seed the data but not the model
+    /// (their runs vary from one to the next); here it is a seed of its own, so that a spread
+    /// over initialisations can be measured on the same data.
+    pub init_seed: u64,
+}
+
+impl Default for EncoderSettings {
+    fn default() -> Self {
+        Self {
+            mlp_dim: 2000,
+            init_seed: 0,
+        }
+    }
 }
 
 impl Default for SyntheticConfig {
@@ -58,6 +83,7 @@ impl Default for SyntheticConfig {
             paper_test_seed: false,
             log_interval: 10,
             locater: 0.0,
+            encoder: None,
         }
     }
 }
@@ -152,6 +178,20 @@ impl SyntheticConfig {
             "a finite number ≥ 0",
             self.locater.to_string(),
         )?;
+        if let Some(encoder) = &self.encoder {
+            unit(
+                encoder.mlp_dim >= 1,
+                "mlp-dim",
+                "at least 1",
+                encoder.mlp_dim.to_string(),
+            )?;
+            unit(
+                self.locater == 0.0,
+                "locater",
+                "0 with --model encoder (the penalty is the token selector's)",
+                self.locater.to_string(),
+            )?;
+        }
         // Before knowing the engine: even the cheaper one must fit.
         self.check_memory(None, false, &Available::now())
     }
@@ -174,6 +214,22 @@ impl SyntheticConfig {
         // f64 throughout: the products overflow usize for absurd flags.
         let (d, t) = (self.embed_dim as f64, self.seq_len as f64);
         let (n, m) = (self.train_n as f64, self.test_n as f64);
+        if let Some(encoder) = &self.encoder {
+            let mlp = encoder.mlp_dim as f64;
+            return MemoryEstimate {
+                // The weights (f32), and the three d × d products of the final spectrum.
+                key_query: 4.0 * (3.0 * d * d + 2.0 * mlp * d) + 12.0 * d * d,
+                // Train and test tokens, the normalised training tokens and one evaluation
+                // chunk's, and the per-part sums of the backward products.
+                tokens: 4.0 * ((n + m) * t * d + n * t * d + 256.0 * t * d)
+                    + 4.0 * n * d * (d / 256.0 + 1.0),
+                attention_trace: if attention_trace {
+                    4.0 * (self.num_steps as f64 + 1.0) * n * (t + 1.0)
+                } else {
+                    0.0
+                },
+            };
+        }
         let rank = n * t; // M = n·T training tokens
         let (per_entry, engine_tokens, reduced) = match engine {
             // W₀ as drawn (f32), W, ∇W and the update's temporaries (f32), and the f64 copies the
@@ -204,6 +260,10 @@ impl SyntheticConfig {
     ) -> Result<()> {
         let estimate = |e| self.memory_estimate(e, attention_trace);
         let (engine_flag, estimate) = match engine {
+            _ if self.encoder.is_some() => (
+                "--model encoder".to_string(),
+                estimate(EngineKind::Subspace),
+            ),
             Some(e) => (format!("--engine {}", engine_name(e)), estimate(e)),
             None => {
                 let (dense, subspace) =

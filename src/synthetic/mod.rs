@@ -1,8 +1,12 @@
-//! The paper's synthetic reference experiment (docs/protocol.md §2): the token distribution, the
-//! token-selection model with a fixed head, gradient descent on (W, p), and the SNR grid.
+//! The paper's synthetic reference experiments (docs/protocol.md §2): the token distribution, the
+//! token-selection model with a fixed head trained by gradient descent on (W, p), the one-layer
+//! Transformer encoder of Figs. 6/7 with every parameter trained, and the SNR grid.
 //!
-//! Read in order: `config` → `data` → `model` → `engine` (`dense`, `subspace`) → `train` → `sweep`.
+//! Read in order: `config` → `data` → `model` → `engine` (`dense`, `subspace`) → `trajectory` (the
+//! loop every model runs and what it records) → `train` (the token selector's run) → `encoder` →
+//! `sweep` (and `cells`, its record on disk).
 
+pub mod cells;
 pub mod config;
 pub mod data;
 pub mod dense;
@@ -12,9 +16,12 @@ pub mod model;
 pub mod subspace;
 pub mod sweep;
 pub mod train;
+pub mod trajectory;
 
+pub use config::EncoderSettings;
 pub use config::SyntheticConfig;
 pub use engine::EngineKind;
 pub use model::Regime;
-pub use sweep::{Grid, SweepRow, sweep};
-pub use train::{RunSummary, StepMetrics, SyntheticRun, Trace, run, run_with_engine};
+pub use sweep::{Grid, GridProgress, SweepRow, sweep, sweep_into};
+pub use train::{run, run_with_engine};
+pub use trajectory::{RunSummary, StepMetrics, SyntheticRun, Trace};

@@ -10,8 +10,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug)]
 pub struct Forward {
     pub seq_len: usize,
-    /// softmax over the T tokens of each sample, (n × T).
+    /// softmax over the T tokens of each sample, (n × T). For the encoder: the CLS query's
+    /// attention to the T data tokens, which leaves out its attention to itself.
     pub attention: Vec<f64>,
+    /// The encoder's CLS query's attention to itself, per sample (empty for the token selector):
+    /// its entropies are of the whole row, T + 1 positions.
+    pub own_attention: Vec<f64>,
     /// f(X_i).
     pub outputs: Vec<f64>,
     /// Mean logistic loss log(1 + exp(−y f)).
@@ -34,24 +38,34 @@ impl Forward {
             softmax_into(a, s);
             outputs.push(s.iter().zip(v).map(|(s, v)| s * v).sum());
         }
-        let n = labels.len() as f64;
-        let loss = outputs
-            .iter()
-            .zip(labels)
-            .map(|(f, y)| softplus(-y * f))
-            .sum::<f64>()
-            / n;
-        let correct = outputs
-            .iter()
-            .zip(labels)
-            .filter(|(f, y)| *y * **f > 0.0)
-            .count();
+        let (loss, accuracy) = loss_and_accuracy(&outputs, labels);
         Self {
             seq_len,
             attention,
+            own_attention: Vec::new(),
             outputs,
             loss,
-            accuracy: correct as f64 / n,
+            accuracy,
+        }
+    }
+
+    /// The encoder's outputs: its CLS rows' attention over the T + 1 positions (itself first,
+    /// (n × (T + 1))) and its logits f(X_i).
+    pub fn of_encoder(cls_rows: &[f32], logits: &[f32], labels: &[f64], seq_len: usize) -> Self {
+        let (mut attention, mut own_attention) = (Vec::new(), Vec::new());
+        for row in cls_rows.chunks_exact(seq_len + 1) {
+            own_attention.push(f64::from(row[0]));
+            attention.extend(row[1..].iter().map(|&a| f64::from(a)));
+        }
+        let outputs: Vec<f64> = logits.iter().map(|&f| f64::from(f)).collect();
+        let (loss, accuracy) = loss_and_accuracy(&outputs, labels);
+        Self {
+            seq_len,
+            attention,
+            own_attention,
+            outputs,
+            loss,
+            accuracy,
         }
     }
 
@@ -113,10 +127,33 @@ impl Forward {
             .chunks_exact(self.seq_len)
             .enumerate()
             .filter(|(i, _)| keep(*i))
-            .map(|(_, row)| crate::diagnostics::entropy(row))
+            .map(|(i, row)| {
+                let own = self
+                    .own_attention
+                    .get(i)
+                    .map_or(0.0, |&p| crate::diagnostics::entropy(&[p]));
+                crate::diagnostics::entropy(row) + own
+            })
             .collect();
         (!entropies.is_empty()).then(|| entropies.iter().sum::<f64>() / entropies.len() as f64)
     }
+}
+
+/// The mean logistic loss log(1 + e^(−y f)) and the fraction of samples with y f > 0.
+fn loss_and_accuracy(outputs: &[f64], labels: &[f64]) -> (f64, f64) {
+    let n = labels.len() as f64;
+    let loss = outputs
+        .iter()
+        .zip(labels)
+        .map(|(f, y)| softplus(-y * f))
+        .sum::<f64>()
+        / n;
+    let correct = outputs
+        .iter()
+        .zip(labels)
+        .filter(|(f, y)| *y * **f > 0.0)
+        .count();
+    (loss, correct as f64 / n)
 }
 
 fn softmax_into(logits: &[f64], out: &mut [f64]) {

@@ -5,9 +5,13 @@
 //! linear head on the CLS position; logistic loss, every parameter trained by full-batch SGD.
 //!
 //! Read in order: `params` (names, shapes, torch's initialisation) → `pass` (the forward and
-//! backward passes, at the CLS position only) → `train` (a run).
+//! backward passes, at the CLS position only) → `spectrum` (its query-key matrix) → `train` (a
+//! run).
 
 pub mod params;
 pub mod pass;
+pub mod spectrum;
+pub mod train;
 
 pub use params::EncoderParams;
+pub use train::run;
