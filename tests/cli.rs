@@ -37,6 +37,12 @@ fn bad_flags_give_one_line_and_exit_2() {
             &["--config", "/nonexistent/synthetic.toml"],
             "/nonexistent/synthetic.toml",
         ),
+        // The encoder's flags and the token selector's do not mix.
+        (&["--mlp-dim", "10"], "--model encoder"),
+        (&["--init-seed", "1"], "--model encoder"),
+        (&["--model", "encoder", "--engine", "dense"], "--engine"),
+        (&["--model", "encoder", "--locater", "1"], "--locater"),
+        (&["--model", "encoder", "--mlp-dim", "0"], "--mlp-dim"),
     ];
     for (args, expected) in cases {
         let mut full = vec!["synthetic"];
@@ -251,6 +257,103 @@ fn coarse_sweep_writes_csv_and_heat_maps() {
             Path::new(&path).exists() && std::fs::metadata(&path).unwrap().len() > 5_000,
             "{png}"
         );
+    }
+}
+
+/// A tiny encoder grid (coarse d and ‖μ‖, 3 steps, a narrow FFN) into `out_dir`, with `extra`.
+fn tiny_encoder_sweep(out_dir: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "synthetic-sweep",
+        "--model",
+        "encoder",
+        "--grid",
+        "coarse",
+        "--num-steps",
+        "3",
+        "--train-n",
+        "4",
+        "--test-n",
+        "6",
+        "--mlp-dim",
+        "8",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    benign(&args)
+}
+
+#[test]
+fn an_encoder_sweep_in_shards_adds_up_to_one_run_and_resumes_only_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    let out = tiny_encoder_sweep(&whole, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Two shards into one folder: the first draws nothing, the second everything.
+    let parts = dir.path().join("parts");
+    let first = tiny_encoder_sweep(&parts, &["--shard", "1/2"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(
+        stderr(&first).contains("40 of 81 still to run"),
+        "{}",
+        stderr(&first)
+    );
+    assert!(!parts.join("sweep.csv").exists());
+    let second = tiny_encoder_sweep(&parts, &["--shard", "2/2"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    let read = |folder: &std::path::Path| std::fs::read(folder.join("sweep.csv")).unwrap();
+    assert_eq!(read(&whole), read(&parts), "two shards differ from one run");
+    // A lost cell is run again, alone, and the table is the same.
+    let lost = std::fs::read_dir(parts.join("cells"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::remove_file(&lost).unwrap();
+    let again = tiny_encoder_sweep(&parts, &[]);
+    assert!(stderr(&again).contains("1 cells run"), "{}", stderr(&again));
+    assert_eq!(read(&whole), read(&parts));
+    // Cells of another configuration are refused, naming one.
+    let other = tiny_encoder_sweep(&parts, &["--learning-rate", "0.01"]);
+    assert_eq!(other.status.code(), Some(2));
+    assert!(stderr(&other).contains("cells/d"), "{}", stderr(&other));
+    // The encoder's heat maps are drawn.
+    assert!(parts.join("heatmap_test_loss.png").exists());
+}
+
+#[test]
+fn an_encoder_run_writes_its_outputs_and_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = benign(&[
+        "synthetic",
+        "--model",
+        "encoder",
+        "--embed-dim",
+        "64",
+        "--mlp-dim",
+        "16",
+        "--num-steps",
+        "20",
+        "--test-n",
+        "50",
+        "--init-seed",
+        "3",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["config"]["encoder"]["mlp_dim"], 16);
+    assert_eq!(summary["config"]["encoder"]["init_seed"], 3);
+    assert!(summary.get("engine").is_none(), "the encoder has no engine");
+    assert!(summary["qk_symmetric"]["var"].as_f64().unwrap() > 0.0);
+    let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 3, "steps 0, 10 and 20");
+    for png in ["token_probs.png", "selected_tokens.png"] {
+        assert!(dir.path().join(png).exists(), "{png}");
     }
 }
 

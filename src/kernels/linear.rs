@@ -194,9 +194,9 @@ pub(crate) fn linear_backward(
     dx
 }
 
-/// Columns of a weight with `rows` rows that fit in about 1 MiB (half of a core's L2 on the
-/// machines measured), at least 16: the unit of [`linear_backward`]'s blocks. It depends on the
-/// shape only, so results do not depend on the threads.
+/// Columns of a weight with `rows` rows that fit in about 1 MiB (a core's L2 on the machines
+/// measured, docs/performance.md), at least 16: the unit of [`linear_backward`]'s blocks. It
+/// depends on the shape only, so results do not depend on the threads.
 fn column_block(rows: usize) -> usize {
     ((256 * 1024 / rows.max(1)) / 16 * 16).max(16)
 }
