@@ -390,6 +390,26 @@ fn extract_refuses_an_empty_selection() {
 }
 
 #[test]
+fn diagnose_snr_refuses_an_output_folder() {
+    let out = benign(&[
+        "diagnose",
+        "snr",
+        "--dataset",
+        "trec",
+        "--eta",
+        "0.2",
+        "--out",
+        "/tmp/x",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--out /tmp/x") && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
+#[test]
 fn a_missing_dataset_is_fetched_and_offline_fails_fast_naming_where_to_put_it() {
     let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();

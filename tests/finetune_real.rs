@@ -121,6 +121,52 @@ fn both_modes_run_and_write_summary_and_metrics() {
                 .count(),
             3
         );
+        // The fine-tune set on the n·SNR² axis, and `diagnose snr` on the same flags (phase 1
+        // from the cache) gives the very estimate the run recorded.
+        let snr = &summary["snr"];
+        assert_eq!(snr["samples"], 30, "{mode}: {snr}");
+        for key in [
+            "signal_norm",
+            "noise_norm",
+            "other_noise_norm",
+            "snr",
+            "n_snr2",
+        ] {
+            assert!(
+                snr[key].as_f64().is_some_and(f64::is_finite),
+                "{mode}: {key} in {snr}"
+            );
+        }
+        let mut args = vec![
+            "diagnose",
+            "snr",
+            "--dataset",
+            "trec",
+            "--eta",
+            "0.2",
+            "--mode",
+            mode,
+        ];
+        args.extend(SMALL);
+        let out = benign(&args, &cache);
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let printed: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        for key in [
+            "samples",
+            "signal_norm",
+            "noise_norm",
+            "snr",
+            "n_snr2",
+            "modal_position",
+        ] {
+            assert_eq!(printed[key], snr[key], "{mode}: {key}");
+        }
+        assert!(String::from_utf8_lossy(&out.stderr).contains("n·SNR²"));
     }
     // The second mode reused the cached sentences: every sample went through MiniLM once.
 }

@@ -107,7 +107,7 @@ pub struct FinetuneArgs {
 impl FinetuneArgs {
     /// The runs these flags describe: the dataset's paper defaults with the flags on top, one per
     /// seed and η (seed-major, as `reproduce` orders a grid).
-    fn jobs(&self) -> Result<Vec<FinetuneJob>> {
+    pub(super) fn jobs(&self) -> Result<Vec<FinetuneJob>> {
         if self.eta.is_empty() || self.seed.is_empty() {
             bail!("--eta and --seed need at least one value each");
         }

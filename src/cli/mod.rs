@@ -3,6 +3,7 @@
 //! `finetune`, `reproduce`). Every error is one line on stderr and exit status 2.
 
 mod data;
+mod diagnose;
 mod extract;
 mod finetune;
 mod reproduce;
@@ -46,6 +47,10 @@ pub enum Command {
     /// The paper's real-data table and figures as grids of finetune runs, with a report.
     #[command(subcommand)]
     Reproduce(reproduce::ReproduceCommand),
+    /// Measurements of a run's data that train nothing past phase 1: `snr`, its fine-tune set on
+    /// the paper's n·SNR² axis.
+    #[command(subcommand)]
+    Diagnose(diagnose::DiagnoseCommand),
 }
 
 /// Where a real-data run finds its data and checkpoints, caches features and computes.
@@ -125,6 +130,7 @@ pub fn main() -> ExitCode {
         Command::Finetune(_)
             | Command::Reproduce(_)
             | Command::Extract(_)
+            | Command::Diagnose(_)
             | Command::SyntheticSweep(_)
             | Command::LocalizationSweep(_)
     );
@@ -157,5 +163,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Extract(args) => extract::run(args).map(|()| ExitCode::SUCCESS),
         Command::Finetune(args) => finetune::run(args).map(|()| ExitCode::SUCCESS),
         Command::Reproduce(command) => reproduce::run(command),
+        Command::Diagnose(command) => diagnose::run(command).map(|()| ExitCode::SUCCESS),
     }
 }

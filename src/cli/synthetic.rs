@@ -217,7 +217,7 @@ pub fn run(args: SyntheticArgs) -> Result<()> {
         s.noisy_entropy
             .map_or("-".to_string(), |e| format!("{e:.3}")),
         match (s.qk_symmetric_init, s.qk_symmetric) {
-            (Some(a), Some(b)) => format!("{:.4} → {:.4}", a.var, b.var),
+            (Some(a), Some(b)) => format!("{} → {}", four_places(a.var), four_places(b.var)),
             _ => "-".to_string(),
         },
         s.wall_seconds,
@@ -328,4 +328,14 @@ pub fn localization_sweep(args: LocalizationSweepArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Four decimals, or four significant digits where those would show only zeros (the encoder's
+/// query-key spectrum is of order 1e-5).
+fn four_places(value: f64) -> String {
+    if value != 0.0 && value.abs() < 1e-3 {
+        format!("{value:.3e}")
+    } else {
+        format!("{value:.4}")
+    }
 }

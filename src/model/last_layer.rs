@@ -250,10 +250,7 @@ impl<'a> LastLayer<'a> {
 
     /// What the attention reads: LN(X) for ViT (pre-LN), X for BERT.
     fn normed(&self, inputs: &Tensor) -> Result<Tensor> {
-        Ok(match self.model {
-            Model::Vit(v) => v.last_layer().layernorm_before.forward(inputs)?,
-            Model::Bert(_) => inputs.clone(),
-        })
+        attention_inputs(self.model, inputs)
     }
 
     /// The cheap path: CLS query row only, on a batch of layer inputs (B, L, D) whose samples
@@ -464,5 +461,14 @@ fn detached(out: Output) -> Result<Output> {
     Ok(Output {
         logits: out.logits.detach(),
         cls_attention: out.cls_attention.detach(),
+    })
+}
+
+/// The tokens the last layer's attention selects from, given the layer's inputs (B, L, D): LN(X)
+/// for ViT (pre-LN), X itself for BERT (post-LN: its inputs are already normed).
+pub fn attention_inputs(model: &Model, inputs: &Tensor) -> Result<Tensor> {
+    Ok(match model {
+        Model::Vit(v) => v.last_layer().layernorm_before.forward(inputs)?,
+        Model::Bert(_) => inputs.clone(),
     })
 }

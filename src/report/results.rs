@@ -317,6 +317,7 @@ pub(super) mod tests {
             },
             baseline_test_acc: baseline,
             reset_test_acc: None,
+            snr: None,
             last: EpochMetrics {
                 epoch: 10,
                 train_loss: loss,

@@ -26,9 +26,11 @@ use super::setup::{
     Setup, device_name, layer_inputs, prepare_data, run_features, setup, setup_sibling,
     write_config,
 };
+use super::snr::fine_tune_snr;
 use crate::data::catalog::Completeness;
 use crate::data::prepare::PreparedData;
 use crate::data::split::SplitName;
+use crate::diagnostics::snr::SnrEstimate;
 use crate::encoder::Model;
 use crate::encoder::layer_rows::LayerRows;
 use crate::rng::{Stream, stream};
@@ -64,6 +66,10 @@ pub struct FinetuneSummary {
     /// phase-2 step: baseline → reset is the reset's cost, reset → final the noise's.
     #[serde(default)]
     pub reset_test_acc: Option<f64>,
+    /// Where the fine-tune set sits on the paper's n·SNR² axis ([`super::snr`]); absent in
+    /// summaries written before it was measured, or where the estimate could not be made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snr: Option<SnrEstimate>,
     /// The last phase-2 epoch, test set scored.
     #[serde(rename = "final")]
     pub last: EpochMetrics,
@@ -195,6 +201,7 @@ struct ReadyRun {
     folder_lock: Option<FolderLock>,
     clock: WallClock,
     phase1: PhaseOne,
+    snr: Option<SnrEstimate>,
     /// The initialisation stream after phase 1's draws: the reset comes next.
     init_rng: rand_chacha::ChaCha8Rng,
 }
@@ -267,6 +274,21 @@ fn prepare_run(
         progress,
     )?;
     progress.pretrain_done(&phase1.pretrain_losses);
+    let snr = fine_tune_snr(
+        &setup.backbone.model,
+        &phase1.classifier,
+        layer_inputs(&features.finetune)?,
+        &prepared.labels.clean_labels,
+        job.config.mode,
+        &setup.device,
+    )
+    .map_err(|err| {
+        progress.note(&format!(
+            "no n·SNR² estimate: {}",
+            crate::errors::one_line(&err)
+        ))
+    })
+    .ok();
     Ok(ReadyRun {
         finetune_rows: layer_inputs(&features.finetune)?.clone(),
         test_rows: layer_inputs(&features.test)?.clone(),
@@ -277,6 +299,7 @@ fn prepare_run(
         folder_lock,
         clock,
         phase1,
+        snr,
         init_rng,
     })
 }
@@ -376,7 +399,7 @@ impl ReadyRun {
             job,
             self.setup,
             &self.prepared,
-            self.phase1,
+            (self.phase1, self.snr),
             log,
             maps,
             &self.clock,
@@ -421,7 +444,7 @@ fn summarize(
     job: &FinetuneJob,
     setup: Setup,
     prepared: &PreparedData,
-    phase1: PhaseOne,
+    (phase1, snr): (PhaseOne, Option<SnrEstimate>),
     log: Phase2Log,
     attention_maps: AttentionMaps,
     clock: &WallClock,
@@ -449,6 +472,7 @@ fn summarize(
         },
         baseline_test_acc: phase1.baseline_test_acc,
         reset_test_acc: log.iter().find(|m| m.epoch == 0).and_then(|m| m.test_acc),
+        snr,
         last,
         deviations,
         wall_seconds: clock.seconds(),

@@ -4,7 +4,8 @@
 //! (`phase2`, a module of its own), with the optimizer of the authors' Trainer defaults (`optim`)
 //! and the metrics they report (`metrics`); checkpoints (`checkpoint`), what carries a run across
 //! sittings (`resume`) and the run folder's one writer (`folder_lock`); the samples whose token
-//! selection a run pictures (`attention_maps`); how a run reports progress (`progress`).
+//! selection a run pictures (`attention_maps`); how a run reports progress (`progress`); where a
+//! run's fine-tune set sits on the paper's SNR axis (`snr`).
 //! `finetune` strings the steps together.
 
 pub mod attention_maps;
@@ -21,3 +22,4 @@ pub mod progress;
 pub mod resume;
 pub mod run;
 pub mod setup;
+pub mod snr;

@@ -1,0 +1,266 @@
+//! The signal-to-noise ratio of a set of tokens, as the paper's theorem uses it (docs/protocol.md §2):
+//! SNR = ‖μ‖ / (σ_ε √d), and the regime is set by n·SNR². On the synthetic data μ and σ_ε are
+//! known; on real tokens they are estimated here from the set's own tokens and clean labels.
+//!
+//! The rule (docs/design.md, "The SNR of real tokens"):
+//! 1. Each sample's **relevant token** is the one the head scores highest for the sample's clean
+//!    class (the caller passes those scores; a token scored −∞ or NaN, such as padding, takes no
+//!    part anywhere).
+//! 2. The **noise** σ_ε √d is the root-mean-square distance of the relevant tokens from their class
+//!    mean, pooled over classes with n − K degrees of freedom (unbiased for tr Σ = σ_ε² d whatever
+//!    the covariance). The other tokens' spread around their own mean is reported beside it.
+//! 3. The **class signal** μ_c is the class mean of the relevant tokens minus the mean of the class
+//!    means. ‖m_c − m̄‖² overstates ‖μ_c − μ̄‖² by the noise of the means, which is subtracted
+//!    (exactly, from the pooled noise and the class counts), and with K classes whose signals are
+//!    orthogonal and of one norm, as in the paper's model, ‖μ_c − μ̄‖² = (1 − 1/K)‖μ‖²: the
+//!    estimate is scaled by K / (K − 1) so that it recovers ‖μ‖ there.
+//! 4. SNR = RMS over classes of ‖μ_c‖ / (σ_ε √d), and n·SNR² with n the number of samples.
+
+use serde::{Deserialize, Serialize};
+
+/// n samples of T tokens of width d, row-major (n, T, d).
+#[derive(Clone, Copy, Debug)]
+pub struct Tokens<'a> {
+    pub values: &'a [f32],
+    pub num_samples: usize,
+    pub seq_len: usize,
+    pub embed_dim: usize,
+}
+
+impl<'a> Tokens<'a> {
+    fn token(&self, sample: usize, position: usize) -> &'a [f32] {
+        let start = (sample * self.seq_len + position) * self.embed_dim;
+        &self.values[start..start + self.embed_dim]
+    }
+}
+
+/// What the estimate found, with its parts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnrEstimate {
+    /// Samples used (n in n·SNR²).
+    pub samples: usize,
+    /// Classes with at least one sample.
+    pub classes: usize,
+    pub embed_dim: usize,
+    /// RMS over classes of ‖μ_c‖, the estimate of the paper's ‖μ‖ (step 3 of the rule).
+    pub signal_norm: f64,
+    /// σ_ε √d from the relevant tokens (step 2).
+    pub noise_norm: f64,
+    /// The same spread for every other (unpadded) token around their mean, for comparison.
+    pub other_noise_norm: f64,
+    pub snr: f64,
+    pub n_snr2: f64,
+    /// The position most often relevant, and the share of samples for which it is.
+    pub modal_position: usize,
+    pub modal_share: f64,
+}
+
+/// Estimates the SNR of `tokens` with clean `labels` (class indices) and, per sample, the head's
+/// score of each token for that sample's class (`class_scores`, n × T).
+pub fn estimate(
+    tokens: Tokens,
+    labels: &[usize],
+    class_scores: &[f32],
+) -> Result<SnrEstimate, String> {
+    let (n, t, d) = (tokens.num_samples, tokens.seq_len, tokens.embed_dim);
+    if tokens.values.len() != n * t * d || labels.len() != n || class_scores.len() != n * t {
+        return Err(format!(
+            "SNR estimate: {} token values, {} labels and {} scores do not fit {n} samples of {t} tokens of width {d}",
+            tokens.values.len(),
+            labels.len(),
+            class_scores.len()
+        ));
+    }
+    let usable = |score: f32| score.is_finite() || score == f32::INFINITY;
+    let relevant: Vec<usize> = class_scores
+        .chunks_exact(t)
+        .enumerate()
+        .map(|(i, scores)| {
+            scores
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| usable(**s))
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(position, _)| position)
+                .ok_or_else(|| format!("SNR estimate: sample {i} has no token to score"))
+        })
+        .collect::<Result<_, _>>()?;
+
+    let num_labels = labels.iter().max().map_or(0, |&c| c + 1);
+    let mut counts = vec![0usize; num_labels];
+    let mut class_sums = vec![vec![0f64; d]; num_labels];
+    for (i, &class) in labels.iter().enumerate() {
+        counts[class] += 1;
+        add(&mut class_sums[class], tokens.token(i, relevant[i]));
+    }
+    let present: Vec<usize> = (0..num_labels).filter(|&c| counts[c] > 0).collect();
+    let k = present.len();
+    if k < 2 || n <= k {
+        return Err(format!(
+            "SNR estimate: needs two classes and more samples than classes, got {n} samples in {k} classes"
+        ));
+    }
+    let means: Vec<Vec<f64>> = class_sums
+        .iter()
+        .zip(&counts)
+        .map(|(sum, &count)| sum.iter().map(|v| v / count.max(1) as f64).collect())
+        .collect();
+
+    // Step 2: pooled spread of the relevant tokens around their class mean.
+    let within: f64 = (0..n)
+        .map(|i| squared_distance(tokens.token(i, relevant[i]), &means[labels[i]]))
+        .sum();
+    let noise2 = within / (n - k) as f64;
+
+    // The other tokens around their own mean.
+    let mut other_sum = vec![0f64; d];
+    let mut other_count = 0usize;
+    for i in 0..n {
+        for position in (0..t).filter(|&p| p != relevant[i] && usable(class_scores[i * t + p])) {
+            add(&mut other_sum, tokens.token(i, position));
+            other_count += 1;
+        }
+    }
+    let other_noise_norm = if other_count > 1 {
+        let other_mean: Vec<f64> = other_sum.iter().map(|v| v / other_count as f64).collect();
+        let spread: f64 = (0..n)
+            .flat_map(|i| (0..t).map(move |p| (i, p)))
+            .filter(|&(i, p)| p != relevant[i] && usable(class_scores[i * t + p]))
+            .map(|(i, p)| squared_distance(tokens.token(i, p), &other_mean))
+            .sum();
+        (spread / (other_count - 1) as f64).sqrt()
+    } else {
+        f64::NAN
+    };
+
+    // Step 3: class signals, less the noise of the means, scaled to the paper's ‖μ‖.
+    let kf = k as f64;
+    let grand: Vec<f64> = (0..d)
+        .map(|j| present.iter().map(|&c| means[c][j]).sum::<f64>() / kf)
+        .collect();
+    let signal2 = present
+        .iter()
+        .map(|&c| {
+            let raw = squared_distance_f64(&means[c], &grand);
+            let others: f64 = present
+                .iter()
+                .filter(|&&o| o != c)
+                .map(|&o| 1.0 / counts[o] as f64)
+                .sum();
+            let bias = noise2 * ((1.0 - 1.0 / kf).powi(2) / counts[c] as f64 + others / (kf * kf));
+            raw - bias
+        })
+        .sum::<f64>()
+        / kf
+        * kf
+        / (kf - 1.0);
+    let signal_norm = signal2.max(0.0).sqrt();
+    let noise_norm = noise2.sqrt();
+    let snr = signal_norm / noise_norm;
+
+    let mut position_counts = vec![0usize; t];
+    for &p in &relevant {
+        position_counts[p] += 1;
+    }
+    let (modal_position, modal_count) = position_counts
+        .iter()
+        .enumerate()
+        .max_by_key(|&(p, &c)| (c, std::cmp::Reverse(p)))
+        .map(|(p, &c)| (p, c))
+        .unwrap_or((0, 0));
+    Ok(SnrEstimate {
+        samples: n,
+        classes: k,
+        embed_dim: d,
+        signal_norm,
+        noise_norm,
+        other_noise_norm,
+        snr,
+        n_snr2: n as f64 * snr * snr,
+        modal_position,
+        modal_share: modal_count as f64 / n as f64,
+    })
+}
+
+fn add(sum: &mut [f64], token: &[f32]) {
+    for (s, &v) in sum.iter_mut().zip(token) {
+        *s += v as f64;
+    }
+}
+
+fn squared_distance(token: &[f32], mean: &[f64]) -> f64 {
+    token
+        .iter()
+        .zip(mean)
+        .map(|(&v, m)| (v as f64 - m).powi(2))
+        .sum()
+}
+
+fn squared_distance_f64(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two classes on orthogonal axes, no noise beyond a tiny jitter: ‖μ‖ recovered exactly.
+    #[test]
+    fn noiseless_orthogonal_signals_give_their_norm() {
+        let (n, t, d) = (8, 3, 4);
+        let mut values = vec![0f32; n * t * d];
+        let labels: Vec<usize> = (0..n).map(|i| i % 2).collect();
+        let mut scores = vec![0f32; n * t];
+        for i in 0..n {
+            // The signal sits on token 1, on coordinate `label`; a small ± jitter on coordinate 3.
+            values[(i * t + 1) * d + labels[i]] = 5.0;
+            values[(i * t + 1) * d + 3] = if i / 2 % 2 == 0 { 0.1 } else { -0.1 };
+            scores[i * t + 1] = 1.0;
+        }
+        let estimate = estimate(
+            Tokens {
+                values: &values,
+                num_samples: n,
+                seq_len: t,
+                embed_dim: d,
+            },
+            &labels,
+            &scores,
+        )
+        .unwrap();
+        assert_eq!((estimate.modal_position, estimate.modal_share), (1, 1.0));
+        // Pooled spread 0.1 per sample with n − K = 6 degrees of freedom.
+        let noise = (8.0 * 0.01f64 / 6.0).sqrt();
+        assert!((estimate.noise_norm - noise).abs() < 1e-6);
+        assert!((estimate.signal_norm - (25.0 - noise * noise / 4.0).sqrt()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn padding_takes_no_part_and_a_bad_shape_is_named() {
+        let values = vec![1f32; 2 * 2 * 2];
+        let err = estimate(
+            Tokens {
+                values: &values,
+                num_samples: 2,
+                seq_len: 2,
+                embed_dim: 2,
+            },
+            &[0, 1],
+            &[f32::NEG_INFINITY, f32::NAN, 0.0, 1.0],
+        )
+        .unwrap_err();
+        assert!(err.contains("sample 0 has no token"), "{err}");
+        let err = estimate(
+            Tokens {
+                values: &values,
+                num_samples: 2,
+                seq_len: 2,
+                embed_dim: 2,
+            },
+            &[0],
+            &[0.0; 4],
+        )
+        .unwrap_err();
+        assert!(err.contains("do not fit"), "{err}");
+    }
+}

@@ -1,0 +1,131 @@
+//! A run's fine-tune set on the paper's SNR axis (docs/design.md, "The SNR of real tokens"; the
+//! estimator is [`crate::diagnostics::snr`]). Each sample's relevant token is the position whose
+//! final token the phase-1 classifier scores highest for the sample's clean class; the tokens
+//! measured are the ones the mode's phase 2 selects from: the final tokens in head mode, what the
+//! last layer's attention reads (LN of its inputs for ViT, the inputs for BERT) in last-layer mode.
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::finetune::FinetuneJob;
+use super::phase1::phase_one;
+use super::progress::Progress;
+use super::run::Mode;
+use super::setup::{final_tokens, layer_inputs, prepare_data, run_features, setup};
+use crate::diagnostics::snr::{SnrEstimate, Tokens, estimate};
+use crate::encoder::Model;
+use crate::encoder::layer_rows::LayerRows;
+use crate::model::Classifier;
+use crate::model::last_layer::attention_inputs;
+use crate::rng::{Stream, stream};
+
+/// Samples through the last layer at a time.
+const CHUNK: usize = 64;
+
+/// One run's estimate, with what it was made of.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunSnr {
+    pub run: String,
+    pub dataset: String,
+    pub mode: Mode,
+    pub backbone: String,
+    #[serde(flatten)]
+    pub estimate: SnrEstimate,
+}
+
+/// The estimate of `job`'s fine-tune set: its set-up, features and phase 1 as `finetune` has them
+/// (the phase-1 classifier from the shared cache when it is there), and no phase 2.
+pub fn of_job(job: &FinetuneJob, progress: &dyn Progress) -> Result<RunSnr> {
+    let setup = setup(job)?;
+    let prepared = prepare_data(&setup, job)?;
+    let features = run_features(&setup, &prepared, job, progress)?;
+    let mut init_rng = stream(job.config.seed, Stream::Init);
+    let phase1 = phase_one(
+        &setup,
+        &prepared,
+        &features,
+        job,
+        None,
+        &mut init_rng,
+        progress,
+    )?;
+    let estimate = fine_tune_snr(
+        &setup.backbone.model,
+        &phase1.classifier,
+        layer_inputs(&features.finetune)?,
+        &prepared.labels.clean_labels,
+        job.config.mode,
+        &setup.device,
+    )?;
+    Ok(RunSnr {
+        run: job.config.run_name()?,
+        dataset: job.config.dataset.to_string(),
+        mode: job.config.mode,
+        backbone: setup.backbone.files.id.clone(),
+        estimate,
+    })
+}
+
+/// The estimate on a fine-tune set given by its last layer's inputs and clean labels.
+pub fn fine_tune_snr(
+    model: &Model,
+    classifier: &Classifier,
+    inputs: &LayerRows,
+    clean_labels: &[u32],
+    mode: Mode,
+    device: &Device,
+) -> Result<SnrEstimate> {
+    let inputs = inputs.resident()?;
+    let finals = final_tokens(model, &inputs, device, None)?;
+    let (n, width, dim) = (inputs.len(), inputs.tokens(), inputs.dim());
+    // Padding stays 0 with a score of −∞, which the estimator leaves out.
+    let mut tokens = vec![0f32; n * width * dim];
+    let mut scores = vec![f32::NEG_INFINITY; n * width];
+    let rows: Vec<usize> = (0..n).collect();
+    for chunk in rows.chunks(CHUNK) {
+        let finished = finals.batch(chunk, device)?;
+        let (b, l, _) = finished.inputs.dims3()?;
+        let logits = classifier
+            .forward(&finished.inputs.reshape((b * l, dim))?)?
+            .to_dtype(DType::F32)?;
+        let classes = logits.dim(1)?;
+        let logits = host(&logits)?;
+        let measured = match mode {
+            Mode::Head => host(&finished.inputs)?,
+            Mode::LastLayer => host(&attention_inputs(
+                model,
+                &inputs.batch(chunk, device)?.inputs,
+            )?)?,
+        };
+        for (k, &sample) in chunk.iter().enumerate() {
+            let class = clean_labels[sample] as usize;
+            for position in 0..finished.lengths[k] {
+                scores[sample * width + position] = logits[(k * l + position) * classes + class];
+                let from = (k * l + position) * dim;
+                let to = (sample * width + position) * dim;
+                tokens[to..to + dim].copy_from_slice(&measured[from..from + dim]);
+            }
+        }
+    }
+    let labels: Vec<usize> = clean_labels.iter().map(|&c| c as usize).collect();
+    estimate(
+        Tokens {
+            values: &tokens,
+            num_samples: n,
+            seq_len: width,
+            embed_dim: dim,
+        },
+        &labels,
+        &scores,
+    )
+    .map_err(anyhow::Error::msg)
+}
+
+fn host(tensor: &Tensor) -> Result<Vec<f32>> {
+    tensor
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()
+        .context("reading tokens back to the host")
+}
