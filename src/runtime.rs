@@ -137,24 +137,59 @@ pub fn with_workers_awake<R>(work: impl FnOnce() -> R) -> R {
 /// atomic adds per epoch.
 static POLLING: AtomicUsize = AtomicUsize::new(0);
 
-/// Runs the pool's pending jobs as they come, until `done`.
+thread_local! {
+    /// Whether this thread is polling: a poll started inside a job that a poll is running must
+    /// return at once (see [`poll_until`]).
+    static IN_POLL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// How long a poll waits with nothing to run before it lets its thread sleep as rayon's would.
+const IDLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Runs the pool's pending jobs as they come, until `done`, or until nothing came for
+/// [`IDLE_LIMIT`].
+///
+/// A poll runs jobs inside itself, and a job may wait in a join, where its thread runs whatever
+/// is queued for it, the next call's poll among them. A poll that outlived its own work (it was
+/// in `yield_now` when the work returned) can so run a job of the next work, and the next
+/// work's poll then starts inside that job: it would poll until the next work ends, which needs
+/// the job under it to return first (a phase-2 run once hung so). Hence a poll inside a poll
+/// returns at once, and no poll spins for long with nothing to run.
 fn poll_until(done: &AtomicBool) {
+    if IN_POLL.with(|in_poll| in_poll.replace(true)) {
+        return;
+    }
+    /// Clears the flag however the poll ends.
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            IN_POLL.with(|in_poll| in_poll.set(false));
+            POLLING.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
     POLLING.fetch_add(1, Ordering::Relaxed);
+    let _leave = Leave;
     let mut idle = 0u32;
+    let mut idle_since = std::time::Instant::now();
     while !done.load(Ordering::Acquire) {
         if rayon::yield_now() == Some(rayon::Yield::Executed) {
             idle = 0;
             continue;
         }
+        if idle == 0 {
+            idle_since = std::time::Instant::now();
+        }
         idle = idle.wrapping_add(1);
         if idle.is_multiple_of(256) {
+            if idle_since.elapsed() > IDLE_LIMIT {
+                return;
+            }
             // Now and then the CPU goes to any other process that wants it.
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
         }
     }
-    POLLING.fetch_sub(1, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -178,10 +213,57 @@ mod tests {
         POLLING.load(Ordering::Relaxed)
     }
 
+    /// The tests that count polling threads, one at a time.
+    static POLL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Whether `f` returns within two seconds, run on a thread of its own.
+    fn returns_soon(f: impl FnOnce() + Send + 'static) -> bool {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = sender.send(());
+        });
+        receiver.recv_timeout(Duration::from_secs(2)).is_ok()
+    }
+
+    /// A poll started inside a poll returns at once, and a poll with nothing to run lets its
+    /// thread go after [`IDLE_LIMIT`], though its work has not ended: the two ways out of the
+    /// hang where a stale poll ran a job of the next work and that work's poll started inside it.
+    #[test]
+    fn a_poll_inside_a_poll_or_with_nothing_to_run_returns() {
+        let _one_at_a_time = POLL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let pool = || {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap()
+        };
+        let nested = pool();
+        assert!(
+            returns_soon(move || nested.install(|| {
+                IN_POLL.with(|p| p.set(true));
+                poll_until(&AtomicBool::new(false));
+                assert!(
+                    IN_POLL.with(|p| p.get()),
+                    "the outer poll's flag was cleared"
+                );
+                IN_POLL.with(|p| p.set(false));
+            })),
+            "a nested poll polled on"
+        );
+        let idle = pool();
+        assert!(
+            returns_soon(move || idle.install(|| poll_until(&AtomicBool::new(false)))),
+            "an idle poll never let go"
+        );
+        assert!(soon(|| polling() == 0));
+    }
+
     /// The other thread polls while the work runs, takes part in it, and stops polling when the
     /// work returns and when it panics; a pool of one and no pool just run the work.
     #[test]
     fn the_other_thread_polls_for_the_span_of_the_work_only() {
+        let _one_at_a_time = POLL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)
             .build()
