@@ -55,6 +55,54 @@ pub struct SnrEstimate {
     pub modal_share: f64,
 }
 
+/// The position `class_scores` (one sample's scores of its tokens for its class) rates highest;
+/// −∞ and NaN (padding) never, and `None` when every score is one of those.
+pub fn relevant_position(class_scores: &[f32]) -> Option<usize> {
+    class_scores
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| usable(**s))
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(position, _)| position)
+}
+
+fn usable(score: f32) -> bool {
+    !score.is_nan() && score != f32::NEG_INFINITY
+}
+
+/// What step 2 needs of the tokens that are not relevant, gathered one token at a time.
+#[derive(Clone, Debug)]
+pub struct OtherTokens {
+    count: usize,
+    sum: Vec<f64>,
+    squared_norms: f64,
+}
+
+impl OtherTokens {
+    pub fn new(embed_dim: usize) -> Self {
+        Self {
+            count: 0,
+            sum: vec![0.0; embed_dim],
+            squared_norms: 0.0,
+        }
+    }
+
+    pub fn add(&mut self, token: &[f32]) {
+        self.count += 1;
+        add(&mut self.sum, token);
+        self.squared_norms += token.iter().map(|&v| (v as f64).powi(2)).sum::<f64>();
+    }
+
+    /// Root-mean-square distance from their mean (n − 1 degrees of freedom).
+    fn spread(&self) -> f64 {
+        if self.count < 2 {
+            return f64::NAN;
+        }
+        let mean2: f64 = self.sum.iter().map(|s| s * s).sum::<f64>() / self.count as f64;
+        ((self.squared_norms - mean2).max(0.0) / (self.count - 1) as f64).sqrt()
+    }
+}
+
 /// Estimates the SNR of `tokens` with clean `labels` (class indices) and, per sample, the head's
 /// score of each token for that sample's class (`class_scores`, n × T).
 pub fn estimate(
@@ -71,27 +119,46 @@ pub fn estimate(
             class_scores.len()
         ));
     }
-    let usable = |score: f32| score.is_finite() || score == f32::INFINITY;
-    let relevant: Vec<usize> = class_scores
-        .chunks_exact(t)
-        .enumerate()
-        .map(|(i, scores)| {
-            scores
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| usable(**s))
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(position, _)| position)
-                .ok_or_else(|| format!("SNR estimate: sample {i} has no token to score"))
-        })
-        .collect::<Result<_, _>>()?;
+    let mut relevant = Vec::with_capacity(n * d);
+    let mut positions = Vec::with_capacity(n);
+    let mut others = OtherTokens::new(d);
+    for (i, scores) in class_scores.chunks_exact(t).enumerate() {
+        let position = relevant_position(scores)
+            .ok_or_else(|| format!("SNR estimate: sample {i} has no token to score"))?;
+        relevant.extend_from_slice(tokens.token(i, position));
+        positions.push(position);
+        for other in (0..t).filter(|&p| p != position && usable(scores[p])) {
+            others.add(tokens.token(i, other));
+        }
+    }
+    estimate_from(&relevant, d, labels, &positions, &others)
+}
 
+/// Steps 2–4 from each sample's relevant token (`relevant`, n × d), the positions they were at
+/// and the other tokens' statistics: what [`estimate`] computes, for callers that stream their
+/// tokens instead of holding them all.
+pub fn estimate_from(
+    relevant: &[f32],
+    embed_dim: usize,
+    labels: &[usize],
+    positions: &[usize],
+    others: &OtherTokens,
+) -> Result<SnrEstimate, String> {
+    let (n, d) = (labels.len(), embed_dim);
+    if relevant.len() != n * d || positions.len() != n || others.sum.len() != d {
+        return Err(format!(
+            "SNR estimate: {} relevant values and {} positions do not fit {n} samples of width {d}",
+            relevant.len(),
+            positions.len()
+        ));
+    }
+    let token = |i: usize| &relevant[i * d..(i + 1) * d];
     let num_labels = labels.iter().max().map_or(0, |&c| c + 1);
     let mut counts = vec![0usize; num_labels];
     let mut class_sums = vec![vec![0f64; d]; num_labels];
     for (i, &class) in labels.iter().enumerate() {
         counts[class] += 1;
-        add(&mut class_sums[class], tokens.token(i, relevant[i]));
+        add(&mut class_sums[class], token(i));
     }
     let present: Vec<usize> = (0..num_labels).filter(|&c| counts[c] > 0).collect();
     let k = present.len();
@@ -108,30 +175,9 @@ pub fn estimate(
 
     // Step 2: pooled spread of the relevant tokens around their class mean.
     let within: f64 = (0..n)
-        .map(|i| squared_distance(tokens.token(i, relevant[i]), &means[labels[i]]))
+        .map(|i| squared_distance(token(i), &means[labels[i]]))
         .sum();
     let noise2 = within / (n - k) as f64;
-
-    // The other tokens around their own mean.
-    let mut other_sum = vec![0f64; d];
-    let mut other_count = 0usize;
-    for i in 0..n {
-        for position in (0..t).filter(|&p| p != relevant[i] && usable(class_scores[i * t + p])) {
-            add(&mut other_sum, tokens.token(i, position));
-            other_count += 1;
-        }
-    }
-    let other_noise_norm = if other_count > 1 {
-        let other_mean: Vec<f64> = other_sum.iter().map(|v| v / other_count as f64).collect();
-        let spread: f64 = (0..n)
-            .flat_map(|i| (0..t).map(move |p| (i, p)))
-            .filter(|&(i, p)| p != relevant[i] && usable(class_scores[i * t + p]))
-            .map(|(i, p)| squared_distance(tokens.token(i, p), &other_mean))
-            .sum();
-        (spread / (other_count - 1) as f64).sqrt()
-    } else {
-        f64::NAN
-    };
 
     // Step 3: class signals, less the noise of the means, scaled to the paper's ‖μ‖.
     let kf = k as f64;
@@ -158,8 +204,9 @@ pub fn estimate(
     let noise_norm = noise2.sqrt();
     let snr = signal_norm / noise_norm;
 
-    let mut position_counts = vec![0usize; t];
-    for &p in &relevant {
+    let width = positions.iter().max().map_or(0, |&p| p + 1);
+    let mut position_counts = vec![0usize; width];
+    for &p in positions {
         position_counts[p] += 1;
     }
     let (modal_position, modal_count) = position_counts
@@ -174,7 +221,7 @@ pub fn estimate(
         embed_dim: d,
         signal_norm,
         noise_norm,
-        other_noise_norm,
+        other_noise_norm: others.spread(),
         snr,
         n_snr2: n as f64 * snr * snr,
         modal_position,

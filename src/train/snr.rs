@@ -13,7 +13,7 @@ use super::phase1::phase_one;
 use super::progress::Progress;
 use super::run::Mode;
 use super::setup::{final_tokens, layer_inputs, prepare_data, run_features, setup};
-use crate::diagnostics::snr::{SnrEstimate, Tokens, estimate};
+use crate::diagnostics::snr::{OtherTokens, SnrEstimate, estimate_from, relevant_position};
 use crate::encoder::Model;
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::Classifier;
@@ -67,7 +67,8 @@ pub fn of_job(job: &FinetuneJob, progress: &dyn Progress) -> Result<RunSnr> {
     })
 }
 
-/// The estimate on a fine-tune set given by its last layer's inputs and clean labels.
+/// The estimate on a fine-tune set given by its last layer's inputs and clean labels, a chunk of
+/// samples at a time: what it holds beyond a chunk is each sample's relevant token (n × d).
 pub fn fine_tune_snr(
     model: &Model,
     classifier: &Classifier,
@@ -78,17 +79,15 @@ pub fn fine_tune_snr(
 ) -> Result<SnrEstimate> {
     let inputs = inputs.resident()?;
     let finals = final_tokens(model, &inputs, device, None)?;
-    let (n, width, dim) = (inputs.len(), inputs.tokens(), inputs.dim());
-    // Padding stays 0 with a score of −∞, which the estimator leaves out.
-    let mut tokens = vec![0f32; n * width * dim];
-    let mut scores = vec![f32::NEG_INFINITY; n * width];
+    let (n, dim) = (inputs.len(), inputs.dim());
+    let mut relevant = Vec::with_capacity(n * dim);
+    let mut positions = Vec::with_capacity(n);
+    let mut others = OtherTokens::new(dim);
     let rows: Vec<usize> = (0..n).collect();
     for chunk in rows.chunks(CHUNK) {
         let finished = finals.batch(chunk, device)?;
         let (b, l, _) = finished.inputs.dims3()?;
-        let logits = classifier
-            .forward(&finished.inputs.reshape((b * l, dim))?)?
-            .to_dtype(DType::F32)?;
+        let logits = classifier.forward(&finished.inputs.reshape((b * l, dim))?)?;
         let classes = logits.dim(1)?;
         let logits = host(&logits)?;
         let measured = match mode {
@@ -100,26 +99,22 @@ pub fn fine_tune_snr(
         };
         for (k, &sample) in chunk.iter().enumerate() {
             let class = clean_labels[sample] as usize;
-            for position in 0..finished.lengths[k] {
-                scores[sample * width + position] = logits[(k * l + position) * classes + class];
-                let from = (k * l + position) * dim;
-                let to = (sample * width + position) * dim;
-                tokens[to..to + dim].copy_from_slice(&measured[from..from + dim]);
+            let length = finished.lengths[k];
+            let scores: Vec<f32> = (0..length)
+                .map(|p| logits[(k * l + p) * classes + class])
+                .collect();
+            let position = relevant_position(&scores)
+                .with_context(|| format!("fine-tune sample {sample}: no token to score"))?;
+            let token = |p: usize| &measured[(k * l + p) * dim..(k * l + p + 1) * dim];
+            relevant.extend_from_slice(token(position));
+            positions.push(position);
+            for other in (0..length).filter(|&p| p != position) {
+                others.add(token(other));
             }
         }
     }
     let labels: Vec<usize> = clean_labels.iter().map(|&c| c as usize).collect();
-    estimate(
-        Tokens {
-            values: &tokens,
-            num_samples: n,
-            seq_len: width,
-            embed_dim: dim,
-        },
-        &labels,
-        &scores,
-    )
-    .map_err(anyhow::Error::msg)
+    estimate_from(&relevant, dim, &labels, &positions, &others).map_err(anyhow::Error::msg)
 }
 
 fn host(tensor: &Tensor) -> Result<Vec<f32>> {
