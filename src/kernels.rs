@@ -46,10 +46,23 @@ pub(crate) fn with_host_f32<R>(tensor: &Tensor, f: impl FnOnce(&[f32]) -> R) -> 
 /// dst (m×n, row stride `dst_rs`) = lhs (m×k) · rhs (k×n), operands as (data, row stride, column
 /// stride): gemm's kernels on one thread (callers parallelise over samples).
 pub(crate) fn gemm_into(
+    dims: (usize, usize, usize),
+    dst: (&mut [f32], usize),
+    lhs: (&[f32], isize, isize),
+    rhs: (&[f32], isize, isize),
+) {
+    gemm_scaled(dims, dst, lhs, rhs, 0.0, 1.0);
+}
+
+/// dst (m×n, row stride `dst_rs`) = keep · dst + scale · lhs (m×k) · rhs (k×n), operands as
+/// (data, row stride, column stride), on one thread; `keep` 0 ignores dst's old values.
+pub(crate) fn gemm_scaled(
     (m, n, k): (usize, usize, usize),
     (dst, dst_rs): (&mut [f32], usize),
     (lhs, lhs_rs, lhs_cs): (&[f32], isize, isize),
     (rhs, rhs_rs, rhs_cs): (&[f32], isize, isize),
+    keep: f32,
+    scale: f32,
 ) {
     let last = |rs: isize, cs: isize, rows: usize, cols: usize| {
         (rs * (rows as isize - 1) + cs * (cols as isize - 1)) as usize
@@ -73,15 +86,15 @@ pub(crate) fn gemm_into(
             dst.as_mut_ptr(),
             1,
             dst_rs as isize,
-            false,
+            keep != 0.0,
             lhs.as_ptr(),
             lhs_cs,
             lhs_rs,
             rhs.as_ptr(),
             rhs_cs,
             rhs_rs,
-            0.0,
-            1.0,
+            keep,
+            scale,
             false,
             false,
             false,

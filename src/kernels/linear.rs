@@ -21,52 +21,23 @@ pub(crate) enum WeightGradient<'a> {
     Store(&'a mut [f32]),
 }
 
-/// dst (m × n, row stride `dst_rs`) = keep · dst + scale · lhs (m × k) · rhs (k × n); operands
-/// as (data, row stride, column stride); `keep` 0 ignores dst's old values.
-#[allow(clippy::too_many_arguments)]
+/// [`super::gemm_scaled`] with the strides this file's row-major operands have (all positive).
 fn gemm_scaled(
-    (m, n, k): (usize, usize, usize),
-    (dst, dst_rs): (&mut [f32], usize),
+    dims: (usize, usize, usize),
+    dst: (&mut [f32], usize),
     (lhs, lhs_rs, lhs_cs): (&[f32], usize, usize),
     (rhs, rhs_rs, rhs_cs): (&[f32], usize, usize),
     keep: f32,
     scale: f32,
 ) {
-    let last = |rs: usize, cs: usize, rows: usize, cols: usize| rs * (rows - 1) + cs * (cols - 1);
-    assert!(
-        m > 0
-            && n > 0
-            && k > 0
-            && dst.len() > last(dst_rs, 1, m, n)
-            && lhs.len() > last(lhs_rs, lhs_cs, m, k)
-            && rhs.len() > last(rhs_rs, rhs_cs, k, n),
-        "matmul operands out of bounds"
+    super::gemm_scaled(
+        dims,
+        dst,
+        (lhs, lhs_rs as isize, lhs_cs as isize),
+        (rhs, rhs_rs as isize, rhs_cs as isize),
+        keep,
+        scale,
     );
-    // SAFETY: the assertion keeps every element gemm touches inside the slices; dst is borrowed
-    // mutably, so it aliases neither input.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            keep != 0.0,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            keep,
-            scale,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
 }
 
 /// y = x Wᵀ for x (n × cols) and W (rows × cols): y is (n × rows). Parts of W's rows in parallel.

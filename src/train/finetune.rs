@@ -26,7 +26,6 @@ use super::setup::{
     Setup, device_name, layer_inputs, prepare_data, run_features, setup, setup_sibling,
     write_config,
 };
-use super::snr::fine_tune_snr;
 use crate::data::catalog::Completeness;
 use crate::data::prepare::PreparedData;
 use crate::data::split::SplitName;
@@ -274,21 +273,14 @@ fn prepare_run(
         progress,
     )?;
     progress.pretrain_done(&phase1.pretrain_losses);
-    let snr = fine_tune_snr(
-        &setup.backbone.model,
-        &phase1.classifier,
-        layer_inputs(&features.finetune)?,
-        &prepared.labels.clean_labels,
-        job.config.mode,
-        &setup.device,
-    )
-    .map_err(|err| {
-        progress.note(&format!(
-            "no n·SNR² estimate: {}",
-            crate::errors::one_line(&err)
-        ))
-    })
-    .ok();
+    let snr = super::snr::of_run(&setup, &prepared, &features, &phase1, job.config.mode)
+        .map_err(|err| {
+            progress.note(&format!(
+                "no n·SNR² estimate: {}",
+                crate::errors::one_line(&err)
+            ))
+        })
+        .ok();
     Ok(ReadyRun {
         finetune_rows: layer_inputs(&features.finetune)?.clone(),
         test_rows: layer_inputs(&features.test)?.clone(),

@@ -9,10 +9,13 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::finetune::FinetuneJob;
-use super::phase1::phase_one;
+use super::phase1::{PhaseOne, phase_one};
 use super::progress::Progress;
 use super::run::Mode;
-use super::setup::{final_tokens, layer_inputs, prepare_data, run_features, setup};
+use super::setup::{
+    RunFeatures, Setup, final_tokens, layer_inputs, prepare_data, run_features, setup,
+};
+use crate::data::prepare::PreparedData;
 use crate::diagnostics::snr::{OtherTokens, SnrEstimate, estimate_from, relevant_position};
 use crate::encoder::Model;
 use crate::encoder::layer_rows::LayerRows;
@@ -50,14 +53,7 @@ pub fn of_job(job: &FinetuneJob, progress: &dyn Progress) -> Result<RunSnr> {
         &mut init_rng,
         progress,
     )?;
-    let estimate = fine_tune_snr(
-        &setup.backbone.model,
-        &phase1.classifier,
-        layer_inputs(&features.finetune)?,
-        &prepared.labels.clean_labels,
-        job.config.mode,
-        &setup.device,
-    )?;
+    let estimate = of_run(&setup, &prepared, &features, &phase1, job.config.mode)?;
     Ok(RunSnr {
         run: job.config.run_name()?,
         dataset: job.config.dataset.to_string(),
@@ -65,6 +61,24 @@ pub fn of_job(job: &FinetuneJob, progress: &dyn Progress) -> Result<RunSnr> {
         backbone: setup.backbone.files.id.clone(),
         estimate,
     })
+}
+
+/// The estimate on a set-up run's fine-tune set, once its phase 1 is had.
+pub(super) fn of_run(
+    setup: &Setup,
+    prepared: &PreparedData,
+    features: &RunFeatures,
+    phase1: &PhaseOne,
+    mode: Mode,
+) -> Result<SnrEstimate> {
+    fine_tune_snr(
+        &setup.backbone.model,
+        &phase1.classifier,
+        layer_inputs(&features.finetune)?,
+        &prepared.labels.clean_labels,
+        mode,
+        &setup.device,
+    )
 }
 
 /// The estimate on a fine-tune set given by its last layer's inputs and clean labels, a chunk of
