@@ -23,6 +23,10 @@ pub enum ReproduceCommand {
     Fig9(GridArgs),
     /// Merge the result folders of many shards (or runs) into one report.
     Report(ReportArgs),
+    /// Add the n·SNR² estimate (see `diagnose snr`) to every finished run of a result folder
+    /// whose summary.json lacks one, from the runs' cached features and phase 1; then run
+    /// `reproduce report` to see it in the table and the figures.
+    Snr(SnrArgs),
     /// Write a Slurm job-array script whose tasks run one shard each.
     Slurm(SlurmArgs),
 }
@@ -121,6 +125,15 @@ pub struct ReportArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct SnrArgs {
+    /// Result folder (holding runs/)
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    #[command(flatten)]
+    pub places: Places,
+}
+
+#[derive(Args, Debug)]
 pub struct SlurmArgs {
     /// Which grid
     #[arg(value_enum)]
@@ -183,6 +196,28 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
                 args.out.join("report.md").display()
             );
             return Ok(ExitCode::SUCCESS);
+        }
+        ReproduceCommand::Snr(args) => {
+            if !args.dir.is_dir() {
+                anyhow::bail!("{}: no such result folder", args.dir.display());
+            }
+            let bars = report::finetune::Bars::default();
+            let done = library::snr::backfill(&args.dir, &args.places.places(), &bars)?;
+            println!(
+                "{} runs given their estimate ({} estimates), {} had one, {} left without",
+                done.filled,
+                done.estimates,
+                done.present,
+                done.refused.len()
+            );
+            for why in &done.refused {
+                eprintln!("error: {why}");
+            }
+            return Ok(if done.refused.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
         }
         ReproduceCommand::Slurm(args) => {
             if args.shards == 0 {

@@ -42,6 +42,8 @@ pub struct SnrEstimate {
     /// Classes with at least one sample.
     pub classes: usize,
     pub embed_dim: usize,
+    /// Mean tokens per sample (padding left out): T of the paper's model, for a synthetic twin.
+    pub mean_tokens: f64,
     /// RMS over classes of ‖μ_c‖, the estimate of the paper's ‖μ‖ (step 3 of the rule).
     pub signal_norm: f64,
     /// σ_ε √d from the relevant tokens (step 2).
@@ -219,6 +221,8 @@ pub fn estimate_from(
         samples: n,
         classes: k,
         embed_dim: d,
+        // Every sample has its relevant token; the rest were gathered as others.
+        mean_tokens: (n + others.count) as f64 / n as f64,
         signal_norm,
         noise_norm,
         other_noise_norm: others.spread(),

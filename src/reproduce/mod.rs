@@ -7,6 +7,7 @@
 
 pub mod grid_record;
 pub mod slurm;
+pub mod snr;
 pub mod stacks;
 
 use std::path::{Path, PathBuf};

@@ -33,6 +33,9 @@ pub struct RunSnr {
     pub dataset: String,
     pub mode: Mode,
     pub backbone: String,
+    /// Test accuracy of the phase-1 classifier whose scores chose the relevant tokens: equal to
+    /// a finished run's `baseline_test_acc` when the estimate used that run's phase 1.
+    pub phase1_test_acc: f64,
     #[serde(flatten)]
     pub estimate: SnrEstimate,
 }
@@ -59,6 +62,7 @@ pub fn of_job(job: &FinetuneJob, progress: &dyn Progress) -> Result<RunSnr> {
         dataset: job.config.dataset.to_string(),
         mode: job.config.mode,
         backbone: setup.backbone.files.id.clone(),
+        phase1_test_acc: phase1.baseline_test_acc,
         estimate,
     })
 }

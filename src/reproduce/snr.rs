@@ -1,0 +1,129 @@
+//! `reproduce snr`: the n·SNR² estimate ([`crate::train::snr`]) of every finished run of a result
+//! folder whose summary.json lacks one (runs made before runs recorded it), written into that
+//! summary.json as the run itself would have written it. Nothing is trained past phase 1.
+//!
+//! η-siblings share their fine-tune samples (the split depends on the seed, not on η), so the
+//! estimate is made once for them all. Each estimate must come from the run's own phase 1: the
+//! phase-1 classifier it used must score the run's recorded baseline test accuracy, else the run
+//! is left without one and named.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::report::results::{ResultRow, collect};
+use crate::train::finetune::{FinetuneJob, Places, Progress, RunConfig, RunFolder};
+use crate::train::snr::{RunSnr, of_job};
+
+/// What a backfill did.
+#[derive(Debug, Default)]
+pub struct Backfill {
+    /// Runs whose summary.json now holds the estimate.
+    pub filled: usize,
+    /// Runs that had one already.
+    pub present: usize,
+    /// Estimates made (one per group of η-siblings).
+    pub estimates: usize,
+    /// Runs left without one, each with why.
+    pub refused: Vec<String>,
+}
+
+/// Fills the missing estimates of the finished runs under `out/runs`.
+pub fn backfill(out: &Path, places: &Places, progress: &dyn Progress) -> Result<Backfill> {
+    let mut done = Backfill::default();
+    let mut siblings: BTreeMap<String, Vec<(ResultRow, std::path::PathBuf)>> = BTreeMap::new();
+    for (row, dir) in collect(&[out.to_path_buf()])? {
+        if row.snr.is_some() {
+            done.present += 1;
+            continue;
+        }
+        siblings
+            .entry(samples_key(&row.config)?)
+            .or_default()
+            .push((row, dir));
+    }
+    for runs in siblings.values() {
+        let first = &runs[0].0;
+        let found = match of_job(&estimate_job(&first.config, places), progress) {
+            Ok(found) => found,
+            Err(e) => {
+                let why = format!("{e:#}");
+                done.refused
+                    .extend(runs.iter().map(|(r, _)| format!("{}: {why}", r.run)));
+                continue;
+            }
+        };
+        done.estimates += 1;
+        eprintln!(
+            "{}: n·SNR² {:.3} (SNR {:.4}; phase-1 test acc {})",
+            first.run, found.estimate.n_snr2, found.estimate.snr, found.phase1_test_acc
+        );
+        for (row, dir) in runs {
+            match fill(row, dir, &found) {
+                Ok(()) => done.filled += 1,
+                Err(why) => done.refused.push(format!("{}: {why:#}", row.run)),
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// What decides a run's fine-tune samples and phase 1: its configuration less η (and the version
+/// of the noise draw, which only η > 0 records).
+fn samples_key(config: &RunConfig) -> Result<String> {
+    let samples = RunConfig {
+        eta: 0.0,
+        authors_noise_draw: None,
+        ..config.clone()
+    };
+    crate::io::json_digest(&samples)
+}
+
+/// The run as `diagnose snr` would make it: no folder, nothing resumed.
+fn estimate_job(config: &RunConfig, places: &Places) -> FinetuneJob {
+    FinetuneJob {
+        config: config.clone(),
+        places: places.clone(),
+        out: None,
+        checkpoint_every: 0,
+        resume: false,
+        encode_batch: 32,
+        sample_threads: rayon::current_num_threads(),
+    }
+}
+
+/// Writes `found` into the run's summary.json once its phase 1 is shown to be the run's own.
+fn fill(row: &ResultRow, dir: &Path, found: &RunSnr) -> Result<()> {
+    if found.phase1_test_acc != row.baseline_test_acc {
+        anyhow::bail!(
+            "the phase 1 made now scores test accuracy {}, the run's own scored {}: the estimate \
+             would rest on another classifier's choice of tokens",
+            found.phase1_test_acc,
+            row.baseline_test_acc
+        );
+    }
+    let mut summary = row.summary.clone();
+    summary.snr = Some(found.estimate.clone());
+    crate::io::write_json(&RunFolder(dir.to_path_buf()).summary(), &summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::DatasetName;
+
+    #[test]
+    fn eta_siblings_share_a_key_and_other_seeds_or_sizes_do_not() {
+        let base = RunConfig::paper(&DatasetName::Trec).unwrap();
+        let noisy = RunConfig {
+            eta: 0.2,
+            ..base.clone()
+        }
+        .with_noise_draw();
+        let key = |c: &RunConfig| samples_key(c).unwrap();
+        assert_eq!(key(&base), key(&noisy));
+        assert_ne!(key(&base), key(&RunConfig { seed: 7, ..base.clone() }));
+        assert_ne!(key(&base), key(&RunConfig { n: 21, ..base.clone() }));
+    }
+}
