@@ -10,4 +10,5 @@ pub mod reproduce;
 pub mod results;
 pub mod synthetic;
 pub mod tensorboard;
+pub mod theory;
 pub mod verdict;

@@ -79,6 +79,15 @@ pub struct ScatterPanel {
     pub x_label: String,
     pub y_label: String,
     pub groups: Vec<ScatterGroup>,
+    /// Vertical dashed lines across the panel (the axis reaches them).
+    pub x_marks: Vec<XMark>,
+}
+
+/// A vertical dashed line at `x`, its label written along its top.
+#[derive(Clone, Debug)]
+pub struct XMark {
+    pub x: f64,
+    pub label: String,
 }
 
 /// A figure of panels side by side under a common title.
@@ -277,7 +286,8 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
             .flat_map(|p| &p.groups)
             .flat_map(|g| &g.points)
     };
-    let xs = span(points().map(|p| p.0));
+    let marks = || panels.iter().flat_map(|p| &p.x_marks).map(|m| m.x);
+    let xs = span(points().map(|p| p.0).chain(marks()));
     let ys = span(points().map(|p| p.1));
     figure(path, title, panels.len(), (560, 520), |areas| {
         for (area, panel) in areas.iter().zip(panels) {
@@ -300,6 +310,26 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
                 .light_line_style(WHITE.mix(0.0))
                 .draw()
                 .map_err(plot_err)?;
+            let grey = RGBColor(110, 110, 110);
+            for (k, mark) in panel.x_marks.iter().enumerate() {
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        [(mark.x, ys.0), (mark.x, ys.1)],
+                        8,
+                        5,
+                        grey.stroke_width(2),
+                    ))
+                    .map_err(plot_err)?;
+                // Labels step down so that neighbouring marks do not write over each other.
+                let y = ys.1 - (ys.1 - ys.0) * (0.03 + 0.05 * k as f64);
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        mark.label.clone(),
+                        (mark.x, y),
+                        (FONT, 12).into_font().color(&grey),
+                    )))
+                    .map_err(plot_err)?;
+            }
             for group in &panel.groups {
                 let color = group.color;
                 let points = group.points.iter().copied();

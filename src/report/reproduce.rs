@@ -56,7 +56,12 @@ pub fn write_report(
             "Memorization of the noisy labels against test accuracy, every run".into(),
         ));
     }
-    let mut markdown = markdown(&rows, &cells, &verdict_rows, sources, &figures)?;
+    let mode_order = |mode: &str| usize::from(mode != Mode::LastLayer.name());
+    let dataset_style = |dataset: &str| (colors.color(dataset), colors.marker(dataset));
+    let (theory, theory_figures) =
+        super::theory::section(out, &rows, &verdict_rows, &mode_order, &dataset_style)?;
+    figures.extend(theory_figures);
+    let mut markdown = markdown(&rows, &cells, &verdict_rows, &theory, sources, &figures)?;
     if !missing.is_empty() {
         // Under the title, so a partial table is never read as the whole grid.
         let title_end = markdown.find("\n\n").map_or(0, |i| i + 2);
@@ -85,6 +90,15 @@ fn two(s: Stat) -> String {
     }
 }
 
+/// n·SNR² to three significant digits (it spans decades across cells).
+fn n_snr2(s: Stat) -> String {
+    if s.mean.is_nan() {
+        "–".into()
+    } else {
+        format!("{:.3} ± {:.2}", s.mean, s.std)
+    }
+}
+
 fn printed(p: paper::Printed, decimals: usize) -> String {
     format!("{:.*} ± {:.*}", decimals, p[0], decimals, p[1])
 }
@@ -105,6 +119,7 @@ fn markdown(
     rows: &[ResultRow],
     cells: &[Cell],
     verdict_rows: &[VerdictRow],
+    theory: &str,
     sources: &[PathBuf],
     figures: &[(&str, String)],
 ) -> Result<String> {
@@ -193,23 +208,24 @@ fn markdown(
     )?;
     writeln!(
         md,
-        "| dataset | mode | η | n | seeds | train loss | memorization | test acc | after reset | baseline | max CLS attn | QK eigen mean / var | paper train loss | paper test acc | paper baseline |"
+        "| dataset | mode | η | n | seeds | n·SNR² | train loss | memorization | test acc | after reset | baseline | max CLS attn | QK eigen mean / var | paper train loss | paper test acc | paper baseline |"
     )?;
     writeln!(
         md,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
     for c in cells {
         let paper_cell = table2.cell(&c.dataset, c.eta, c.n);
         let paper_baseline = table2.dataset(&c.dataset).map(|d| d.baseline);
         writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.dataset,
             c.mode,
             c.eta,
             c.n,
             c.seeds.len(),
+            n_snr2(c.n_snr2),
             two(c.train_loss),
             pct(c.memorization),
             pct(c.test_acc),
@@ -237,6 +253,7 @@ fn markdown(
          matrix's eigenvalues, mean over heads (docs/protocol.md §5; definitions in `src/diagnostics/`).\n"
     )?;
     verdict::markdown(&mut md, verdict_rows)?;
+    md.push_str(theory);
     if !figures.is_empty() {
         writeln!(md, "## Figures\n")?;
         for (file, caption) in figures {
@@ -255,7 +272,7 @@ fn verdicts(cells: &[Cell]) -> Result<Vec<VerdictRow>> {
 /// Each dataset's colour (and scatter marker) in every figure of the report, so that a dataset
 /// keeps them from one figure to the next: the datasets of `runs` in name order, through the
 /// palette.
-struct DatasetColors(Vec<String>);
+pub(super) struct DatasetColors(Vec<String>);
 
 impl DatasetColors {
     fn of(runs: &[(ResultRow, PathBuf)]) -> Self {
@@ -567,6 +584,7 @@ fn memorization_scatter(path: &Path, rows: &[ResultRow], colors: &DatasetColors)
             x_label: "memorization (noisy samples fitted to their noisy label)".into(),
             y_label: "test accuracy".into(),
             groups,
+            x_marks: Vec::new(),
         })
         .collect();
     scatter_panels(

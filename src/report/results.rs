@@ -216,6 +216,8 @@ pub struct Cell {
     pub n: usize,
     pub eta: f64,
     pub seeds: Vec<u64>,
+    /// The fine-tune set's n·SNR² (runs that record it).
+    pub n_snr2: Stat,
     pub baseline_test_acc: Stat,
     pub train_loss: Stat,
     /// Cross-entropy on the noisy fine-tune set evaluated after training (Fig. 8's train loss).
@@ -261,6 +263,7 @@ pub fn aggregate(rows: &[ResultRow]) -> Vec<Cell> {
                 n: runs[0].config.n,
                 eta: runs[0].config.eta,
                 seeds: seeds.into_iter().collect(),
+                n_snr2: stat(|r| r.snr.as_ref().map_or(f64::NAN, |s| s.n_snr2)),
                 baseline_test_acc: stat(|r| r.baseline_test_acc),
                 train_loss: stat(|r| r.train_loss()),
                 train_eval_loss: stat(|r| r.last.train_eval_loss),

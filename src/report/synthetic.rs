@@ -172,12 +172,14 @@ pub fn plot_selected_tokens(path: &Path, run: &SyntheticRun) -> Result<()> {
             x_label: "μ₊ coordinate of selected token".into(),
             y_label: "μ₋ coordinate of selected token".into(),
             groups: groups(&run.selected_train),
+            x_marks: Vec::new(),
         },
         ScatterPanel {
             title: format!("test (acc {:.3})", s.test_acc),
             x_label: "μ₊ coordinate of selected token".into(),
             y_label: "μ₋ coordinate of selected token".into(),
             groups: groups(&run.selected_test),
+            x_marks: Vec::new(),
         },
     ];
     let title = format!(
@@ -339,18 +341,21 @@ pub fn write_localization(
             x_label: variance.into(),
             y_label: "attention entropy (final)".into(),
             groups: groups(&|r| Some((r.qk_sym_var?, r.clean_entropy))),
+            x_marks: Vec::new(),
         },
         ScatterPanel {
             title: "noisy samples".into(),
             x_label: variance.into(),
             y_label: "attention entropy (final)".into(),
             groups: groups(&|r| Some((r.qk_sym_var?, r.noisy_entropy?))),
+            x_marks: Vec::new(),
         },
         ScatterPanel {
             title: "noisy samples, change from W₀".into(),
             x_label: "eigen-variance, final − initial".into(),
             y_label: "attention entropy (final)".into(),
             groups: groups(&|r| Some((r.qk_sym_var? - r.qk_sym_var_init?, r.noisy_entropy?))),
+            x_marks: Vec::new(),
         },
     ];
     let title = format!(
