@@ -116,13 +116,106 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
         "{report}"
     );
 
-    // A run lost (as when the driver is killed during it): only that one runs again.
+    // Theory: every run records n·SNR², Table 2 shows it, the cell gets its twin and figures.
+    let table_row = report
+        .lines()
+        .find(|l| l.starts_with("| trec | last-layer | 0.2 | 20 | 1 |"))
+        .unwrap();
+    assert!(!table_row.contains("| 1 | – |"), "no n·SNR²: {table_row}");
+    assert!(
+        report.contains("## Theory: every cell on the n·SNR² axis"),
+        "{report}"
+    );
+    let twin_row = report
+        .lines()
+        .find(|l| {
+            l.starts_with("| trec | last-layer | 20 |")
+                && l.ends_with("|")
+                && l.contains(" | 384 | ")
+        })
+        .unwrap_or_else(|| panic!("no twin row:\n{report}"));
+    // Columns: …, twin regime, verdict, agree.
+    let columns: Vec<&str> = twin_row
+        .trim_matches('|')
+        .split('|')
+        .map(str::trim)
+        .collect();
+    let [twin, verdict, agree] = columns[columns.len() - 3..] else {
+        unreachable!()
+    };
+    assert!(
+        !twin.starts_with('–') && !verdict.starts_with('–'),
+        "{twin_row}"
+    );
+    assert_eq!(
+        agree,
+        if twin == verdict { "yes" } else { "no" },
+        "{twin_row}"
+    );
+    let agreements = usize::from(twin == verdict);
+    assert!(
+        report.contains(&format!(
+            "The twin's regime is the verdict in {agreements} of 1 cells"
+        )),
+        "{report}"
+    );
+    for file in [
+        "memorization_vs_n_snr2.png",
+        "delta_vs_n_snr2.png",
+        "synthetic_twins.json",
+    ] {
+        assert!(whole.join(file).is_file(), "{file}");
+    }
+
+    // `reproduce snr` gives a run that lacks its estimate the one it would have recorded, and
+    // refuses one whose phase 1 is not the run's own.
     let runs = whole.join("runs");
     let mut names: Vec<String> = std::fs::read_dir(&runs)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
+    let summary_path = |k: usize| runs.join(&names[k]).join("summary.json");
+    let recorded = std::fs::read_to_string(summary_path(0)).unwrap();
+    let mut stripped: serde_json::Value = serde_json::from_str(&recorded).unwrap();
+    stripped.as_object_mut().unwrap().remove("snr").unwrap();
+    std::fs::write(
+        summary_path(0),
+        serde_json::to_string_pretty(&stripped).unwrap(),
+    )
+    .unwrap();
+    let filled = benign(&["reproduce", "snr", whole.to_str().unwrap()], &cache);
+    assert!(
+        String::from_utf8_lossy(&filled.stdout)
+            .contains("1 runs given their estimate (1 estimates), 1 had one, 0 left without"),
+        "{}",
+        String::from_utf8_lossy(&filled.stdout)
+    );
+    let refilled: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(summary_path(0)).unwrap()).unwrap();
+    let original: serde_json::Value = serde_json::from_str(&recorded).unwrap();
+    assert_eq!(refilled, original);
+    stripped["baseline_test_acc"] = serde_json::json!(0.123);
+    let tampered = serde_json::to_string_pretty(&stripped).unwrap();
+    std::fs::write(summary_path(0), &tampered).unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args(["reproduce", "snr", whole.to_str().unwrap()])
+        .env("BENIGN_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains(&names[0]) && stderr.contains("0.123"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(summary_path(0)).unwrap(),
+        tampered,
+        "written anyway"
+    );
+    std::fs::write(summary_path(0), &recorded).unwrap();
+
+    // A run lost (as when the driver is killed during it): only that one runs again.
     let kept_metrics = runs.join(&names[1]).join("metrics.jsonl");
     let kept_before = std::fs::metadata(&kept_metrics)
         .unwrap()

@@ -35,7 +35,10 @@ struct Point<'a> {
 
 impl Point<'_> {
     fn estimates(&self) -> impl Iterator<Item = &crate::diagnostics::snr::SnrEstimate> {
-        self.noisy.iter().chain(&self.clean).filter_map(|r| r.snr.as_ref())
+        self.noisy
+            .iter()
+            .chain(&self.clean)
+            .filter_map(|r| r.snr.as_ref())
     }
 
     fn n_snr2(&self) -> Stat {
@@ -114,7 +117,11 @@ impl SyntheticRuns {
         }
     }
 
-    fn outcome(&mut self, config: &SyntheticConfig, engine: EngineKind) -> Result<SyntheticOutcome> {
+    fn outcome(
+        &mut self,
+        config: &SyntheticConfig,
+        engine: EngineKind,
+    ) -> Result<SyntheticOutcome> {
         let found = self
             .used
             .iter()
@@ -260,7 +267,12 @@ fn correlation(cells: &[CellSeeds], outcome: fn(&CellMeans) -> f64) -> Correlati
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let mut draws: Vec<f64> = (0..BOOTSTRAP)
         .map(|_| {
-            let (xs, ys) = pairs(cells.iter().map(|c| c.resampled(&mut rng).means()).collect());
+            let (xs, ys) = pairs(
+                cells
+                    .iter()
+                    .map(|c| c.resampled(&mut rng).means())
+                    .collect(),
+            );
             spearman(&xs, &ys)
         })
         .filter(|r| r.is_finite())
@@ -351,8 +363,9 @@ pub fn section(
     let mut md = String::new();
     writeln!(md, "## Theory: every cell on the n·SNR² axis\n")?;
     let all = points(rows, verdict_rows);
-    let (placed, unplaced): (Vec<Point>, Vec<Point>) =
-        all.into_iter().partition(|p| p.estimates().next().is_some());
+    let (placed, unplaced): (Vec<Point>, Vec<Point>) = all
+        .into_iter()
+        .partition(|p| p.estimates().next().is_some());
     if placed.is_empty() {
         writeln!(
             md,
@@ -486,7 +499,10 @@ fn confusion_table(
 ) -> Result<()> {
     let twins: Vec<&String> = dedup(confusion.keys().map(|k| &k.0));
     let verdicts: Vec<&String> = dedup(confusion.keys().map(|k| &k.1));
-    writeln!(md, "\nPredicted (twin, rows) against measured (verdict, columns), cells:\n")?;
+    writeln!(
+        md,
+        "\nPredicted (twin, rows) against measured (verdict, columns), cells:\n"
+    )?;
     write!(md, "| twin \\ verdict |")?;
     for v in &verdicts {
         write!(md, " {v} |")?;
@@ -540,7 +556,10 @@ fn correlations(
         "Spearman's rank correlation over cells of the mean n·SNR² with the mean memorization and \
          with Δ, 95 % interval from {BOOTSTRAP} resamples of each cell's seeds (with replacement):\n"
     )?;
-    writeln!(md, "| mode | cells | ρ(n·SNR², memorization) | ρ(n·SNR², Δ) |")?;
+    writeln!(
+        md,
+        "| mode | cells | ρ(n·SNR², memorization) | ρ(n·SNR², Δ) |"
+    )?;
     writeln!(md, "|---|---|---|---|")?;
     for mode in modes(placed, mode_order) {
         let cells: Vec<CellSeeds> = placed
@@ -634,9 +653,16 @@ fn draw(
             "Memorization of the flipped labels (mean over seeds) against the cell's n·SNR²; dashed: where the synthetic model (T 8, n 20, d 2000) changes regime".to_string(),
         ));
     }
-    let delta = panels(&|p| p.call().map(|c| c.delta), "Δ (pp): test acc at η = 0.2 − at η = 0");
+    let delta = panels(
+        &|p| p.call().map(|c| c.delta),
+        "Δ (pp): test acc at η = 0.2 − at η = 0",
+    );
     if !delta.is_empty() {
-        scatter_panels(&out.join(DELTA_FIGURE), "The noise's cost Δ against n·SNR²", &delta)?;
+        scatter_panels(
+            &out.join(DELTA_FIGURE),
+            "The noise's cost Δ against n·SNR²",
+            &delta,
+        )?;
         figures.push((
             DELTA_FIGURE,
             "Δ, the noise's cost in test accuracy (percentage points), against the cell's n·SNR²; dashed: the synthetic model's regime changes".to_string(),
@@ -655,7 +681,9 @@ mod tests {
         assert!((spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]) + 1.0).abs() < 1e-12);
         assert_eq!(ranks(&[5.0, 1.0, 5.0, 2.0]), vec![3.5, 1.0, 3.5, 2.0]);
         // scipy.stats.spearmanr([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) = 0.8
-        assert!((spearman(&[1.0, 2.0, 3.0, 4.0, 5.0], &[2.0, 1.0, 4.0, 3.0, 5.0]) - 0.8).abs() < 1e-12);
+        assert!(
+            (spearman(&[1.0, 2.0, 3.0, 4.0, 5.0], &[2.0, 1.0, 4.0, 3.0, 5.0]) - 0.8).abs() < 1e-12
+        );
         assert!(spearman(&[1.0, 2.0], &[1.0, 2.0]).is_nan());
         assert!(spearman(&[1.0, 2.0, 3.0], &[1.0, 1.0, 1.0]).is_nan());
     }
@@ -663,7 +691,10 @@ mod tests {
     #[test]
     fn a_twin_has_the_cells_snr_and_a_step_scaled_to_its_tokens() {
         let twin = twin_config(192, 197.0, 200, 0.3);
-        assert_eq!((twin.seq_len, twin.embed_dim, twin.train_n), (197, 192, 200));
+        assert_eq!(
+            (twin.seq_len, twin.embed_dim, twin.train_n),
+            (197, 192, 200)
+        );
         assert!((twin.snr() - 0.3).abs() < 1e-12);
         assert!((twin.learning_rate - 5e-3 * 197.0 / 8.0).abs() < 1e-12);
         assert_eq!(twin.noise_ratio, NOISY_ETA);

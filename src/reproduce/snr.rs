@@ -123,7 +123,19 @@ mod tests {
         .with_noise_draw();
         let key = |c: &RunConfig| samples_key(c).unwrap();
         assert_eq!(key(&base), key(&noisy));
-        assert_ne!(key(&base), key(&RunConfig { seed: 7, ..base.clone() }));
-        assert_ne!(key(&base), key(&RunConfig { n: 21, ..base.clone() }));
+        assert_ne!(
+            key(&base),
+            key(&RunConfig {
+                seed: 7,
+                ..base.clone()
+            })
+        );
+        assert_ne!(
+            key(&base),
+            key(&RunConfig {
+                n: 21,
+                ..base.clone()
+            })
+        );
     }
 }
