@@ -9,6 +9,7 @@ use plotters::coord::Shift;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::io::produce_atomic;
 
@@ -322,11 +323,21 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
                     .map_err(plot_err)?;
                 // Labels step down so that neighbouring marks do not write over each other.
                 let y = ys.1 - (ys.1 - ys.0) * (0.03 + 0.05 * k as f64);
+                // Right of the line in the panel's left half, left of it in the right half.
+                let side = if mark.x > (xs.0 + xs.1) / 2.0 {
+                    HPos::Right
+                } else {
+                    HPos::Left
+                };
+                let style = (FONT, 12)
+                    .into_font()
+                    .color(&grey)
+                    .pos(Pos::new(side, VPos::Top));
                 chart
                     .draw_series(std::iter::once(Text::new(
-                        mark.label.clone(),
+                        format!(" {} ", mark.label),
                         (mark.x, y),
-                        (FONT, 12).into_font().color(&grey),
+                        style,
                     )))
                     .map_err(plot_err)?;
             }
