@@ -468,6 +468,7 @@ mod tests {
             n,
             eta,
             seeds: seeds.to_vec(),
+            n_snr2: NAN,
             baseline_test_acc: stat(0.96, 0.0),
             train_loss: NAN,
             train_eval_loss: NAN,
