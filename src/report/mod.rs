@@ -2,6 +2,7 @@
 
 pub mod attention_maps;
 pub mod data;
+pub mod delay;
 pub mod finetune;
 pub mod kept;
 pub mod paper;

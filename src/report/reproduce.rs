@@ -61,6 +61,7 @@ pub fn write_report(
     let (theory, theory_figures) =
         super::theory::section(out, &rows, &verdict_rows, &mode_order, &dataset_style)?;
     figures.extend(theory_figures);
+    let theory = theory + &super::delay::section(runs, &read_metrics)?;
     let mut markdown = markdown(&rows, &cells, &verdict_rows, &theory, sources, &figures)?;
     if !missing.is_empty() {
         // Under the title, so a partial table is never read as the whole grid.
@@ -386,7 +387,7 @@ fn noise_sweep(path: &Path, rows: &[ResultRow], colors: &DatasetColors) -> Resul
     Ok(true)
 }
 
-fn read_metrics(run_dir: &Path) -> Result<Vec<EpochMetrics>> {
+pub(super) fn read_metrics(run_dir: &Path) -> Result<Vec<EpochMetrics>> {
     let path = RunFolder(run_dir.to_path_buf()).metrics();
     let text = crate::io::read_input_text(&path, crate::io::limits::SMALL_TEXT)?;
     text.lines()
