@@ -49,8 +49,8 @@ pub struct Resolved {
     pub dataset_completeness: Completeness,
     /// The float kernels the run ran with ([`crate::runtime::float_kernels`]); a run resumed
     /// on another kind of CPU lists each sitting's ("x86_64 avx512f, then x86_64 avx2+fma").
-    /// Empty in summaries written before it was recorded.
-    #[serde(default)]
+    /// Empty (and not written back) in summaries written before it was recorded.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub float_kernels: String,
 }
 
