@@ -302,6 +302,10 @@ fn slurm_script_and_bad_grid_flags() {
             vec!["reproduce", "report", "/nonexistent/results", "--out", "x"],
             "/nonexistent/results",
         ),
+        (
+            vec!["reproduce", "snr", "/nonexistent/results"],
+            "/nonexistent/results: no such result folder",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
             .args(&args)
