@@ -200,13 +200,6 @@ fn boundaries(line: &[(f64, Regime)]) -> Vec<(f64, Regime, Regime)> {
         .collect()
 }
 
-fn regime_name(r: Regime) -> String {
-    serde_json::to_value(r)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{r:?}"))
-}
-
 /// Ranks with ties given their mean rank (1-based).
 fn ranks(values: &[f64]) -> Vec<f64> {
     let mut order: Vec<usize> = (0..values.len()).collect();
@@ -349,7 +342,7 @@ impl CellSeeds {
 
 /// A twin's regime against a real verdict: the same name.
 fn agrees(twin: Regime, verdict: &str) -> bool {
-    regime_name(twin) == verdict
+    twin.name() == verdict
 }
 
 /// The report's section (markdown) and the figures it drew, each with its caption.
@@ -429,7 +422,7 @@ pub fn section(
         let (twin_cells, agree) = match (&twin, &verdict) {
             (Ok(t), Some(v)) => {
                 *confusion
-                    .entry((regime_name(t.regime), v.clone()))
+                    .entry((t.regime.name().to_string(), v.clone()))
                     .or_default() += 1;
                 let tally = agreements.entry(p.row.mode.clone()).or_default();
                 tally.1 += 1;
@@ -438,7 +431,7 @@ pub fn section(
                 (
                     (
                         format!("{:.3} / {:.3}", t.train_acc, t.test_acc),
-                        regime_name(t.regime),
+                        t.regime.name().to_string(),
                     ),
                     if same { "yes" } else { "no" }.to_string(),
                 )
@@ -446,7 +439,7 @@ pub fn section(
             (Ok(t), None) => (
                 (
                     format!("{:.3} / {:.3}", t.train_acc, t.test_acc),
-                    regime_name(t.regime),
+                    t.regime.name().to_string(),
                 ),
                 "–".into(),
             ),
@@ -482,7 +475,7 @@ pub fn section(
         } else {
             edges
                 .iter()
-                .map(|(x, a, b)| format!("{x:.3} ({} → {})", regime_name(*a), regime_name(*b)))
+                .map(|(x, a, b)| format!("{x:.3} ({} → {})", a.name(), b.name()))
                 .collect::<Vec<_>>()
                 .join(", ")
         }
@@ -595,7 +588,7 @@ fn draw(
         .iter()
         .map(|(x, a, b)| XMark {
             x: x.log10(),
-            label: format!("{} | {}", regime_name(*a), regime_name(*b)),
+            label: format!("{} | {}", a.name(), b.name()),
         })
         .collect();
     let panels = |value: &dyn Fn(&Point) -> Option<f64>, y_label: &str| -> Vec<ScatterPanel> {
@@ -684,6 +677,12 @@ mod tests {
         assert!(
             (spearman(&[1.0, 2.0, 3.0, 4.0, 5.0], &[2.0, 1.0, 4.0, 3.0, 5.0]) - 0.8).abs() < 1e-12
         );
+        // scipy.stats.spearmanr, ties on both sides: -0.9705882352941178
+        let tied = spearman(
+            &[0.5, 1.0, 1.0, 3.0, 2.0, 7.0],
+            &[0.9, 0.8, 0.85, 0.3, 0.3, 0.1],
+        );
+        assert!((tied + 0.9705882352941178).abs() < 1e-12, "{tied}");
         assert!(spearman(&[1.0, 2.0], &[1.0, 2.0]).is_nan());
         assert!(spearman(&[1.0, 2.0, 3.0], &[1.0, 1.0, 1.0]).is_nan());
     }
