@@ -34,7 +34,8 @@ impl Delay {
 pub fn delay(metrics: &[EpochMetrics], tolerance: f64) -> Option<Delay> {
     let last = metrics.last()?;
     let (final_memorization, final_test) = (last.memorization, last.test_acc?);
-    if !(final_memorization > 0.0) {
+    // NaN: no flipped labels; 0: none fitted.
+    if final_memorization.is_nan() || final_memorization <= 0.0 {
         return None;
     }
     let fitted = metrics
