@@ -33,10 +33,12 @@ fn snr(args: FinetuneArgs) -> Result<()> {
         let found = crate::train::snr::of_job(&job, &bars)?;
         let e = &found.estimate;
         eprintln!(
-            "{}: n·SNR² {:.3} (n {}, ‖μ‖ {:.3}, σ_ε√d {:.3} (other tokens {:.3}), SNR {:.4}; relevant token: position {} for {:.0} % of samples)",
+            "{}: {} (n {}, effective dimension {:.1} of {}, ‖μ‖ {:.3}, σ_ε√d {:.3} (other tokens {:.3}), SNR {:.4}; relevant token: position {} for {:.0} % of samples)",
             found.run,
-            e.n_snr2,
+            e.headline(),
             e.samples,
+            e.effective_dim,
+            e.embed_dim,
             e.signal_norm,
             e.noise_norm,
             e.other_noise_norm,

@@ -1,22 +1,54 @@
 //! The signal-to-noise ratio of a set of tokens, as the paper's theorem uses it (docs/protocol.md §2):
 //! SNR = ‖μ‖ / (σ_ε √d), and the regime is set by n·SNR². On the synthetic data μ and σ_ε are
-//! known; on real tokens they are estimated here from the set's own tokens and clean labels.
+//! known; on real tokens they are estimated here from the set's own tokens and clean labels, and
+//! held to what the same tokens give when the labels carry nothing.
 //!
 //! The rule (docs/design.md, "The SNR of real tokens"):
-//! 1. Each sample's **relevant token** is the one the head scores highest for the sample's clean
-//!    class (the caller passes those scores; a token scored −∞ or NaN, such as padding, takes no
-//!    part anywhere).
+//! 1. Each sample's **relevant token** is the one the classifier is most confident about, whatever
+//!    the class: the highest log-softmax of any class. The sample's label takes no part in the
+//!    choice, so the choice cannot make the classes differ where the tokens do not: chosen by the
+//!    label's own score, tokens of pure noise read an SNR of 0.2 at ViT-Ti's shapes. A token whose
+//!    scores are −∞ or NaN (padding) takes no part anywhere.
 //! 2. The **noise** σ_ε √d is the root-mean-square distance of the relevant tokens from their class
 //!    mean, pooled over classes with n − K degrees of freedom (unbiased for tr Σ = σ_ε² d whatever
 //!    the covariance). The other tokens' spread around their own mean is reported beside it.
 //! 3. The **class signal** μ_c is the class mean of the relevant tokens minus the mean of the class
 //!    means. ‖m_c − m̄‖² overstates ‖μ_c − μ̄‖² by the noise of the means, which is subtracted
-//!    (exactly, from the pooled noise and the class counts), and with K classes whose signals are
+//!    (from the pooled noise and the class counts), and with K classes whose signals are
 //!    orthogonal and of one norm, as in the paper's model, ‖μ_c − μ̄‖² = (1 − 1/K)‖μ‖²: the
-//!    estimate is scaled by K / (K − 1) so that it recovers ‖μ‖ there.
-//! 4. SNR = RMS over classes of ‖μ_c‖ / (σ_ε √d), and n·SNR² with n the number of samples.
+//!    estimate is scaled by K / (K − 1) so that it recovers ‖μ‖ there. This is the **raw** n·SNR².
+//! 4. The **floor**: the same estimate with the labels permuted ([`PERMUTATIONS`] times, the
+//!    relevant tokens unchanged since their choice did not use the labels). Its mean is what the
+//!    estimate reads where the labels carry nothing; the **calibrated** n·SNR² is raw − floor (at
+//!    least 0), with a percentile interval over [`RESAMPLES`] bootstrap draws of the samples, and
+//!    the permutation p-value says whether the raw value rises above the floor at all; where it
+//!    does not (p > 0.05), the calibrated value is 0 and the interval's upper end is what could
+//!    hide below the floor.
+//! 5. The **effective dimension** of the noise, (tr Σ)² / tr Σ² from the pooled within-class
+//!    scatter (each trace estimated without bias), is reported beside d: it is d for isotropic
+//!    noise and far less for real tokens, whose variance sits in a few directions.
 
+use nalgebra::DMatrix;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+
+/// The version of the rule above. Estimates without it (or with an older one) were made by the
+/// rule that chose each token by its label's score, and are read as absent.
+pub const ESTIMATOR: u32 = 2;
+
+/// Label permutations behind the floor and the p-value.
+pub const PERMUTATIONS: usize = 200;
+
+/// Bootstrap draws of the samples behind the calibrated value's interval.
+pub const RESAMPLES: usize = 200;
+
+/// A p-value at or below this says the signal rises above the floor.
+pub const SIGNIFICANCE: f64 = 0.05;
+
+/// The permutations' and resamples' stream: fixed, so an estimate is a function of its tokens.
+const CALIBRATION_SEED: u64 = 0x5eed_5a12;
 
 /// n samples of T tokens of width d, row-major (n, T, d).
 #[derive(Clone, Copy, Debug)]
@@ -34,42 +66,117 @@ impl<'a> Tokens<'a> {
     }
 }
 
+/// What the labels permuted give: the estimate's reading where there is no signal.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Floor {
+    /// Mean n·SNR² over the permutations.
+    pub mean: f64,
+    /// Its 95th percentile.
+    pub q95: f64,
+    pub permutations: usize,
+}
+
 /// What the estimate found, with its parts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SnrEstimate {
+    /// The rule's version ([`ESTIMATOR`]); 1 for estimates written before it was recorded.
+    #[serde(default = "first_rule")]
+    pub estimator: u32,
     /// Samples used (n in n·SNR²).
     pub samples: usize,
     /// Classes with at least one sample.
     pub classes: usize,
     pub embed_dim: usize,
+    /// (tr Σ)² / tr Σ² of the relevant tokens' within-class noise (step 5); JSON writes NaN (too
+    /// few samples) as null.
+    #[serde(default, deserialize_with = "crate::io::nan_if_null")]
+    pub effective_dim: f64,
     /// Mean tokens per sample (padding left out): T of the paper's model, for a synthetic twin.
     pub mean_tokens: f64,
-    /// RMS over classes of ‖μ_c‖, the estimate of the paper's ‖μ‖ (step 3 of the rule).
+    /// The calibrated ‖μ‖: √(n·SNR² / n) · σ_ε √d.
     pub signal_norm: f64,
     /// σ_ε √d from the relevant tokens (step 2).
     pub noise_norm: f64,
     /// The same spread for every other (unpadded) token around their mean, for comparison.
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub other_noise_norm: f64,
+    /// The calibrated SNR, √(n·SNR² / n).
     pub snr: f64,
+    /// The calibrated n·SNR²: raw less the floor's mean, at least 0; 0 where the raw value does
+    /// not rise above the floor (p > [`SIGNIFICANCE`]).
     pub n_snr2: f64,
+    /// The 2.5–97.5 % bootstrap interval of raw less the floor's mean (each end at least 0).
+    #[serde(default)]
+    pub n_snr2_interval: [f64; 2],
+    /// Step 3's value on the real labels, before the floor is taken off (may be below 0).
+    #[serde(default)]
+    pub raw_n_snr2: f64,
+    #[serde(default)]
+    pub floor: Floor,
+    /// Share of permutations whose n·SNR² reaches the raw value (with the real labels counted
+    /// as one of them).
+    #[serde(default = "one")]
+    pub p_value: f64,
     /// The position most often relevant, and the share of samples for which it is.
     pub modal_position: usize,
     pub modal_share: f64,
 }
 
-/// The position `class_scores` (one sample's scores of its tokens for its class) rates highest;
-/// −∞ and NaN (padding) never, and `None` when every score is one of those.
-pub fn relevant_position(class_scores: &[f32]) -> Option<usize> {
-    class_scores
-        .iter()
+fn first_rule() -> u32 {
+    1
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl SnrEstimate {
+    /// Made by today's rule (older estimates are read as absent).
+    pub fn is_current(&self) -> bool {
+        self.estimator == ESTIMATOR
+    }
+
+    /// Whether the signal rises above the floor (p ≤ [`SIGNIFICANCE`]).
+    pub fn above_floor(&self) -> bool {
+        self.p_value <= SIGNIFICANCE
+    }
+
+    /// The calibrated value as a reader should take it: a number with its interval where the
+    /// signal rises above the floor, else that it does not and the most it could be.
+    pub fn headline(&self) -> String {
+        let [low, high] = self.n_snr2_interval;
+        let parts = format!(
+            "raw {:.3}, floor {:.3}, q95 {:.3}, p {:.3}",
+            self.raw_n_snr2, self.floor.mean, self.floor.q95, self.p_value
+        );
+        if self.above_floor() {
+            format!("n·SNR² {:.3} [{low:.3}, {high:.3}] ({parts})", self.n_snr2)
+        } else {
+            format!("n·SNR² not above its floor, at most {high:.3} ({parts})")
+        }
+    }
+}
+
+/// The position whose logits (`token_logits`, T × K row-major for one sample) give the highest
+/// log-softmax of any class: the token the classifier is most confident about. Rows with a
+/// non-finite logit (padding) never, and `None` when every row has one.
+pub fn confident_position(token_logits: &[f32], classes: usize) -> Option<usize> {
+    token_logits
+        .chunks_exact(classes)
         .enumerate()
-        .filter(|(_, s)| usable(**s))
-        .max_by(|a, b| a.1.total_cmp(b.1))
+        .filter_map(|(position, logits)| confidence(logits).map(|c| (position, c)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(position, _)| position)
 }
 
-fn usable(score: f32) -> bool {
-    !score.is_nan() && score != f32::NEG_INFINITY
+/// max_c log softmax(logits)_c, `None` for a row with a non-finite logit.
+fn confidence(logits: &[f32]) -> Option<f64> {
+    if logits.iter().any(|v| !v.is_finite()) || logits.is_empty() {
+        return None;
+    }
+    let top = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let normaliser: f64 = logits.iter().map(|&v| (v as f64 - top).exp()).sum();
+    Some(-normaliser.ln())
 }
 
 /// What step 2 needs of the tokens that are not relevant, gathered one token at a time.
@@ -105,38 +212,44 @@ impl OtherTokens {
     }
 }
 
-/// Estimates the SNR of `tokens` with clean `labels` (class indices) and, per sample, the head's
-/// score of each token for that sample's class (`class_scores`, n × T).
+/// Estimates the SNR of `tokens` with clean `labels` (class indices) and the classifier's logits
+/// of every token (`token_logits`, n × T × `classes`).
 pub fn estimate(
     tokens: Tokens,
     labels: &[usize],
-    class_scores: &[f32],
+    token_logits: &[f32],
+    classes: usize,
 ) -> Result<SnrEstimate, String> {
     let (n, t, d) = (tokens.num_samples, tokens.seq_len, tokens.embed_dim);
-    if tokens.values.len() != n * t * d || labels.len() != n || class_scores.len() != n * t {
+    if tokens.values.len() != n * t * d
+        || labels.len() != n
+        || classes == 0
+        || token_logits.len() != n * t * classes
+    {
         return Err(format!(
-            "SNR estimate: {} token values, {} labels and {} scores do not fit {n} samples of {t} tokens of width {d}",
+            "SNR estimate: {} token values, {} labels and {} logits do not fit {n} samples of {t} tokens of width {d} and {classes} classes",
             tokens.values.len(),
             labels.len(),
-            class_scores.len()
+            token_logits.len()
         ));
     }
     let mut relevant = Vec::with_capacity(n * d);
     let mut positions = Vec::with_capacity(n);
     let mut others = OtherTokens::new(d);
-    for (i, scores) in class_scores.chunks_exact(t).enumerate() {
-        let position = relevant_position(scores)
+    for (i, logits) in token_logits.chunks_exact(t * classes).enumerate() {
+        let position = confident_position(logits, classes)
             .ok_or_else(|| format!("SNR estimate: sample {i} has no token to score"))?;
         relevant.extend_from_slice(tokens.token(i, position));
         positions.push(position);
-        for other in (0..t).filter(|&p| p != position && usable(scores[p])) {
+        let usable = |p: usize| confidence(&logits[p * classes..(p + 1) * classes]).is_some();
+        for other in (0..t).filter(|&p| p != position && usable(p)) {
             others.add(tokens.token(i, other));
         }
     }
     estimate_from(&relevant, d, labels, &positions, &others)
 }
 
-/// Steps 2–4 from each sample's relevant token (`relevant`, n × d), the positions they were at
+/// Steps 2–5 from each sample's relevant token (`relevant`, n × d), the positions they were at
 /// and the other tokens' statistics: what [`estimate`] computes, for callers that stream their
 /// tokens instead of holding them all.
 pub fn estimate_from(
@@ -154,97 +267,261 @@ pub fn estimate_from(
             positions.len()
         ));
     }
-    let token = |i: usize| &relevant[i * d..(i + 1) * d];
-    let num_labels = labels.iter().max().map_or(0, |&c| c + 1);
-    let mut counts = vec![0usize; num_labels];
-    let mut class_sums = vec![vec![0f64; d]; num_labels];
-    for (i, &class) in labels.iter().enumerate() {
-        counts[class] += 1;
-        add(&mut class_sums[class], token(i));
-    }
-    let present: Vec<usize> = (0..num_labels).filter(|&c| counts[c] > 0).collect();
-    let k = present.len();
-    if k < 2 || n <= k {
-        return Err(format!(
+    let set = Relevant::new(relevant, d);
+    let all: Vec<usize> = (0..n).collect();
+    let raw = set.moments(&all, labels).ok_or_else(|| {
+        let k = count_classes(labels);
+        format!(
             "SNR estimate: needs two classes and more samples than classes, got {n} samples in {k} classes"
-        ));
-    }
-    let means: Vec<Vec<f64>> = class_sums
-        .iter()
-        .zip(&counts)
-        .map(|(sum, &count)| sum.iter().map(|v| v / count.max(1) as f64).collect())
-        .collect();
+        )
+    })?;
+    let raw_n_snr2 = raw.n_snr2(n);
+    let mut rng = ChaCha8Rng::seed_from_u64(CALIBRATION_SEED);
+    let floor_values = permutation_floor(&set, labels, &mut rng);
+    let floor_mean = mean(&floor_values);
+    let reaching = floor_values.iter().filter(|&&v| v >= raw_n_snr2).count();
+    let p_value = (1 + reaching) as f64 / (1 + floor_values.len()) as f64;
+    // Below the floor's reach the number would be the floor's own scatter: it reads 0, and the
+    // interval's upper end says how much signal could hide there.
+    let calibrated = if p_value <= SIGNIFICANCE {
+        (raw_n_snr2 - floor_mean).max(0.0)
+    } else {
+        0.0
+    };
+    let resampled = bootstrap(&set, labels, &mut rng);
+    // A set so small that no draw keeps two classes has no interval but its point.
+    let interval = if resampled.is_empty() {
+        [calibrated, calibrated]
+    } else {
+        [
+            (quantile(&resampled, 0.025) - floor_mean).max(0.0),
+            (quantile(&resampled, 0.975) - floor_mean).max(0.0),
+        ]
+    };
+    let snr = (calibrated / n as f64).sqrt();
+    let noise_norm = raw.noise2.sqrt();
+    let (modal_position, modal_share) = modal(positions);
+    Ok(SnrEstimate {
+        estimator: ESTIMATOR,
+        samples: n,
+        classes: raw.classes,
+        embed_dim: d,
+        effective_dim: set.effective_dim(labels),
+        // Every sample has its relevant token; the rest were gathered as others.
+        mean_tokens: (n + others.count) as f64 / n as f64,
+        signal_norm: snr * noise_norm,
+        noise_norm,
+        other_noise_norm: others.spread(),
+        snr,
+        n_snr2: calibrated,
+        n_snr2_interval: interval,
+        raw_n_snr2,
+        floor: Floor {
+            mean: floor_mean,
+            q95: quantile(&floor_values, 0.95),
+            permutations: floor_values.len(),
+        },
+        p_value,
+        modal_position,
+        modal_share,
+    })
+}
 
-    // Step 2: pooled spread of the relevant tokens around their class mean.
-    let within: f64 = (0..n)
-        .map(|i| squared_distance(token(i), &means[labels[i]]))
-        .sum();
-    let noise2 = within / (n - k) as f64;
-
-    // Step 3: class signals, less the noise of the means, scaled to the paper's ‖μ‖.
-    let kf = k as f64;
-    let grand: Vec<f64> = (0..d)
-        .map(|j| present.iter().map(|&c| means[c][j]).sum::<f64>() / kf)
-        .collect();
-    let signal2 = present
-        .iter()
-        .map(|&c| {
-            let raw = squared_distance_f64(&means[c], &grand);
-            let others: f64 = present
-                .iter()
-                .filter(|&&o| o != c)
-                .map(|&o| 1.0 / counts[o] as f64)
-                .sum();
-            let bias = noise2 * ((1.0 - 1.0 / kf).powi(2) / counts[c] as f64 + others / (kf * kf));
-            raw - bias
+/// n·SNR² with the labels shuffled, [`PERMUTATIONS`] times.
+fn permutation_floor(set: &Relevant, labels: &[usize], rng: &mut ChaCha8Rng) -> Vec<f64> {
+    let all: Vec<usize> = (0..labels.len()).collect();
+    let mut shuffled = labels.to_vec();
+    (0..PERMUTATIONS)
+        .filter_map(|_| {
+            shuffled.shuffle(rng);
+            set.moments(&all, &shuffled).map(|m| m.n_snr2(labels.len()))
         })
-        .sum::<f64>()
-        / kf
-        * kf
-        / (kf - 1.0);
-    let signal_norm = signal2.max(0.0).sqrt();
-    let noise_norm = noise2.sqrt();
-    let snr = signal_norm / noise_norm;
+        .collect()
+}
 
+/// Raw n·SNR² over [`RESAMPLES`] draws of n samples with replacement (draws left with fewer than
+/// two classes are skipped).
+fn bootstrap(set: &Relevant, labels: &[usize], rng: &mut ChaCha8Rng) -> Vec<f64> {
+    let n = labels.len();
+    (0..RESAMPLES)
+        .filter_map(|_| {
+            let draw: Vec<usize> = (0..n).map(|_| rng.random_range(0..n)).collect();
+            set.moments(&draw, labels).map(|m| m.n_snr2(n))
+        })
+        .collect()
+}
+
+/// The relevant tokens, n × d, with each one's squared norm.
+struct Relevant<'a> {
+    values: &'a [f32],
+    dim: usize,
+    squared_norms: Vec<f64>,
+}
+
+/// Steps 2 and 3 on one labelling of a set of samples.
+struct Moments {
+    classes: usize,
+    signal2: f64,
+    noise2: f64,
+}
+
+impl Moments {
+    fn n_snr2(&self, n: usize) -> f64 {
+        n as f64 * self.signal2 / self.noise2
+    }
+}
+
+impl<'a> Relevant<'a> {
+    fn new(values: &'a [f32], dim: usize) -> Self {
+        let squared_norms = values
+            .chunks_exact(dim)
+            .map(|t| t.iter().map(|&v| (v as f64).powi(2)).sum())
+            .collect();
+        Self {
+            values,
+            dim,
+            squared_norms,
+        }
+    }
+
+    fn token(&self, i: usize) -> &'a [f32] {
+        &self.values[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// Steps 2 and 3 over the samples `draw` (indices, repeats allowed) labelled by `labels`;
+    /// `None` with fewer than two classes or no more samples than classes.
+    fn moments(&self, draw: &[usize], labels: &[usize]) -> Option<Moments> {
+        let d = self.dim;
+        let num_labels = labels.iter().max().map_or(0, |&c| c + 1);
+        let mut counts = vec![0usize; num_labels];
+        let mut sums = vec![0f64; num_labels * d];
+        let mut squared = 0.0;
+        for &i in draw {
+            let class = labels[i];
+            counts[class] += 1;
+            add(&mut sums[class * d..(class + 1) * d], self.token(i));
+            squared += self.squared_norms[i];
+        }
+        let present: Vec<usize> = (0..num_labels).filter(|&c| counts[c] > 0).collect();
+        let (n, k) = (draw.len(), present.len());
+        if k < 2 || n <= k {
+            return None;
+        }
+        let means: Vec<Vec<f64>> = present
+            .iter()
+            .map(|&c| {
+                let count = counts[c] as f64;
+                sums[c * d..(c + 1) * d].iter().map(|s| s / count).collect()
+            })
+            .collect();
+        // Step 2: Σ‖x − m_c‖² = Σ‖x‖² − Σ_c n_c ‖m_c‖².
+        let between: f64 = present
+            .iter()
+            .zip(&means)
+            .map(|(&c, m)| counts[c] as f64 * m.iter().map(|v| v * v).sum::<f64>())
+            .sum();
+        let noise2 = (squared - between).max(0.0) / (n - k) as f64;
+
+        // Step 3: class signals, less the noise of the means, scaled to the paper's ‖μ‖.
+        let kf = k as f64;
+        let grand: Vec<f64> = (0..d)
+            .map(|j| means.iter().map(|m| m[j]).sum::<f64>() / kf)
+            .collect();
+        let inverse_counts: f64 = present.iter().map(|&c| 1.0 / counts[c] as f64).sum();
+        let signal2 = present
+            .iter()
+            .zip(&means)
+            .map(|(&c, m)| {
+                let raw = squared_distance_f64(m, &grand);
+                let own = 1.0 / counts[c] as f64;
+                let bias = noise2
+                    * ((1.0 - 1.0 / kf).powi(2) * own + (inverse_counts - own) / (kf * kf));
+                raw - bias
+            })
+            .sum::<f64>()
+            / (kf - 1.0);
+        Some(Moments {
+            classes: k,
+            signal2,
+            noise2,
+        })
+    }
+
+    /// Step 5: (tr Σ)² / tr Σ² of the pooled within-class scatter, each trace estimated without
+    /// bias for Gaussian noise (tr S² overstates tr Σ² by about (tr Σ)² / m at m degrees of
+    /// freedom); between 1 and d.
+    fn effective_dim(&self, labels: &[usize]) -> f64 {
+        let (n, d) = (labels.len(), self.dim);
+        let num_labels = labels.iter().max().map_or(0, |&c| c + 1);
+        let mut counts = vec![0usize; num_labels];
+        let mut sums = vec![0f64; num_labels * d];
+        for (i, &class) in labels.iter().enumerate() {
+            counts[class] += 1;
+            add(&mut sums[class * d..(class + 1) * d], self.token(i));
+        }
+        let k = counts.iter().filter(|&&c| c > 0).count();
+        if n <= k + 1 {
+            return f64::NAN;
+        }
+        let centred = DMatrix::from_fn(n, d, |i, j| {
+            let class = labels[i];
+            self.values[i * d + j] as f64 - sums[class * d + j] / counts[class] as f64
+        });
+        let m = (n - k) as f64;
+        let scatter = centred.tr_mul(&centred) / m;
+        let trace = scatter.trace();
+        let trace_square = scatter.iter().map(|v| v * v).sum::<f64>();
+        let unbiased_square = m * m / ((m - 1.0) * (m + 2.0)) * (trace_square - trace * trace / m);
+        if unbiased_square <= 0.0 {
+            return d as f64;
+        }
+        (trace * trace / unbiased_square).clamp(1.0, d as f64)
+    }
+}
+
+fn count_classes(labels: &[usize]) -> usize {
+    let mut seen: Vec<usize> = labels.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.len()
+}
+
+fn modal(positions: &[usize]) -> (usize, f64) {
     let width = positions.iter().max().map_or(0, |&p| p + 1);
     let mut position_counts = vec![0usize; width];
     for &p in positions {
         position_counts[p] += 1;
     }
-    let (modal_position, modal_count) = position_counts
+    let (position, count) = position_counts
         .iter()
         .enumerate()
         .max_by_key(|&(p, &c)| (c, std::cmp::Reverse(p)))
         .map(|(p, &c)| (p, c))
         .unwrap_or((0, 0));
-    Ok(SnrEstimate {
-        samples: n,
-        classes: k,
-        embed_dim: d,
-        // Every sample has its relevant token; the rest were gathered as others.
-        mean_tokens: (n + others.count) as f64 / n as f64,
-        signal_norm,
-        noise_norm,
-        other_noise_norm: others.spread(),
-        snr,
-        n_snr2: n as f64 * snr * snr,
-        modal_position,
-        modal_share: modal_count as f64 / n as f64,
-    })
+    (position, count as f64 / positions.len().max(1) as f64)
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+/// The q-quantile by linear interpolation between order statistics (numpy's default); NaN when
+/// there are none.
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let position = q * (sorted.len() - 1) as f64;
+    let (low, high) = (position.floor() as usize, position.ceil() as usize);
+    sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64)
 }
 
 fn add(sum: &mut [f64], token: &[f32]) {
     for (s, &v) in sum.iter_mut().zip(token) {
         *s += v as f64;
     }
-}
-
-fn squared_distance(token: &[f32], mean: &[f64]) -> f64 {
-    token
-        .iter()
-        .zip(mean)
-        .map(|(&v, m)| (v as f64 - m).powi(2))
-        .sum()
 }
 
 fn squared_distance_f64(a: &[f64], b: &[f64]) -> f64 {
@@ -255,63 +532,90 @@ fn squared_distance_f64(a: &[f64], b: &[f64]) -> f64 {
 mod tests {
     use super::*;
 
-    /// Two classes on orthogonal axes, no noise beyond a tiny jitter: ‖μ‖ recovered exactly.
+    fn tokens(values: &[f32], n: usize, t: usize, d: usize) -> Tokens<'_> {
+        Tokens {
+            values,
+            num_samples: n,
+            seq_len: t,
+            embed_dim: d,
+        }
+    }
+
+    /// Two classes on orthogonal axes, no noise beyond a small jitter: ‖μ‖ recovered, far above
+    /// the floor.
     #[test]
     fn noiseless_orthogonal_signals_give_their_norm() {
-        let (n, t, d) = (8, 3, 4);
+        let (n, t, d) = (40, 3, 4);
         let mut values = vec![0f32; n * t * d];
         let labels: Vec<usize> = (0..n).map(|i| i % 2).collect();
-        let mut scores = vec![0f32; n * t];
+        let mut logits = vec![0f32; n * t * 2];
         for i in 0..n {
             // The signal sits on token 1, on coordinate `label`; a small ± jitter on coordinate 3.
             values[(i * t + 1) * d + labels[i]] = 5.0;
             values[(i * t + 1) * d + 3] = if i / 2 % 2 == 0 { 0.1 } else { -0.1 };
-            scores[i * t + 1] = 1.0;
+            logits[(i * t + 1) * 2 + labels[i]] = 3.0;
         }
-        let estimate = estimate(
-            Tokens {
-                values: &values,
-                num_samples: n,
-                seq_len: t,
-                embed_dim: d,
-            },
-            &labels,
-            &scores,
-        )
-        .unwrap();
+        let estimate = estimate(tokens(&values, n, t, d), &labels, &logits, 2).unwrap();
         assert_eq!((estimate.modal_position, estimate.modal_share), (1, 1.0));
-        // Pooled spread 0.1 per sample with n − K = 6 degrees of freedom.
-        let noise = (8.0 * 0.01f64 / 6.0).sqrt();
+        // Pooled spread 0.1 per sample with n − K degrees of freedom.
+        let noise = (n as f64 * 0.01 / (n - 2) as f64).sqrt();
         assert!((estimate.noise_norm - noise).abs() < 1e-6);
-        assert!((estimate.signal_norm - (25.0 - noise * noise / 4.0).sqrt()).abs() < 1e-5);
+        let raw_signal2 = estimate.raw_n_snr2 / n as f64 * noise * noise;
+        assert!((raw_signal2 - 25.0).abs() < 0.01, "{raw_signal2}");
+        assert!(estimate.p_value < 0.01 && estimate.above_floor());
+        assert!(estimate.n_snr2 > 0.9 * estimate.raw_n_snr2);
+        assert!(estimate.n_snr2_interval[0] <= estimate.n_snr2);
+        assert!(estimate.n_snr2 <= estimate.n_snr2_interval[1]);
+        // One noisy coordinate: the noise lives in one direction.
+        assert!((estimate.effective_dim - 1.0).abs() < 1e-9);
+    }
+
+    /// The choice ignores the label: a sample's most confident token is the same whichever class
+    /// it is labelled.
+    #[test]
+    fn the_relevant_token_is_chosen_without_the_label() {
+        // Token 0 leans to class 1, token 1 to class 0 more strongly, token 2 is padding.
+        let logits = [0.0, 1.0, 2.5, 0.0, f32::NAN, 0.0];
+        assert_eq!(confident_position(&logits, 2), Some(1));
+        assert_eq!(confident_position(&[f32::NEG_INFINITY, 0.0], 2), None);
+        // A common shift of a token's logits changes nothing.
+        assert_eq!(confident_position(&[10.0, 11.0, 2.5, 0.0], 2), Some(1));
     }
 
     #[test]
     fn padding_takes_no_part_and_a_bad_shape_is_named() {
         let values = vec![1f32; 2 * 2 * 2];
-        let err = estimate(
-            Tokens {
-                values: &values,
-                num_samples: 2,
-                seq_len: 2,
-                embed_dim: 2,
-            },
-            &[0, 1],
-            &[f32::NEG_INFINITY, f32::NAN, 0.0, 1.0],
-        )
-        .unwrap_err();
+        let padded = [f32::NEG_INFINITY, 0.0, f32::NAN, 0.0, 0.0, 1.0, 1.0, 0.0];
+        let err = estimate(tokens(&values, 2, 2, 2), &[0, 1], &padded, 2).unwrap_err();
         assert!(err.contains("sample 0 has no token"), "{err}");
-        let err = estimate(
-            Tokens {
-                values: &values,
-                num_samples: 2,
-                seq_len: 2,
-                embed_dim: 2,
-            },
-            &[0],
-            &[0.0; 4],
-        )
-        .unwrap_err();
+        let err = estimate(tokens(&values, 2, 2, 2), &[0], &[0.0; 8], 2).unwrap_err();
         assert!(err.contains("do not fit"), "{err}");
+    }
+
+    #[test]
+    fn quantiles_interpolate_as_numpy_does() {
+        // numpy.quantile([3, 1, 4, 1, 5], [0, 0.25, 0.95, 1]) = 1, 1, 4.8, 5.
+        let values = [3.0, 1.0, 4.0, 1.0, 5.0];
+        let q = |p| quantile(&values, p);
+        assert_eq!((q(0.0), q(0.25), q(1.0)), (1.0, 1.0, 5.0));
+        assert!((q(0.95) - 4.8).abs() < 1e-12);
+    }
+
+    /// The unbiased trace of Σ² gives d for isotropic noise, where the plain one gives about
+    /// d / (1 + d/m).
+    #[test]
+    fn isotropic_noise_has_its_full_effective_dimension() {
+        let (n, d) = (400, 50);
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let values: Vec<f32> = (0..n * d)
+            .map(|_| {
+                let u: f64 = rng.random();
+                let v: f64 = rng.random();
+                ((-2.0 * (1.0 - u).ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+            })
+            .collect();
+        let labels: Vec<usize> = (0..n).map(|i| i % 2).collect();
+        let effective = Relevant::new(&values, d).effective_dim(&labels);
+        assert!((effective / d as f64 - 1.0).abs() < 0.1, "{effective}");
     }
 }

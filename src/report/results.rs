@@ -82,8 +82,13 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
         return Ok(None);
     }
     let text = crate::io::read_input_text(&path, crate::io::limits::SMALL_TEXT)?;
-    let summary: FinetuneSummary = serde_json::from_str(&text)
+    let mut summary: FinetuneSummary = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a finetune summary", path.display()))?;
+    // An estimate made by the rule that chose tokens by their label's score reads signal in pure
+    // noise: it counts as absent (`reproduce snr` makes it again).
+    if summary.snr.as_ref().is_some_and(|s| !s.is_current()) {
+        summary.snr = None;
+    }
     let config = &summary.config;
     if config.authors_noise_draw != config.noise_draw() {
         anyhow::bail!(

@@ -56,8 +56,10 @@ pub fn backfill(out: &Path, places: &Places, progress: &dyn Progress) -> Result<
         };
         done.estimates += 1;
         eprintln!(
-            "{}: n·SNR² {:.3} (SNR {:.4}; phase-1 test acc {})",
-            first.run, found.estimate.n_snr2, found.estimate.snr, found.phase1_test_acc
+            "{}: {} (phase-1 test acc {})",
+            first.run,
+            found.estimate.headline(),
+            found.phase1_test_acc
         );
         for (row, dir) in runs {
             match fill(row, dir, &found) {

@@ -1,6 +1,6 @@
 //! A run's fine-tune set on the paper's SNR axis (docs/design.md, "The SNR of real tokens"; the
 //! estimator is [`crate::diagnostics::snr`]). Each sample's relevant token is the position whose
-//! final token the phase-1 classifier scores highest for the sample's clean class; the tokens
+//! final token the phase-1 classifier is most confident about, whatever the class; the tokens
 //! measured are the ones the mode's phase 2 selects from: the final tokens in head mode, what the
 //! last layer's attention reads (LN of its inputs for ViT, the inputs for BERT) in last-layer mode.
 
@@ -16,7 +16,7 @@ use super::setup::{
     RunFeatures, Setup, final_tokens, layer_inputs, prepare_data, run_features, setup,
 };
 use crate::data::prepare::PreparedData;
-use crate::diagnostics::snr::{OtherTokens, SnrEstimate, estimate_from, relevant_position};
+use crate::diagnostics::snr::{OtherTokens, SnrEstimate, confident_position, estimate_from};
 use crate::encoder::Model;
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::Classifier;
@@ -116,12 +116,9 @@ pub fn fine_tune_snr(
             )?)?,
         };
         for (k, &sample) in chunk.iter().enumerate() {
-            let class = clean_labels[sample] as usize;
             let length = finished.lengths[k];
-            let scores: Vec<f32> = (0..length)
-                .map(|p| logits[(k * l + p) * classes + class])
-                .collect();
-            let position = relevant_position(&scores)
+            let sample_logits = &logits[k * l * classes..(k * l + length) * classes];
+            let position = confident_position(sample_logits, classes)
                 .with_context(|| format!("fine-tune sample {sample}: no token to score"))?;
             let token = |p: usize| &measured[(k * l + p) * dim..(k * l + p + 1) * dim];
             relevant.extend_from_slice(token(position));
