@@ -22,11 +22,13 @@
 //!    estimate reads where the labels carry nothing; the **calibrated** n·SNR² is raw − floor (at
 //!    least 0), with a percentile interval over [`RESAMPLES`] bootstrap draws of the samples, and
 //!    the permutation p-value says whether the raw value rises above the floor at all; where it
-//!    does not (p > 0.05), the calibrated value is 0 and the interval's upper end is what could
+//!    does not (p > 0.01), the calibrated value is 0 and the interval's upper end is what could
 //!    hide below the floor.
-//! 5. The **effective dimension** of the noise, (tr Σ)² / tr Σ² from the pooled within-class
-//!    scatter (each trace estimated without bias), is reported beside d: it is d for isotropic
-//!    noise and far less for real tokens, whose variance sits in a few directions.
+//! 5. The **effective dimension** of the noise, (tr Σ)² / tr Σ² of the other tokens' scatter
+//!    around their position's mean (each trace estimated without bias), is reported beside d: it
+//!    is d for isotropic noise and less where the variance sits in a few directions. The other
+//!    tokens, not the relevant ones: choosing a token for the classifier's confidence picks
+//!    tokens that stand out along its directions, which would narrow the relevant ones' scatter.
 
 use nalgebra::DMatrix;
 use rand::seq::SliceRandom;
@@ -39,13 +41,15 @@ use serde::{Deserialize, Serialize};
 pub const ESTIMATOR: u32 = 2;
 
 /// Label permutations behind the floor and the p-value.
-pub const PERMUTATIONS: usize = 200;
+pub const PERMUTATIONS: usize = 1000;
 
 /// Bootstrap draws of the samples behind the calibrated value's interval.
 pub const RESAMPLES: usize = 200;
 
-/// A p-value at or below this says the signal rises above the floor.
-pub const SIGNIFICANCE: f64 = 0.05;
+/// A p-value at or below this says the signal rises above the floor. Strict, because a set that
+/// passes by chance would print a value of at least the floor's 99th percentile as if it were
+/// signal (n·SNR² ≈ 3–4 at T 197, d 192, whatever n).
+pub const SIGNIFICANCE: f64 = 0.01;
 
 /// The permutations' and resamples' stream: fixed, so an estimate is a function of its tokens.
 const CALIBRATION_SEED: u64 = 0x5eed_5a12;
@@ -105,7 +109,8 @@ pub struct SnrEstimate {
     /// The calibrated n·SNR²: raw less the floor's mean, at least 0; 0 where the raw value does
     /// not rise above the floor (p > [`SIGNIFICANCE`]).
     pub n_snr2: f64,
-    /// The 2.5–97.5 % bootstrap interval of raw less the floor's mean (each end at least 0).
+    /// The 2.5–97.5 % bootstrap interval of raw less the floor's mean, the draws centred on the
+    /// raw value (each end at least 0).
     #[serde(default)]
     pub n_snr2_interval: [f64; 2],
     /// Step 3's value on the real labels, before the floor is taken off (may be below 0).
@@ -158,7 +163,7 @@ impl SnrEstimate {
 }
 
 /// The position whose logits (`token_logits`, T × K row-major for one sample) give the highest
-/// log-softmax of any class: the token the classifier is most confident about. Rows with a
+/// softmax probability of any class: the token the classifier is most confident about. Rows with a
 /// non-finite logit (padding) never, and `None` when every row has one.
 pub fn confident_position(token_logits: &[f32], classes: usize) -> Option<usize> {
     token_logits
@@ -169,23 +174,49 @@ pub fn confident_position(token_logits: &[f32], classes: usize) -> Option<usize>
         .map(|(position, _)| position)
 }
 
-/// max_c log softmax(logits)_c, `None` for a row with a non-finite logit.
+/// How sure the classifier is of its top class, as the log-odds log p_top − log(1 − p_top) =
+/// top logit − logsumexp of the others: the same order as the top softmax probability, without
+/// the probability's rounding to 1 (which would tie every clear token); `None` for a row with a
+/// non-finite logit.
 fn confidence(logits: &[f32]) -> Option<f64> {
     if logits.iter().any(|v| !v.is_finite()) || logits.is_empty() {
         return None;
     }
-    let top = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let normaliser: f64 = logits.iter().map(|&v| (v as f64 - top).exp()).sum();
-    Some(-normaliser.ln())
+    let (top_index, &top) = logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))?;
+    let others = logits
+        .iter()
+        .enumerate()
+        .filter(|&(c, _)| c != top_index)
+        .map(|(_, &v)| v as f64);
+    let largest = others.clone().fold(f64::NEG_INFINITY, f64::max);
+    if largest == f64::NEG_INFINITY {
+        return Some(0.0);
+    }
+    let rest = largest + others.map(|v| (v - largest).exp()).sum::<f64>().ln();
+    Some(top as f64 - rest)
 }
 
-/// What step 2 needs of the tokens that are not relevant, gathered one token at a time.
+/// What the estimate needs of the tokens that are not relevant, gathered one token at a time:
+/// their spread around their mean (step 2's comparison) and their scatter around their position's
+/// mean (step 5).
 #[derive(Clone, Debug)]
 pub struct OtherTokens {
     count: usize,
     sum: Vec<f64>,
     squared_norms: f64,
+    /// Per position: how many tokens and their sum (position p at p·d).
+    position_counts: Vec<usize>,
+    position_sums: Vec<f64>,
+    /// Σ x xᵀ (d × d) of the tokens folded in so far, and the rows waiting to be folded.
+    second_moment: DMatrix<f64>,
+    pending: Vec<f64>,
 }
+
+/// Tokens gathered before they are folded into the second moment in one product.
+const FOLD_ROWS: usize = 512;
 
 impl OtherTokens {
     pub fn new(embed_dim: usize) -> Self {
@@ -193,13 +224,40 @@ impl OtherTokens {
             count: 0,
             sum: vec![0.0; embed_dim],
             squared_norms: 0.0,
+            position_counts: Vec::new(),
+            position_sums: Vec::new(),
+            second_moment: DMatrix::zeros(embed_dim, embed_dim),
+            pending: Vec::with_capacity(FOLD_ROWS * embed_dim),
         }
     }
 
-    pub fn add(&mut self, token: &[f32]) {
+    /// Adds the token at `position` of its sample.
+    pub fn add(&mut self, position: usize, token: &[f32]) {
+        let d = self.sum.len();
         self.count += 1;
         add(&mut self.sum, token);
         self.squared_norms += token.iter().map(|&v| (v as f64).powi(2)).sum::<f64>();
+        if self.position_counts.len() <= position {
+            self.position_counts.resize(position + 1, 0);
+            self.position_sums.resize((position + 1) * d, 0.0);
+        }
+        self.position_counts[position] += 1;
+        add(&mut self.position_sums[position * d..(position + 1) * d], token);
+        self.pending.extend(token.iter().map(|&v| v as f64));
+        if self.pending.len() >= FOLD_ROWS * d {
+            self.fold();
+        }
+    }
+
+    fn fold(&mut self) {
+        let d = self.sum.len();
+        if self.pending.is_empty() {
+            return;
+        }
+        // Row-major rows read as the columns of a d × rows matrix B: Σ x xᵀ += B Bᵀ.
+        let rows = DMatrix::from_column_slice(d, self.pending.len() / d, &self.pending);
+        self.second_moment += &rows * rows.transpose();
+        self.pending.clear();
     }
 
     /// Root-mean-square distance from their mean (n − 1 degrees of freedom).
@@ -210,6 +268,42 @@ impl OtherTokens {
         let mean2: f64 = self.sum.iter().map(|s| s * s).sum::<f64>() / self.count as f64;
         ((self.squared_norms - mean2).max(0.0) / (self.count - 1) as f64).sqrt()
     }
+
+    /// Step 5: (tr Σ)² / tr Σ² of the tokens' scatter around their position's mean (what every
+    /// token of a position shares is not noise), each trace estimated without bias for Gaussian
+    /// noise (tr S² overstates tr Σ² by about (tr Σ)² / m at m degrees of freedom); between 1
+    /// and d, NaN with too few tokens.
+    pub fn effective_dim(&mut self) -> f64 {
+        self.fold();
+        let d = self.sum.len();
+        let positions = self.position_counts.iter().filter(|&&c| c > 0).count();
+        if self.count <= positions + 1 {
+            return f64::NAN;
+        }
+        let mut scatter = self.second_moment.clone();
+        for (p, &count) in self.position_counts.iter().enumerate() {
+            if count > 0 {
+                let sum = DMatrix::from_column_slice(d, 1, &self.position_sums[p * d..(p + 1) * d]);
+                scatter -= &sum * sum.transpose() / count as f64;
+            }
+        }
+        let m = (self.count - positions) as f64;
+        scatter /= m;
+        unbiased_effective_dim(&scatter, m)
+    }
+}
+
+/// (tr Σ)² / tr Σ² from a scatter matrix S with m degrees of freedom, tr Σ² estimated as
+/// m² / ((m − 1)(m + 2)) · (tr S² − (tr S)² / m); clamped to [1, d].
+fn unbiased_effective_dim(scatter: &DMatrix<f64>, m: f64) -> f64 {
+    let d = scatter.nrows() as f64;
+    let trace = scatter.trace();
+    let trace_square = scatter.iter().map(|v| v * v).sum::<f64>();
+    let unbiased_square = m * m / ((m - 1.0) * (m + 2.0)) * (trace_square - trace * trace / m);
+    if unbiased_square <= 0.0 {
+        return d;
+    }
+    (trace * trace / unbiased_square).clamp(1.0, d)
 }
 
 /// Estimates the SNR of `tokens` with clean `labels` (class indices) and the classifier's logits
@@ -243,10 +337,10 @@ pub fn estimate(
         positions.push(position);
         let usable = |p: usize| confidence(&logits[p * classes..(p + 1) * classes]).is_some();
         for other in (0..t).filter(|&p| p != position && usable(p)) {
-            others.add(tokens.token(i, other));
+            others.add(other, tokens.token(i, other));
         }
     }
-    estimate_from(&relevant, d, labels, &positions, &others)
+    estimate_from(&relevant, d, labels, &positions, &mut others)
 }
 
 /// Steps 2–5 from each sample's relevant token (`relevant`, n × d), the positions they were at
@@ -257,7 +351,7 @@ pub fn estimate_from(
     embed_dim: usize,
     labels: &[usize],
     positions: &[usize],
-    others: &OtherTokens,
+    others: &mut OtherTokens,
 ) -> Result<SnrEstimate, String> {
     let (n, d) = (labels.len(), embed_dim);
     if relevant.len() != n * d || positions.len() != n || others.sum.len() != d {
@@ -289,14 +383,16 @@ pub fn estimate_from(
         0.0
     };
     let resampled = bootstrap(&set, labels, &mut rng);
-    // A set so small that no draw keeps two classes has no interval but its point.
+    // A draw with replacement repeats samples, which the correction for the noise of the means
+    // does not see: the draws sit above the raw value by about that noise (n·SNR² ≈ K). Their
+    // spread is kept and their centre moved to the raw value. A set so small that no draw keeps
+    // two classes has no interval but its point.
     let interval = if resampled.is_empty() {
         [calibrated, calibrated]
     } else {
-        [
-            (quantile(&resampled, 0.025) - floor_mean).max(0.0),
-            (quantile(&resampled, 0.975) - floor_mean).max(0.0),
-        ]
+        let centre = quantile(&resampled, 0.5);
+        let end = |q: f64| (raw_n_snr2 + quantile(&resampled, q) - centre - floor_mean).max(0.0);
+        [end(0.025), end(0.975)]
     };
     let snr = (calibrated / n as f64).sqrt();
     let noise_norm = raw.noise2.sqrt();
@@ -306,7 +402,7 @@ pub fn estimate_from(
         samples: n,
         classes: raw.classes,
         embed_dim: d,
-        effective_dim: set.effective_dim(labels),
+        effective_dim: others.effective_dim(),
         // Every sample has its relevant token; the rest were gathered as others.
         mean_tokens: (n + others.count) as f64 / n as f64,
         signal_norm: snr * noise_norm,
@@ -446,37 +542,6 @@ impl<'a> Relevant<'a> {
             noise2,
         })
     }
-
-    /// Step 5: (tr Σ)² / tr Σ² of the pooled within-class scatter, each trace estimated without
-    /// bias for Gaussian noise (tr S² overstates tr Σ² by about (tr Σ)² / m at m degrees of
-    /// freedom); between 1 and d.
-    fn effective_dim(&self, labels: &[usize]) -> f64 {
-        let (n, d) = (labels.len(), self.dim);
-        let num_labels = labels.iter().max().map_or(0, |&c| c + 1);
-        let mut counts = vec![0usize; num_labels];
-        let mut sums = vec![0f64; num_labels * d];
-        for (i, &class) in labels.iter().enumerate() {
-            counts[class] += 1;
-            add(&mut sums[class * d..(class + 1) * d], self.token(i));
-        }
-        let k = counts.iter().filter(|&&c| c > 0).count();
-        if n <= k + 1 {
-            return f64::NAN;
-        }
-        let centred = DMatrix::from_fn(n, d, |i, j| {
-            let class = labels[i];
-            self.values[i * d + j] as f64 - sums[class * d + j] / counts[class] as f64
-        });
-        let m = (n - k) as f64;
-        let scatter = centred.tr_mul(&centred) / m;
-        let trace = scatter.trace();
-        let trace_square = scatter.iter().map(|v| v * v).sum::<f64>();
-        let unbiased_square = m * m / ((m - 1.0) * (m + 2.0)) * (trace_square - trace * trace / m);
-        if unbiased_square <= 0.0 {
-            return d as f64;
-        }
-        (trace * trace / unbiased_square).clamp(1.0, d as f64)
-    }
 }
 
 fn count_classes(labels: &[usize]) -> usize {
@@ -566,8 +631,8 @@ mod tests {
         assert!(estimate.n_snr2 > 0.9 * estimate.raw_n_snr2);
         assert!(estimate.n_snr2_interval[0] <= estimate.n_snr2);
         assert!(estimate.n_snr2 <= estimate.n_snr2_interval[1]);
-        // One noisy coordinate: the noise lives in one direction.
-        assert!((estimate.effective_dim - 1.0).abs() < 1e-9);
+        // The other tokens are all zero: no scatter, so no dimension to speak of (clamped to 1..d).
+        assert!(estimate.effective_dim >= 1.0 && estimate.effective_dim <= d as f64);
     }
 
     /// The choice ignores the label: a sample's most confident token is the same whichever class
@@ -602,20 +667,26 @@ mod tests {
     }
 
     /// The unbiased trace of Σ² gives d for isotropic noise, where the plain one gives about
-    /// d / (1 + d/m).
+    /// d / (1 + d/m); a mean per position is not counted as noise.
     #[test]
     fn isotropic_noise_has_its_full_effective_dimension() {
-        let (n, d) = (400, 50);
+        let (tokens, positions, d) = (400, 4, 50);
         let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let values: Vec<f32> = (0..n * d)
-            .map(|_| {
-                let u: f64 = rng.random();
-                let v: f64 = rng.random();
-                ((-2.0 * (1.0 - u).ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-            })
-            .collect();
-        let labels: Vec<usize> = (0..n).map(|i| i % 2).collect();
-        let effective = Relevant::new(&values, d).effective_dim(&labels);
+        let mut others = OtherTokens::new(d);
+        for i in 0..tokens {
+            let position = i % positions;
+            let token: Vec<f32> = (0..d)
+                .map(|j| {
+                    let u: f64 = rng.random();
+                    let v: f64 = rng.random();
+                    let normal = (-2.0 * (1.0 - u).ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+                    // Each position's own offset on coordinate `position`.
+                    (normal + if j == position { 30.0 } else { 0.0 }) as f32
+                })
+                .collect();
+            others.add(position, &token);
+        }
+        let effective = others.effective_dim();
         assert!((effective / d as f64 - 1.0).abs() < 0.1, "{effective}");
     }
 }

@@ -124,12 +124,12 @@ pub fn fine_tune_snr(
             relevant.extend_from_slice(token(position));
             positions.push(position);
             for other in (0..length).filter(|&p| p != position) {
-                others.add(token(other));
+                others.add(other, token(other));
             }
         }
     }
     let labels: Vec<usize> = clean_labels.iter().map(|&c| c as usize).collect();
-    estimate_from(&relevant, dim, &labels, &positions, &others).map_err(anyhow::Error::msg)
+    estimate_from(&relevant, dim, &labels, &positions, &mut others).map_err(anyhow::Error::msg)
 }
 
 fn host(tensor: &Tensor) -> Result<Vec<f32>> {
