@@ -195,6 +195,21 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
         serde_json::from_str(&std::fs::read_to_string(summary_path(0)).unwrap()).unwrap();
     let original: serde_json::Value = serde_json::from_str(&recorded).unwrap();
     assert_eq!(refilled, original);
+    // An estimate made by the rule before the calibrated one (no `estimator` recorded) counts as
+    // absent: it is made again.
+    let mut stale = original.clone();
+    stale["snr"].as_object_mut().unwrap().remove("estimator").unwrap();
+    stale["snr"]["n_snr2"] = serde_json::json!(39.0);
+    std::fs::write(summary_path(0), serde_json::to_string_pretty(&stale).unwrap()).unwrap();
+    let remade = benign(&["reproduce", "snr", whole.to_str().unwrap()], &cache);
+    assert!(
+        String::from_utf8_lossy(&remade.stdout).contains("1 runs given their estimate"),
+        "{}",
+        String::from_utf8_lossy(&remade.stdout)
+    );
+    let remade: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(summary_path(0)).unwrap()).unwrap();
+    assert_eq!(remade, original);
     stripped["baseline_test_acc"] = serde_json::json!(0.123);
     let tampered = serde_json::to_string_pretty(&stripped).unwrap();
     std::fs::write(summary_path(0), &tampered).unwrap();
