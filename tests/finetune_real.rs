@@ -64,6 +64,16 @@ fn both_modes_run_and_write_summary_and_metrics() {
             "{mode}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if mode == "last-layer" {
+            // The cold cache's samples go through the backbone on every core, not on the one
+            // thread phases 1 and 2 train on.
+            let cores = std::thread::available_parallelism().unwrap().get();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains(&format!("through the backbone on {cores} threads")),
+                "{stderr}"
+            );
+        }
         let summary: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
                 .unwrap();

@@ -250,7 +250,7 @@ fn prepare_run(
         write_config(out, &job.config)?;
     }
     // Features last: what a run is refused for is found before any sample meets the backbone.
-    let features = run_features(&setup, &prepared, job, progress)?;
+    let features = extraction_pool(job)?.install(|| run_features(&setup, &prepared, job, progress))?;
     match &resumed {
         Some(saved) => {
             progress.series_start(&job.config, &saved.state.pretrain_losses, &saved.state.log)
@@ -294,6 +294,17 @@ fn prepare_run(
         snr,
         init_rng,
     })
+}
+
+/// The threads the backbone extracts features on: the job's sample threads (every core for a
+/// run alone), not the training pool that `prepare_run` runs in, whose one thread would leave the
+/// other cores idle through the longest step of a cold run. A sample's features are the same
+/// on any number of threads (`extract` fills the same cache on every core).
+fn extraction_pool(job: &FinetuneJob) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(job.sample_threads)
+        .build()
+        .context("building the feature extraction thread pool")
 }
 
 /// Phase 2 of ready runs that resume from the same epoch, then each one's attention maps and

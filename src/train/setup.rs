@@ -285,6 +285,15 @@ pub(super) fn fetch(
         &mut |k| progress.advance(k),
     )?;
     progress.advance(stats.from_cache);
+    let extracted = positions.len().saturating_sub(stats.from_cache);
+    if extracted > 0 {
+        // Said because it is a cold run's longest step: on fewer threads than the machine's it
+        // is that many times slower.
+        progress.line(&format!(
+            "{what}: {extracted} samples through the backbone on {} threads",
+            rayon::current_num_threads()
+        ));
+    }
     for warning in stats.warnings {
         progress.warn(&warning);
     }
