@@ -458,12 +458,11 @@ pub struct LegendEntry {
     pub label: String,
 }
 
+/// A marker's fill and its outline, in pixels around the point.
+type MarkerParts = (Polygon<(i32, i32)>, PathElement<(i32, i32)>);
+
 /// A marker's fill and outline around (0, 0), in pixels; hollow: white inside.
-fn marker_at(
-    shape: Shape,
-    color: RGBColor,
-    hollow: bool,
-) -> (Polygon<(i32, i32)>, PathElement<(i32, i32)>) {
+fn marker_at(shape: Shape, color: RGBColor, hollow: bool) -> MarkerParts {
     let outline = shape.outline();
     let mut closed = outline.clone();
     closed.push(outline[0]);

@@ -923,13 +923,20 @@ fn agreement(md: &mut String, cells: &[Cell], mode_order: &dyn Fn(&str) -> usize
         let pairs = decided(mode);
         let agree = pairs.iter().filter(|(a, b)| a == b).count();
         let k = cohen_kappa(&pairs);
+        let share = |v: f64| {
+            if k.items == 0 {
+                "–".to_string()
+            } else {
+                format!("{v:.2}")
+            }
+        };
         writeln!(
             md,
-            "| {} | {} | {agree} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {agree} | {} | {} | {} |",
             mode.unwrap_or("all"),
             k.items,
-            k.observed,
-            k.chance,
+            share(k.observed),
+            share(k.chance),
             number(k.kappa, 2)
         )?;
     }
@@ -1155,18 +1162,12 @@ fn figure_point(
     })
 }
 
-/// Memorization and Δ against log₁₀ n·SNR², a panel per mode.
-fn draw(
-    out: &Path,
+/// The legend strip: a colour per dataset, a shape per n, the bound's marker and the tick.
+fn figure_legend(
     cells: &[Cell],
-    mode_order: &dyn Fn(&str) -> usize,
+    ns: &[usize],
     colors: &dyn Fn(&str) -> (plotters::style::RGBColor, super::plot::Marker),
-) -> Result<Vec<(&'static str, String)>> {
-    let mut ns: Vec<usize> = cells.iter().map(|c| c.point.row.n).collect();
-    ns.sort_unstable();
-    ns.dedup();
-    let shape_of =
-        |n: usize| Shape::ALL[ns.iter().position(|&m| m == n).unwrap_or(0) % Shape::ALL.len()];
+) -> Vec<LegendEntry> {
     let mut datasets: Vec<&str> = cells.iter().map(|c| c.point.row.dataset.as_str()).collect();
     datasets.sort_unstable();
     datasets.dedup();
@@ -1178,7 +1179,7 @@ fn draw(
         })
         .collect();
     legend.extend(ns.iter().map(|&n| LegendEntry {
-        key: LegendKey::Shape(shape_of(n)),
+        key: LegendKey::Shape(shape_of(ns, n)),
         label: format!("n {n}"),
     }));
     legend.push(LegendEntry {
@@ -1189,6 +1190,25 @@ fn draw(
         key: LegendKey::Tick,
         label: "its twin setting's regime change".into(),
     });
+    legend
+}
+
+/// The marker of n: one shape per distinct n, in order.
+fn shape_of(ns: &[usize], n: usize) -> Shape {
+    Shape::ALL[ns.iter().position(|&m| m == n).unwrap_or(0) % Shape::ALL.len()]
+}
+
+/// Memorization and Δ against log₁₀ n·SNR², a panel per mode.
+fn draw(
+    out: &Path,
+    cells: &[Cell],
+    mode_order: &dyn Fn(&str) -> usize,
+    colors: &dyn Fn(&str) -> (plotters::style::RGBColor, super::plot::Marker),
+) -> Result<Vec<(&'static str, String)>> {
+    let mut ns: Vec<usize> = cells.iter().map(|c| c.point.row.n).collect();
+    ns.sort_unstable();
+    ns.dedup();
+    let legend = figure_legend(cells, &ns, colors);
     let panels = |value: &dyn Fn(&Cell) -> (f64, f64), y_label: &str| -> Vec<ErrorPanel> {
         modes(cells.iter().map(|c| &c.point), mode_order)
             .into_iter()
@@ -1201,7 +1221,7 @@ fn draw(
                     .filter(|c| c.point.row.mode == mode)
                     .filter_map(|c| {
                         let color = colors(&c.point.row.dataset).0;
-                        figure_point(c, value(c), color, shape_of(c.point.row.n))
+                        figure_point(c, value(c), color, shape_of(&ns, c.point.row.n))
                     })
                     .collect(),
             })
