@@ -12,11 +12,12 @@
 //! 2. The **noise** σ_ε √d is the root-mean-square distance of the relevant tokens from their class
 //!    mean, pooled over classes with n − K degrees of freedom (unbiased for tr Σ = σ_ε² d whatever
 //!    the covariance). The other tokens' spread around their own mean is reported beside it.
-//! 3. The **class signal** μ_c is the class mean of the relevant tokens minus the mean of the class
-//!    means. ‖m_c − m̄‖² overstates ‖μ_c − μ̄‖² by the noise of the means, which is subtracted
-//!    (from the pooled noise and the class counts), and with K classes whose signals are
-//!    orthogonal and of one norm, as in the paper's model, ‖μ_c − μ̄‖² = (1 − 1/K)‖μ‖²: the
-//!    estimate is scaled by K / (K − 1) so that it recovers ‖μ‖ there. This is the **raw** n·SNR².
+//! 3. The **class signal** is the between-class scatter of the relevant tokens, Σ_c n_c ‖m_c − m̄‖²
+//!    (m̄ the mean of all), less what the noise alone gives it, (K − 1) tr Σ (from step 2). With K
+//!    classes whose signals are orthogonal and of one norm, as in the paper's model, the scatter
+//!    of the signals is n (1 − Σ_c w_c²) ‖μ‖² (w_c = n_c / n, 1 − 1/K when balanced): dividing by
+//!    that recovers ‖μ‖². Each class weighs by its size, so a class of two samples adds two
+//!    samples' worth of noise, not a K-th of the estimate's. This is the **raw** n·SNR².
 //! 4. The **floor**: the same estimate with the labels permuted ([`PERMUTATIONS`] times, the
 //!    relevant tokens unchanged since their choice did not use the labels). Its mean is what the
 //!    estimate reads where the labels carry nothing; the **calibrated** n·SNR² is raw − floor (at
@@ -36,9 +37,9 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-/// The version of the rule above. Estimates without it (or with an older one) were made by the
-/// rule that chose each token by its label's score, and are read as absent.
-pub const ESTIMATOR: u32 = 2;
+/// The version of the rule above. Estimates without it (1) chose each token by its label's score;
+/// 2 weighed every class alike in step 3. Both are read as absent.
+pub const ESTIMATOR: u32 = 3;
 
 /// Label permutations behind the floor and the p-value.
 pub const PERMUTATIONS: usize = 1000;
@@ -503,39 +504,29 @@ impl<'a> Relevant<'a> {
         if k < 2 || n <= k {
             return None;
         }
-        let means: Vec<Vec<f64>> = present
+        // Step 2: Σ‖x − m_c‖² = Σ‖x‖² − Σ_c ‖S_c‖² / n_c.
+        let class_norms: f64 = present
             .iter()
-            .map(|&c| {
-                let count = counts[c] as f64;
-                sums[c * d..(c + 1) * d].iter().map(|s| s / count).collect()
-            })
-            .collect();
-        // Step 2: Σ‖x − m_c‖² = Σ‖x‖² − Σ_c n_c ‖m_c‖².
-        let between: f64 = present
-            .iter()
-            .zip(&means)
-            .map(|(&c, m)| counts[c] as f64 * m.iter().map(|v| v * v).sum::<f64>())
+            .map(|&c| norm2(&sums[c * d..(c + 1) * d]) / counts[c] as f64)
             .sum();
-        let noise2 = (squared - between).max(0.0) / (n - k) as f64;
+        let noise2 = (squared - class_norms).max(0.0) / (n - k) as f64;
 
-        // Step 3: class signals, less the noise of the means, scaled to the paper's ‖μ‖.
-        let kf = k as f64;
-        let grand: Vec<f64> = (0..d)
-            .map(|j| means.iter().map(|m| m[j]).sum::<f64>() / kf)
-            .collect();
-        let inverse_counts: f64 = present.iter().map(|&c| 1.0 / counts[c] as f64).sum();
-        let signal2 = present
+        // Step 3: the between-class scatter Σ_c n_c ‖m_c − m̄‖² = Σ_c ‖S_c‖² / n_c − ‖S‖² / n,
+        // less its expectation without signal, (K − 1) tr Σ; divided by n (1 − Σ_c w_c²), w_c =
+        // n_c / n, which is what the scatter of orthogonal signals of norm ‖μ‖ comes to.
+        let mut total = vec![0f64; d];
+        for &c in &present {
+            for (t, s) in total.iter_mut().zip(&sums[c * d..(c + 1) * d]) {
+                *t += s;
+            }
+        }
+        let between = class_norms - norm2(&total) / n as f64;
+        let nf = n as f64;
+        let concentration: f64 = present
             .iter()
-            .zip(&means)
-            .map(|(&c, m)| {
-                let raw = squared_distance_f64(m, &grand);
-                let own = 1.0 / counts[c] as f64;
-                let bias = noise2
-                    * ((1.0 - 1.0 / kf).powi(2) * own + (inverse_counts - own) / (kf * kf));
-                raw - bias
-            })
-            .sum::<f64>()
-            / (kf - 1.0);
+            .map(|&c| (counts[c] as f64 / nf).powi(2))
+            .sum();
+        let signal2 = (between - (k as f64 - 1.0) * noise2) / (nf * (1.0 - concentration));
         Some(Moments {
             classes: k,
             signal2,
@@ -589,13 +580,14 @@ fn add(sum: &mut [f64], token: &[f32]) {
     }
 }
 
-fn squared_distance_f64(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum()
+fn norm2(v: &[f64]) -> f64 {
+    v.iter().map(|x| x * x).sum()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::Rng;
 
     fn tokens(values: &[f32], n: usize, t: usize, d: usize) -> Tokens<'_> {
         Tokens {
@@ -664,6 +656,28 @@ mod tests {
         let q = |p| quantile(&values, p);
         assert_eq!((q(0.0), q(0.25), q(1.0)), (1.0, 1.0, 5.0));
         assert!((q(0.95) - 4.8).abs() < 1e-12);
+    }
+
+    /// Classes as unequal as TREC's at n 200 (two samples of one, over fifty of another): pure
+    /// noise keeps a floor of n·SNR² about 1, not one swollen by the smallest class's mean (each
+    /// class weighed alike, the two-sample class alone spread it to ±4).
+    #[test]
+    fn a_tiny_class_does_not_swell_the_floor() {
+        let (d, sizes) = (50, [2usize, 5, 40, 50, 50, 53]);
+        let labels: Vec<usize> = sizes
+            .iter()
+            .enumerate()
+            .flat_map(|(c, &size)| std::iter::repeat_n(c, size))
+            .collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let relevant: Vec<f32> = (0..labels.len() * d)
+            .map(|_| rng.sample::<f32, _>(rand_distr::StandardNormal))
+            .collect();
+        let positions = vec![0; labels.len()];
+        let found =
+            estimate_from(&relevant, d, &labels, &positions, &mut OtherTokens::new(d)).unwrap();
+        assert!(found.floor.q95 < 2.0 && found.floor.mean.abs() < 0.3, "{found:?}");
+        assert_eq!(found.n_snr2, 0.0, "{found:?}");
     }
 
     /// The unbiased trace of Σ² gives d for isotropic noise, where the plain one gives about
