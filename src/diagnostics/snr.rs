@@ -587,7 +587,6 @@ fn norm2(v: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::Rng;
 
     fn tokens(values: &[f32], n: usize, t: usize, d: usize) -> Tokens<'_> {
         Tokens {
