@@ -9,11 +9,17 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Result;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use super::results::{ResultRow, Stat};
-use super::theory::spearman;
+use super::theory::{percentile_interval, permutation_p, spearman};
 use super::verdict::NOISY_ETA;
 use crate::train::metrics::EpochMetrics;
+
+/// Resamples behind the correlation's interval, permutations behind its p-value.
+const BOOTSTRAP: usize = 2000;
+const PERMUTATIONS: usize = 10_000;
 
 /// When a run's noisy labels were fitted and when its test accuracy came back.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -75,7 +81,7 @@ pub fn section(
         }
     }
     let mut lines = Vec::new();
-    let mut by_mode: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    let mut by_mode: BTreeMap<String, Vec<CellDelays>> = BTreeMap::new();
     let mut without_metrics = 0;
     for ((mode, dataset, _, n), cell) in &cells {
         let spread = Stat::of(cell.iter().map(|(r, _)| r.test_acc())).std;
@@ -89,24 +95,25 @@ pub fn section(
         if delays.is_empty() {
             continue;
         }
-        let inverse = 1.0
-            / Stat::of(
-                cell.iter()
-                    .filter_map(|(r, _)| r.snr.as_ref().map(|s| s.n_snr2)),
-            )
-            .mean;
-        let epochs = Stat::of(delays.iter().map(|d| d.epochs() as f64));
+        let n_snr2: Vec<f64> = cell
+            .iter()
+            .filter_map(|(r, _)| r.snr.as_ref().map(|s| s.n_snr2))
+            .collect();
+        let found = CellDelays {
+            n_snr2,
+            delays: delays.iter().map(|d| d.epochs() as f64).collect(),
+        };
+        let epochs = Stat::of(found.delays.iter().copied());
         let fitted = Stat::of(delays.iter().map(|d| d.fitted as f64));
         lines.push(format!(
-            "| {dataset} | {mode} | {n} | {inverse:.4} | {:.0} | {:.0} ± {:.0} | {} |",
+            "| {dataset} | {mode} | {n} | {} | {:.0} | {:.0} ± {:.0} | {} |",
+            inverse_text(found.inverse()),
             fitted.mean,
             epochs.mean,
             epochs.std,
             delays.len()
         ));
-        let pairs = by_mode.entry(mode.clone()).or_default();
-        pairs.0.push(inverse);
-        pairs.1.push(epochs.mean);
+        by_mode.entry(mode.clone()).or_default().push(found);
     }
     if lines.is_empty() {
         if without_metrics > 0 {
@@ -141,16 +148,86 @@ pub fn section(
         writeln!(md, "{line}")?;
     }
     writeln!(md)?;
-    for (mode, (inverse, delays)) in &by_mode {
+    writeln!(
+        md,
+        "Spearman's ρ(1 / (n·SNR²), delay) over a mode's cells (a cell with no signal above the \
+         floor has 1 / (n·SNR²) = ∞ and ranks last); 95 % interval from {BOOTSTRAP} resamples of \
+         the cells, then of each drawn cell's seeds; two-sided permutation p-value \
+         ({PERMUTATIONS} permutations). The theorem predicts ρ > 0.\n"
+    )?;
+    writeln!(md, "| mode | cells | ρ | interval | p |")?;
+    writeln!(md, "|---|---|---|---|---|")?;
+    for (mode, cells) in &by_mode {
+        let (inverse, delays) = means(cells);
+        let (low, high) = bootstrap_rho(cells);
         writeln!(
             md,
-            "{mode}: Spearman's ρ(1 / (n·SNR²), delay) = {:+.2} over {} cells.",
-            spearman(inverse, delays),
-            inverse.len()
+            "| {mode} | {} | {:+.2} | [{low:+.2}, {high:+.2}] | {:.3} |",
+            cells.len(),
+            spearman(&inverse, &delays),
+            permutation_p(&inverse, &delays, PERMUTATIONS, 0)
         )?;
     }
     writeln!(md)?;
     Ok(md)
+}
+
+/// One cell's seeds: each one's n·SNR² (calibrated) and each measured delay.
+#[derive(Clone, Debug, Default)]
+struct CellDelays {
+    n_snr2: Vec<f64>,
+    delays: Vec<f64>,
+}
+
+impl CellDelays {
+    /// 1 / (mean n·SNR²): ∞ where no seed has signal above its floor.
+    fn inverse(&self) -> f64 {
+        1.0 / Stat::of(self.n_snr2.iter().copied()).mean
+    }
+
+    fn mean_delay(&self) -> f64 {
+        Stat::of(self.delays.iter().copied()).mean
+    }
+
+    fn resampled(&self, rng: &mut ChaCha8Rng) -> Self {
+        let draw = |values: &[f64], rng: &mut ChaCha8Rng| -> Vec<f64> {
+            (0..values.len())
+                .map(|_| values[rng.random_range(0..values.len())])
+                .collect()
+        };
+        Self {
+            n_snr2: draw(&self.n_snr2, rng),
+            delays: draw(&self.delays, rng),
+        }
+    }
+}
+
+fn inverse_text(inverse: f64) -> String {
+    if inverse.is_finite() {
+        format!("{inverse:.4}")
+    } else {
+        "∞ (no signal above the floor)".into()
+    }
+}
+
+/// Per cell, 1 / (n·SNR²) and the mean delay.
+fn means(cells: &[CellDelays]) -> (Vec<f64>, Vec<f64>) {
+    cells.iter().map(|c| (c.inverse(), c.mean_delay())).unzip()
+}
+
+/// The 95 % interval of ρ over resamples of the cells, then of each drawn cell's seeds.
+fn bootstrap_rho(cells: &[CellDelays]) -> (f64, f64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let draws = (0..BOOTSTRAP)
+        .map(|_| {
+            let drawn: Vec<CellDelays> = (0..cells.len())
+                .map(|_| cells[rng.random_range(0..cells.len())].resampled(&mut rng))
+                .collect();
+            let (inverse, delays) = means(&drawn);
+            spearman(&inverse, &delays)
+        })
+        .collect();
+    percentile_interval(draws)
 }
 
 #[cfg(test)]
@@ -199,5 +276,26 @@ mod tests {
         assert_eq!(delay(&metrics, 0.0).unwrap().back, 50);
         // Nothing fitted: no delay.
         assert!(delay(&[epoch(0, 0.0, Some(0.9)), epoch(10, 0.0, Some(0.9))], 0.0).is_none());
+    }
+
+    #[test]
+    fn the_delay_correlation_has_an_interval_and_a_p_value() {
+        // Delays that grow with 1 / (n·SNR²) in every seed; the last cell has no signal.
+        let cells: Vec<CellDelays> = [(100.0, 10.0), (50.0, 40.0), (10.0, 90.0), (5.0, 150.0), (0.0, 400.0)]
+            .iter()
+            .map(|&(n_snr2, delay)| CellDelays {
+                n_snr2: vec![n_snr2; 3],
+                delays: vec![delay - 5.0, delay, delay + 5.0],
+            })
+            .collect();
+        let (inverse, delays) = means(&cells);
+        assert!(inverse[4].is_infinite());
+        assert!((spearman(&inverse, &delays) - 1.0).abs() < 1e-12);
+        let (low, high) = bootstrap_rho(&cells);
+        assert!(low <= 1.0 && high >= low && high <= 1.0 + 1e-12, "{low} {high}");
+        // Five cells: the observed order is one of 120 (two-sided: 2 of 120).
+        let p = permutation_p(&inverse, &delays, PERMUTATIONS, 0);
+        assert!(p < 0.05, "{p}");
+        assert_eq!(inverse_text(inverse[4]), "∞ (no signal above the floor)");
     }
 }

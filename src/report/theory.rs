@@ -636,7 +636,7 @@ pub fn stratified_permutation_p(
 }
 
 /// 2.5 % and 97.5 % percentiles of the finite `draws`.
-fn percentile_interval(mut draws: Vec<f64>) -> (f64, f64) {
+pub fn percentile_interval(mut draws: Vec<f64>) -> (f64, f64) {
     draws.retain(|r| r.is_finite());
     draws.sort_by(f64::total_cmp);
     let at = |q: f64| {
