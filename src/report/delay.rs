@@ -67,8 +67,7 @@ pub fn section(
 ) -> Result<String> {
     let mut md = String::new();
     writeln!(md, "### Delayed generalization\n")?;
-    type Key = (String, String, String, usize);
-    let mut cells: BTreeMap<Key, Vec<(&ResultRow, &PathBuf)>> = BTreeMap::new();
+    let mut cells: BTreeMap<CellKey, Vec<(&ResultRow, &PathBuf)>> = BTreeMap::new();
     for (row, dir) in runs {
         if (row.config.eta - NOISY_ETA).abs() < 1e-9 && row.snr.is_some() {
             let key = (
@@ -80,41 +79,11 @@ pub fn section(
             cells.entry(key).or_default().push((row, dir));
         }
     }
-    let mut lines = Vec::new();
-    let mut by_mode: BTreeMap<String, Vec<CellDelays>> = BTreeMap::new();
-    let mut without_metrics = 0;
-    for ((mode, dataset, _, n), cell) in &cells {
-        let spread = Stat::of(cell.iter().map(|(r, _)| r.test_acc())).std;
-        let mut delays = Vec::new();
-        for (_, dir) in cell {
-            match read_metrics(dir) {
-                Ok(metrics) => delays.extend(delay(&metrics, spread)),
-                Err(_) => without_metrics += 1,
-            }
-        }
-        if delays.is_empty() {
-            continue;
-        }
-        let n_snr2: Vec<f64> = cell
-            .iter()
-            .filter_map(|(r, _)| r.snr.as_ref().map(|s| s.n_snr2))
-            .collect();
-        let found = CellDelays {
-            n_snr2,
-            delays: delays.iter().map(|d| d.epochs() as f64).collect(),
-        };
-        let epochs = Stat::of(found.delays.iter().copied());
-        let fitted = Stat::of(delays.iter().map(|d| d.fitted as f64));
-        lines.push(format!(
-            "| {dataset} | {mode} | {n} | {} | {:.0} | {:.0} ± {:.0} | {} |",
-            inverse_text(found.inverse()),
-            fitted.mean,
-            epochs.mean,
-            epochs.std,
-            delays.len()
-        ));
-        by_mode.entry(mode.clone()).or_default().push(found);
-    }
+    let Measured {
+        lines,
+        by_mode,
+        without_metrics,
+    } = measure(&cells, read_metrics);
     if lines.is_empty() {
         if without_metrics > 0 {
             writeln!(
@@ -148,28 +117,88 @@ pub fn section(
         writeln!(md, "{line}")?;
     }
     writeln!(md)?;
+    correlation_table(&mut md, &by_mode)?;
+    Ok(md)
+}
+
+/// What the cells' metrics gave: a table row per cell with a delay, the cells by mode, and how
+/// many runs had no metrics.jsonl.
+struct Measured {
+    lines: Vec<String>,
+    by_mode: BTreeMap<String, Vec<CellDelays>>,
+    without_metrics: usize,
+}
+
+type CellKey = (String, String, String, usize);
+
+/// Each cell's delays from its runs' metrics.jsonl.
+fn measure(
+    cells: &BTreeMap<CellKey, Vec<(&ResultRow, &PathBuf)>>,
+    read_metrics: &dyn Fn(&std::path::Path) -> Result<Vec<EpochMetrics>>,
+) -> Measured {
+    let mut measured = Measured {
+        lines: Vec::new(),
+        by_mode: BTreeMap::new(),
+        without_metrics: 0,
+    };
+    for ((mode, dataset, _, n), cell) in cells {
+        let spread = Stat::of(cell.iter().map(|(r, _)| r.test_acc())).std;
+        let mut delays = Vec::new();
+        for (_, dir) in cell {
+            match read_metrics(dir) {
+                Ok(metrics) => delays.extend(delay(&metrics, spread)),
+                Err(_) => measured.without_metrics += 1,
+            }
+        }
+        if delays.is_empty() {
+            continue;
+        }
+        let found = CellDelays {
+            n_snr2: cell
+                .iter()
+                .filter_map(|(r, _)| r.snr.as_ref().map(|s| s.n_snr2))
+                .collect(),
+            delays: delays.iter().map(|d| d.epochs() as f64).collect(),
+        };
+        let epochs = Stat::of(found.delays.iter().copied());
+        let fitted = Stat::of(delays.iter().map(|d| d.fitted as f64));
+        measured.lines.push(format!(
+            "| {dataset} | {mode} | {n} | {} | {:.0} | {:.0} ± {:.0} | {} |",
+            inverse_text(found.inverse()),
+            fitted.mean,
+            epochs.mean,
+            epochs.std,
+            delays.len()
+        ));
+        measured.by_mode.entry(mode.clone()).or_default().push(found);
+    }
+    measured
+}
+
+/// Spearman's ρ(1 / (n·SNR²), delay) per mode, with its interval and p-value.
+fn correlation_table(md: &mut String, by_mode: &BTreeMap<String, Vec<CellDelays>>) -> Result<()> {
     writeln!(
-        md,
+        *md,
         "Spearman's ρ(1 / (n·SNR²), delay) over a mode's cells (a cell with no signal above the \
          floor has 1 / (n·SNR²) = ∞ and ranks last); 95 % interval from {BOOTSTRAP} resamples of \
          the cells, then of each drawn cell's seeds; two-sided permutation p-value \
          ({PERMUTATIONS} permutations). The theorem predicts ρ > 0.\n"
     )?;
-    writeln!(md, "| mode | cells | ρ | interval | p |")?;
-    writeln!(md, "|---|---|---|---|---|")?;
-    for (mode, cells) in &by_mode {
+    writeln!(*md, "| mode | cells | ρ | interval | p |")?;
+    writeln!(*md, "|---|---|---|---|---|")?;
+    for (mode, cells) in by_mode {
         let (inverse, delays) = means(cells);
         let (low, high) = bootstrap_rho(cells);
         writeln!(
-            md,
+            *md,
             "| {mode} | {} | {:+.2} | [{low:+.2}, {high:+.2}] | {:.3} |",
             cells.len(),
             spearman(&inverse, &delays),
             permutation_p(&inverse, &delays, PERMUTATIONS, 0)
         )?;
     }
-    writeln!(md)?;
-    Ok(md)
+    writeln!(*md)?;
+    Ok(())
 }
 
 /// One cell's seeds: each one's n·SNR² (calibrated) and each measured delay.
