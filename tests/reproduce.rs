@@ -190,9 +190,17 @@ fn shards_merge_into_the_report_of_one_run_and_reruns_do_only_what_is_missing() 
     // An estimate made by the rule before the calibrated one (no `estimator` recorded) counts as
     // absent: it is made again.
     let mut stale = original.clone();
-    stale["snr"].as_object_mut().unwrap().remove("estimator").unwrap();
+    stale["snr"]
+        .as_object_mut()
+        .unwrap()
+        .remove("estimator")
+        .unwrap();
     stale["snr"]["n_snr2"] = serde_json::json!(39.0);
-    std::fs::write(summary_path(0), serde_json::to_string_pretty(&stale).unwrap()).unwrap();
+    std::fs::write(
+        summary_path(0),
+        serde_json::to_string_pretty(&stale).unwrap(),
+    )
+    .unwrap();
     let remade = benign(&["reproduce", "snr", whole.to_str().unwrap()], &cache);
     assert!(
         String::from_utf8_lossy(&remade.stdout).contains("1 runs given their estimate"),

@@ -5,12 +5,12 @@
 //! where pure noise must read no signal and known SNRs must be recovered.
 
 use benign_attention::diagnostics::snr::{SnrEstimate, Tokens, estimate};
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 use benign_attention::rng::{Stream, stream};
 use benign_attention::synthetic::data::generate;
 use benign_attention::synthetic::sweep::Grid;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
 
 /// Samples per estimate: enough that the estimate's own scatter (a few per cent at d 5000,
 /// ‖μ‖ 5) stays well inside the 10 % the test allows.
@@ -42,10 +42,7 @@ fn the_estimate_recovers_the_true_snr_across_the_fig5_grid() {
         // The fixed head ν is the synthetic model's classifier (phase 1's, on real data): a
         // token's logits for the classes +1 and −1 are νᵀx and −νᵀx.
         let head = set.head_values(mu);
-        let logits: Vec<f32> = head
-            .iter()
-            .flat_map(|&v| [v as f32, -v as f32])
-            .collect();
+        let logits: Vec<f32> = head.iter().flat_map(|&v| [v as f32, -v as f32]).collect();
         let labels: Vec<usize> = set
             .clean_labels
             .iter()
@@ -97,7 +94,10 @@ impl RealShapes {
         let spectrum: Vec<f64> = (1..=D).map(|j| 1.0 / j as f64).collect();
         let total: f64 = spectrum.iter().sum();
         // tr Σ = d: σ_ε = 1 on average, so SNR = ‖μ‖ / √d as in the paper.
-        let noise_scales = spectrum.iter().map(|l| (l * D as f64 / total).sqrt()).collect();
+        let noise_scales = spectrum
+            .iter()
+            .map(|l| (l * D as f64 / total).sqrt())
+            .collect();
         let norm = snr * (D as f64).sqrt();
         let mut signals: Vec<Vec<f64>> = Vec::new();
         while signals.len() < classes {
@@ -223,10 +223,7 @@ fn pure_noise_at_real_shapes_reads_no_signal() {
         assert!(found.n_snr2 < 1.0, "K {classes}: {found:?}");
         assert!(!found.above_floor(), "K {classes}: {found:?}");
         // The effective dimension of the 1/j spectrum: (Σ 1/j)² / Σ 1/j² = 20.7.
-        assert!(
-            (found.effective_dim / 20.7 - 1.0).abs() < 0.15,
-            "{found:?}"
-        );
+        assert!((found.effective_dim / 20.7 - 1.0).abs() < 0.15, "{found:?}");
     }
 }
 
@@ -237,7 +234,11 @@ fn pure_noise_at_real_shapes_reads_no_signal() {
 fn known_snrs_at_real_shapes_are_recovered() {
     for (classes, snr, seed) in [(2, 0.3, 20), (2, 0.4, 25), (10, 0.3, 26)] {
         let found = estimate_at_real_shapes(classes, snr, 1000, seed);
-        assert!(found.snr < snr * 1.15, "K {classes} SNR {snr}: read {}", found.snr);
+        assert!(
+            found.snr < snr * 1.15,
+            "K {classes} SNR {snr}: read {}",
+            found.snr
+        );
     }
     for (classes, snr, seed) in [(2, 0.7, 21), (2, 1.0, 22), (10, 0.6, 23), (10, 1.0, 24)] {
         let found = estimate_at_real_shapes(classes, snr, 1000, seed);

@@ -21,7 +21,7 @@ pub struct FinetuneArgs {
     /// in one pass, one run folder each under --out/runs/ (named as `reproduce` names them)
     #[arg(
         long,
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_delimiter = ',',
         required = true
     )]
@@ -111,17 +111,19 @@ impl FinetuneArgs {
         if self.eta.is_empty() || self.seed.is_empty() {
             bail!("--eta and --seed need at least one value each");
         }
+        once_each("--eta", &self.eta)?;
+        once_each("--seed", &self.seed)?;
         let paper = RunConfig::paper(&self.dataset)?;
-        let mut configs: Vec<RunConfig> = Vec::new();
-        for &seed in &self.seed {
-            for &eta in &self.eta {
-                let config = self.config(&paper, eta, seed);
-                if !configs.contains(&config) {
-                    configs.push(config);
-                }
-            }
-        }
+        let configs: Vec<RunConfig> = self
+            .seed
+            .iter()
+            .flat_map(|&seed| self.eta.iter().map(move |&eta| (eta, seed)))
+            .map(|(eta, seed)| self.config(&paper, eta, seed))
+            .collect();
         let several = configs.len() > 1;
+        if let Some(out) = &self.out {
+            RunFolder::check_layout(out, several)?;
+        }
         configs
             .into_iter()
             .map(|config| {
@@ -174,6 +176,17 @@ impl FinetuneArgs {
         }
         .with_noise_draw()
     }
+}
+
+/// Refuses a list that holds a value twice: two runs of one configuration would share a folder
+/// (−0 and 0 are one value).
+fn once_each<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Result<()> {
+    for (k, value) in values.iter().enumerate() {
+        if values[..k].contains(value) {
+            bail!("{flag}: {value} is given twice; give each value once");
+        }
+    }
+    Ok(())
 }
 
 pub fn run(args: FinetuneArgs) -> Result<()> {

@@ -260,7 +260,12 @@ fn run_grid(
         pool = pool.num_threads(jobs);
     }
     let pool = pool.build().context("cannot start the worker threads")?;
-    let store = synthetic::cells::CellStore::open(out, trace == Trace::FinalWithSpectrum)?;
+    let store = synthetic::cells::CellStore::open(
+        out,
+        (&base, grid),
+        trace == Trace::FinalWithSpectrum,
+        flags.shard,
+    )?;
     let pending = synthetic::sweep::pending(&base, grid, &store, flags.shard)?;
     let bar = crate::progress_bar::bar(pending as u64, "runs");
     let started = std::time::Instant::now();

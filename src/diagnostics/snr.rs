@@ -71,6 +71,10 @@ impl<'a> Tokens<'a> {
     }
 }
 
+/// No estimate from tokens of a real backbone comes near this: larger is an edit, not a measure
+/// (and would overflow the report's spread over seeds).
+pub const MAX_N_SNR2: f64 = 1e12;
+
 /// What the labels permuted give: the estimate's reading where there is no signal.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Floor {
@@ -140,6 +144,61 @@ impl SnrEstimate {
     /// Made by today's rule (older estimates are read as absent).
     pub fn is_current(&self) -> bool {
         self.estimator == ESTIMATOR
+    }
+
+    /// Why this cannot be an estimate the rule made (a summary edited by hand), if it cannot:
+    /// every number finite, the calibrated value raw less the floor where p ≤
+    /// [`SIGNIFICANCE`] and 0 elsewhere, its interval ordered and non-negative, the SNR the
+    /// calibrated value's root over n, p a share of permutations.
+    pub fn contradiction(&self) -> Option<String> {
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+        let numbers = [
+            self.n_snr2,
+            self.n_snr2_interval[0],
+            self.n_snr2_interval[1],
+            self.raw_n_snr2,
+            self.floor.mean,
+            self.floor.q95,
+            self.snr,
+        ];
+        let calibrated = if self.above_floor() {
+            (self.raw_n_snr2 - self.floor.mean).max(0.0)
+        } else {
+            0.0
+        };
+        let [low, high] = self.n_snr2_interval;
+        let checks = [
+            (
+                numbers
+                    .iter()
+                    .all(|v| v.is_finite() && v.abs() <= MAX_N_SNR2),
+                format!("a value that is not finite or beyond ±{MAX_N_SNR2:e}"),
+            ),
+            (self.samples >= 2, "samples below 2".to_string()),
+            (
+                close(self.n_snr2, calibrated),
+                format!(
+                    "n_snr2 {} is not the raw value less the floor's mean ({calibrated}, 0 when p > {SIGNIFICANCE})",
+                    self.n_snr2
+                ),
+            ),
+            (
+                0.0 <= low && low <= high,
+                "n_snr2_interval is not an ordered pair of non-negative ends".to_string(),
+            ),
+            (
+                close(self.snr, (self.n_snr2 / self.samples as f64).sqrt()),
+                "snr is not √(n_snr2 / samples)".to_string(),
+            ),
+            (
+                self.p_value > 0.0 && self.p_value <= 1.0,
+                "p_value outside (0, 1]".to_string(),
+            ),
+        ];
+        checks
+            .into_iter()
+            .find(|(holds, _)| !holds)
+            .map(|(_, why)| why)
     }
 
     /// Whether the signal rises above the floor (p ≤ [`SIGNIFICANCE`]).
@@ -243,7 +302,10 @@ impl OtherTokens {
             self.position_sums.resize((position + 1) * d, 0.0);
         }
         self.position_counts[position] += 1;
-        add(&mut self.position_sums[position * d..(position + 1) * d], token);
+        add(
+            &mut self.position_sums[position * d..(position + 1) * d],
+            token,
+        );
         self.pending.extend(token.iter().map(|&v| v as f64));
         if self.pending.len() >= FOLD_ROWS * d {
             self.fold();
@@ -675,7 +737,10 @@ mod tests {
         let positions = vec![0; labels.len()];
         let found =
             estimate_from(&relevant, d, &labels, &positions, &mut OtherTokens::new(d)).unwrap();
-        assert!(found.floor.q95 < 2.0 && found.floor.mean.abs() < 0.3, "{found:?}");
+        assert!(
+            found.floor.q95 < 2.0 && found.floor.mean.abs() < 0.3,
+            "{found:?}"
+        );
         assert_eq!(found.n_snr2, 0.0, "{found:?}");
     }
 

@@ -170,7 +170,11 @@ fn measure(
             epochs.std,
             delays.len()
         ));
-        measured.by_mode.entry(mode.clone()).or_default().push(found);
+        measured
+            .by_mode
+            .entry(mode.clone())
+            .or_default()
+            .push(found);
     }
     measured
 }
@@ -310,18 +314,27 @@ mod tests {
     #[test]
     fn the_delay_correlation_has_an_interval_and_a_p_value() {
         // Delays that grow with 1 / (n·SNR²) in every seed; the last cell has no signal.
-        let cells: Vec<CellDelays> = [(100.0, 10.0), (50.0, 40.0), (10.0, 90.0), (5.0, 150.0), (0.0, 400.0)]
-            .iter()
-            .map(|&(n_snr2, delay)| CellDelays {
-                n_snr2: vec![n_snr2; 3],
-                delays: vec![delay - 5.0, delay, delay + 5.0],
-            })
-            .collect();
+        let cells: Vec<CellDelays> = [
+            (100.0, 10.0),
+            (50.0, 40.0),
+            (10.0, 90.0),
+            (5.0, 150.0),
+            (0.0, 400.0),
+        ]
+        .iter()
+        .map(|&(n_snr2, delay)| CellDelays {
+            n_snr2: vec![n_snr2; 3],
+            delays: vec![delay - 5.0, delay, delay + 5.0],
+        })
+        .collect();
         let (inverse, delays) = means(&cells);
         assert!(inverse[4].is_infinite());
         assert!((spearman(&inverse, &delays) - 1.0).abs() < 1e-12);
         let (low, high) = bootstrap_rho(&cells);
-        assert!(low <= 1.0 && high >= low && high <= 1.0 + 1e-12, "{low} {high}");
+        assert!(
+            low <= 1.0 && high >= low && high <= 1.0 + 1e-12,
+            "{low} {high}"
+        );
         // Five cells: the observed order is one of 120 (two-sided: 2 of 120).
         let p = permutation_p(&inverse, &delays, PERMUTATIONS, 0);
         assert!(p < 0.05, "{p}");

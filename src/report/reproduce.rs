@@ -36,6 +36,7 @@ pub fn write_report(
     sources: &[PathBuf],
     missing: &[String],
 ) -> Result<()> {
+    check_logs(runs)?;
     ensure_dir(out)?;
     let rows: Vec<ResultRow> = runs.iter().map(|(r, _)| r.clone()).collect();
     write_csv(&out.join("results.csv"), &rows)?;
@@ -391,8 +392,24 @@ pub(super) fn read_metrics(run_dir: &Path) -> Result<Vec<EpochMetrics>> {
     let path = RunFolder(run_dir.to_path_buf()).metrics();
     let text = crate::io::read_input_text(&path, crate::io::limits::SMALL_TEXT)?;
     text.lines()
-        .map(|l| serde_json::from_str(l).with_context(|| format!("{}", path.display())))
+        .enumerate()
+        .map(|(k, line)| {
+            serde_json::from_str(line).with_context(|| {
+                format!("{}: line {}: not an epoch's metrics", path.display(), k + 1)
+            })
+        })
         .collect()
+}
+
+/// Reads every run's metrics.jsonl that is there, so that a damaged one stops the report before
+/// it writes anything (a report half made beside an old one would mix two sets of runs).
+fn check_logs(runs: &[(ResultRow, PathBuf)]) -> Result<()> {
+    for (_, dir) in runs {
+        if RunFolder(dir.clone()).metrics().is_file() {
+            read_metrics(dir)?;
+        }
+    }
+    Ok(())
 }
 
 /// The datasets of `runs`, in name order.

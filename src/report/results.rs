@@ -89,6 +89,13 @@ pub fn read_run(dir: &Path) -> Result<Option<ResultRow>> {
     if summary.snr.as_ref().is_some_and(|s| !s.is_current()) {
         summary.snr = None;
     }
+    if let Some(why) = summary.snr.as_ref().and_then(|s| s.contradiction()) {
+        anyhow::bail!(
+            "{}: snr is not an estimate the rule makes ({why}); run `reproduce snr` on the \
+             folder after removing it",
+            path.display()
+        );
+    }
     let config = &summary.config;
     if config.authors_noise_draw != config.noise_draw() {
         anyhow::bail!(

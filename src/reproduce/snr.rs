@@ -6,11 +6,16 @@
 //! estimate is made once for them all. Each estimate must come from the run's own phase 1: the
 //! phase-1 classifier it used must score the run's recorded baseline test accuracy, else the run
 //! is left without one and named.
+//!
+//! Every run is checked before any estimate is made, and a failed check stops the command: its
+//! folder a real folder inside the result folder (no link, which would have this command rewrite
+//! another folder's summary), its summary's config a run's config, equal to its config.json and
+//! named by its folder (so an edited seed or dataset cannot pass for the run).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 
 use crate::report::results::{ResultRow, collect};
 use crate::train::finetune::{FinetuneJob, Places, Progress, RunConfig, RunFolder};
@@ -32,12 +37,14 @@ pub struct Backfill {
 /// Fills the missing estimates of the finished runs under `out/runs`.
 pub fn backfill(out: &Path, places: &Places, progress: &dyn Progress) -> Result<Backfill> {
     let mut done = Backfill::default();
-    let mut siblings: BTreeMap<String, Vec<(ResultRow, std::path::PathBuf)>> = BTreeMap::new();
+    let mut siblings: BTreeMap<String, Vec<(ResultRow, PathBuf)>> = BTreeMap::new();
+    no_links(out)?;
     for (row, dir) in collect(&[out.to_path_buf()])? {
         if row.snr.is_some() {
             done.present += 1;
             continue;
         }
+        check_run(&row, &dir)?;
         siblings
             .entry(samples_key(&row.config)?)
             .or_default()
@@ -69,6 +76,67 @@ pub fn backfill(out: &Path, places: &Places, progress: &dyn Progress) -> Result<
         }
     }
     Ok(done)
+}
+
+/// Refuses a result folder whose `runs/` holds a link, or anything that is not a folder.
+fn no_links(out: &Path) -> Result<()> {
+    let runs = out.join(crate::report::results::RUNS);
+    let Ok(entries) = std::fs::read_dir(&runs) else {
+        return Ok(());
+    };
+    for entry in entries {
+        let entry = entry.with_context(|| format!("{}: cannot list", runs.display()))?;
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("{}: cannot read", entry.path().display()))?;
+        if kind.is_symlink() {
+            bail!(
+                "{}: a link; reproduce snr writes only the runs inside {}, move the run there \
+                 instead",
+                entry.path().display(),
+                out.display()
+            );
+        }
+        if !kind.is_dir() {
+            bail!(
+                "{}: not a run folder; {} holds one folder per run",
+                entry.path().display(),
+                runs.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a run whose summary's config is not a run's config, or not this folder's run (its
+/// config.json and its folder name say which).
+fn check_run(row: &ResultRow, dir: &Path) -> Result<()> {
+    let folder = RunFolder(dir.to_path_buf());
+    let summary = folder.summary();
+    let config = &row.config;
+    config
+        .validate()
+        .with_context(|| format!("{}: its config is not a run's", summary.display()))?;
+    let recorded = folder.config();
+    let text = crate::io::read_input_text(&recorded, crate::io::limits::SMALL_TEXT)?;
+    let started: RunConfig = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a run's config", recorded.display()))?;
+    if started != *config {
+        bail!(
+            "{}: its config differs from {} (the run's, written when it started); the summary was \
+             edited or belongs to another run",
+            summary.display(),
+            recorded.display()
+        );
+    }
+    if config.run_name()? != row.run {
+        bail!(
+            "{}: its config names the run {}, not its folder's; the summary was edited or moved",
+            summary.display(),
+            config.run_name()?
+        );
+    }
+    Ok(())
 }
 
 /// What decides a run's fine-tune samples and phase 1: its configuration less η (and the version

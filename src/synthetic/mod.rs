@@ -4,7 +4,7 @@
 //!
 //! Read in order: `config` → `data` → `model` → `engine` (`dense`, `subspace`) → `trajectory` (the
 //! loop every model runs and what it records) → `train` (the token selector's run) → `encoder` →
-//! `sweep` (and `cells`, its record on disk).
+//! `grid` (the axes and a cell's row) → `sweep` (and `cells`, its record on disk).
 
 pub mod cells;
 pub mod config;
@@ -12,6 +12,7 @@ pub mod data;
 pub mod dense;
 pub mod encoder;
 pub mod engine;
+pub mod grid;
 pub mod model;
 pub mod subspace;
 pub mod sweep;

@@ -2,90 +2,15 @@
 //! per cell at the other hyper-parameters, cells spread over all cores.
 
 use anyhow::{Context, Result};
-use clap::ValueEnum;
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 
 use super::cells::CellStore;
 use super::config::SyntheticConfig;
 use super::engine::EngineKind;
-use super::model::Regime;
+pub use super::grid::{Grid, SweepRow};
 use super::train::run;
 use super::trajectory::Trace;
 use crate::shard::Shard;
-
-/// The authors' axes: 39 values each.
-pub const EMBED_DIMS: (usize, usize, usize) = (250, 125, 39);
-pub const SIGNAL_NORMS: (f64, f64, usize) = (5.0, 2.5, 39);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Grid {
-    /// All 39 × 39 = 1521 cells.
-    Full,
-    /// 9 × 9 cells, evenly spread over the full grid's indices (a subset of it).
-    Coarse,
-}
-
-impl Grid {
-    fn indices(self) -> Vec<usize> {
-        match self {
-            Grid::Full => (0..39).collect(),
-            // round(k · 38 / 8), k = 0..8: both ends and seven evenly spaced cells between.
-            Grid::Coarse => (0..9)
-                .map(|k| ((k as f64) * 38.0 / 8.0).round() as usize)
-                .collect(),
-        }
-    }
-
-    pub fn embed_dims(self) -> Vec<usize> {
-        let (start, step, _) = EMBED_DIMS;
-        self.indices()
-            .into_iter()
-            .map(|i| start + step * i)
-            .collect()
-    }
-
-    pub fn signal_norms(self) -> Vec<f64> {
-        let (start, step, _) = SIGNAL_NORMS;
-        self.indices()
-            .into_iter()
-            .map(|i| start + step * i as f64)
-            .collect()
-    }
-}
-
-/// One cell of the grid: the final state of one run.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct SweepRow {
-    pub embed_dim: usize,
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub signal_norm: f64,
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub snr: f64,
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub train_loss: f64,
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub test_loss: f64,
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub train_acc: f64,
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub test_acc: f64,
-    pub noisy_fitted: usize,
-    pub noisy_total: usize,
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub clean_x1_prob: f64,
-    pub regime: Regime,
-    /// Final mean attention entropy of clean and of noisy training samples.
-    #[serde(deserialize_with = "crate::io::nan_if_null")]
-    pub clean_entropy: f64,
-    pub noisy_entropy: Option<f64>,
-    /// W's symmetric-part eigen-mean and -variance at the end and at initialisation (empty unless
-    /// the sweep ran with `Trace::FinalWithSpectrum`).
-    pub qk_sym_mean: Option<f64>,
-    pub qk_sym_var: Option<f64>,
-    pub qk_sym_var_init: Option<f64>,
-}
 
 /// The config of every cell of `grid` in (d, ‖μ‖) order, `base`'s other hyper-parameters.
 fn cell_configs(base: &SyntheticConfig, grid: Grid) -> Vec<SyntheticConfig> {
@@ -262,22 +187,4 @@ fn run_cell(config: &SyntheticConfig, engine: EngineKind, trace: Trace) -> Resul
         qk_sym_var: s.qk_symmetric.map(|q| q.var),
         qk_sym_var_init: s.qk_symmetric_init.map(|q| q.var),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grids_match_the_authors_axes() {
-        let d = Grid::Full.embed_dims();
-        assert_eq!((d.len(), d[0], d[38]), (39, 250, 5000));
-        let mu = Grid::Full.signal_norms();
-        assert_eq!((mu.len(), mu[0], mu[38]), (39, 5.0, 100.0));
-        let coarse = Grid::Coarse.embed_dims();
-        assert_eq!(coarse.len(), 9);
-        assert_eq!((coarse[0], coarse[8]), (250, 5000));
-        assert!(coarse.iter().all(|v| d.contains(v)));
-        assert!(Grid::Coarse.signal_norms().iter().all(|v| mu.contains(v)));
-    }
 }

@@ -250,7 +250,8 @@ fn prepare_run(
         write_config(out, &job.config)?;
     }
     // Features last: what a run is refused for is found before any sample meets the backbone.
-    let features = extraction_pool(job)?.install(|| run_features(&setup, &prepared, job, progress))?;
+    let features =
+        extraction_pool(job)?.install(|| run_features(&setup, &prepared, job, progress))?;
     match &resumed {
         Some(saved) => {
             progress.series_start(&job.config, &saved.state.pretrain_losses, &saved.state.log)

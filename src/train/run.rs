@@ -180,10 +180,12 @@ impl RunConfig {
         (self.rng == RngChoice::Authors && self.eta > 0.0).then_some(AuthorsNoiseDraw::CURRENT)
     }
 
-    /// The configuration with [`Self::noise_draw`] recorded; every constructor of a run ends here.
+    /// The configuration with [`Self::noise_draw`] recorded and η normalised (−0 is 0: one run,
+    /// one name); every constructor of a run ends here.
     pub fn with_noise_draw(self) -> Self {
         Self {
             authors_noise_draw: self.noise_draw(),
+            eta: self.eta + 0.0,
             ..self
         }
     }
@@ -432,6 +434,28 @@ impl RunFolder {
     /// Held locked by the process writing the folder ([`super::folder_lock`]).
     pub fn lock(&self) -> PathBuf {
         self.0.join(".lock")
+    }
+
+    /// Refuses an `--out` laid out for the other kind of command: a folder holds either one run
+    /// (its files at the top) or several (each under `runs/`), never both.
+    pub fn check_layout(out: &std::path::Path, several: bool) -> Result<()> {
+        let holds_stack = out.join(RUNS).is_dir();
+        let holds_run = Self(out.to_path_buf()).config().exists();
+        if several && holds_run {
+            bail!(
+                "--out {}: holds a single run (config.json at the top); several runs need a folder \
+                 of their own",
+                out.display()
+            );
+        }
+        if !several && holds_stack {
+            bail!(
+                "--out {}: holds several runs (runs/); give one run a folder of its own, or repeat \
+                 the stack's --eta and --seed lists to resume it",
+                out.display()
+            );
+        }
+        Ok(())
     }
 }
 
