@@ -315,3 +315,82 @@ fn a_stack_stopped_by_sigterm_resumes_whole_and_its_folders_resume_alone() {
         );
     }
 }
+
+/// Puts a finished run back where a stop right after its epoch-0 log leaves it: the checkpoint
+/// holds epoch 0's metrics and no trained epoch, and there is no summary yet.
+fn back_to_epoch_zero(dir: &Path) {
+    let saved = checkpoint::load(dir, &Device::Cpu).unwrap().unwrap();
+    let mut state = saved.state;
+    state.epochs_done = 0;
+    state.optimizer_step = 0;
+    state.log.truncate(1);
+    checkpoint::save(dir, &state, &saved.tensors).unwrap();
+    std::fs::remove_file(dir.join("summary.json")).unwrap();
+}
+
+/// A run that has not reached phase 2: nothing but its config.
+fn back_to_nothing(dir: &Path) {
+    for file in ["summary.json", "checkpoint.safetensors", "metrics.jsonl"] {
+        let _ = std::fs::remove_file(dir.join(file));
+    }
+}
+
+#[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
+fn a_resumed_stack_starts_each_run_where_its_own_folder_says() {
+    let test = "stack::a_resumed_stack_starts_each_run_where_its_own_folder_says";
+    let Some(_) = common::data_and_models_roots(test, &["trec"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let epochs = 12;
+    for mode in ["last-layer", "head"] {
+        let stack = dir.path().join(format!("{mode}-stack"));
+        let flags = |etas: &str, extra: &[&str]| {
+            let mut args = vec![
+                "--eta",
+                etas,
+                "--seed",
+                "42,7",
+                "--out",
+                stack.to_str().unwrap(),
+            ];
+            args.extend(extra);
+            finetune_args(mode, epochs, &args)
+        };
+        ok(&benign(&flags("0,0.1", &[]), &cache));
+        // Seed 42's runs stopped right after epoch 0; seed 7's had not reached phase 2.
+        for run in run_folders(&stack) {
+            match eta_and_seed(&run).1.as_str() {
+                "42" => back_to_epoch_zero(&run),
+                _ => back_to_nothing(&run),
+            }
+        }
+        // Resumed with a run added that starts fresh beside them.
+        ok(&benign(&flags("0,0.1,0.2", &["--resume"]), &cache));
+        let runs = run_folders(&stack);
+        assert_eq!(runs.len(), 6, "{runs:?}");
+        for run in runs {
+            let (eta, seed) = eta_and_seed(&run);
+            let alone = dir.path().join(format!("{mode}-alone-{eta}-{seed}"));
+            let args = [
+                "--eta",
+                &eta,
+                "--seed",
+                &seed,
+                "--out",
+                alone.to_str().unwrap(),
+            ];
+            ok(&benign(&finetune_args(mode, epochs, &args), &cache));
+            assert_same(
+                &outcome(&run),
+                &outcome(&alone),
+                &format!("{mode}, η {eta}, seed {seed}, resumed beside others"),
+            );
+        }
+    }
+}

@@ -148,14 +148,23 @@ pub fn subscript(n: usize) -> String {
         .collect()
 }
 
+/// The plotted range of `values`: their finite extent padded by 5 % (at least a billionth of
+/// their magnitude, so that equal values still span a range the axis can divide), (0, 1) when
+/// none is finite. Bounded for any finite input: values beyond ±1e300 are drawn at ±1e300, and
+/// halves are taken before differences, so that nothing overflows.
 fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
+    const EDGE: f64 = 1e300;
+    let (lo, hi) = values
+        .filter(|v| v.is_finite())
+        .map(|v| v.clamp(-EDGE, EDGE))
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
     if !lo.is_finite() {
         return (0.0, 1.0);
     }
-    let pad = ((hi - lo) * 0.05).max(1e-9);
+    let magnitude = lo.abs().max(hi.abs()).max(1.0);
+    let pad = ((hi / 2.0 - lo / 2.0) * 0.1).max(magnitude * 1e-9);
     (lo - pad, hi + pad)
 }
 
@@ -343,7 +352,12 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
             }
             for group in &panel.groups {
                 let color = group.color;
-                let points = group.points.iter().copied();
+                // A point that is not finite has no place on the axes (its range leaves it out).
+                let points = group
+                    .points
+                    .iter()
+                    .copied()
+                    .filter(|(x, y)| x.is_finite() && y.is_finite());
                 let drawn = match group.marker {
                     Marker::Circle => chart
                         .draw_series(points.map(|p| Circle::new(p, 4, color.mix(0.7).filled())))
@@ -789,6 +803,50 @@ mod tests {
             ("0.16705".into(), "0.167".into())
         );
         assert_eq!(subscript(12), "₁₂");
+    }
+
+    #[test]
+    fn any_finite_points_give_a_bounded_range_and_a_figure() {
+        for values in [
+            vec![1e40, 1e40],
+            vec![-1e308, 1e308],
+            vec![f64::MAX, f64::MAX],
+            vec![f64::INFINITY, 2.0, f64::NAN],
+            vec![0.0, 0.0],
+        ] {
+            let (lo, hi) = span(values.iter().copied());
+            assert!(
+                lo.is_finite() && hi.is_finite() && lo < hi,
+                "{values:?}: {lo}..{hi}"
+            );
+        }
+        // Drawn within seconds, not for ever (signal-norm 1e40 used to hang the plot).
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let dir = tempfile::tempdir().unwrap();
+            let panel = |points: Vec<(f64, f64)>| ScatterPanel {
+                title: "t".into(),
+                x_label: "x".into(),
+                y_label: "y".into(),
+                groups: vec![ScatterGroup {
+                    label: "g".into(),
+                    color: PALETTE[0],
+                    marker: Marker::Circle,
+                    points,
+                }],
+                x_marks: Vec::new(),
+            };
+            let panels = [
+                panel(vec![(1e40, 1e40), (1e40, -1e40)]),
+                panel(vec![(f64::INFINITY, 1.0), (1e308, -1e308)]),
+            ];
+            let drawn = scatter_panels(&dir.path().join("s.png"), "extreme", &panels);
+            done.send(drawn.map_err(|e| e.to_string())).unwrap();
+        });
+        let drawn = finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the figure was not drawn within 60 s");
+        drawn.unwrap();
     }
 
     #[test]

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use super::engine::EngineKind;
 
+/// The largest ‖μ‖ a run takes: tokens are f32, and ‖μ‖² summed over tokens and dimensions must
+/// stay far from f32's 3.4e38 (at ‖μ‖ 1e30 a run already reads test accuracy 0, at 1e40 NaN).
+pub const MAX_SIGNAL_NORM: f64 = 1e12;
+
 /// One synthetic run. Field names are the authors' config keys; the CLI flags are their kebab-case.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -143,9 +147,10 @@ impl SyntheticConfig {
             self.rho.to_string(),
         )?;
         unit(
-            self.signal_norm.is_finite() && self.signal_norm > 0.0,
+            self.signal_norm > 0.0 && self.signal_norm <= MAX_SIGNAL_NORM,
             "signal-norm",
-            "a finite number > 0 (the head ν is scaled by 1/‖μ‖)",
+            "a number in (0, 1e12] (the head ν is scaled by 1/‖μ‖; beyond, the tokens' f32 \
+             products overflow)",
             self.signal_norm.to_string(),
         )?;
         unit(

@@ -103,6 +103,31 @@ pub struct Checkpoint {
     pub tensors: HashMap<String, Tensor>,
 }
 
+/// Where a run picks phase 2 up: after `epochs_done` epochs, with or without epoch 0 (the
+/// evaluation right after the reset) already logged. A fresh run and a run stopped after phase 1
+/// both start at (0, false); one stopped right after epoch 0's log at (0, true). Runs train
+/// together only from the same start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StartPoint {
+    pub epochs_done: usize,
+    pub reset_logged: bool,
+}
+
+impl StartPoint {
+    pub fn of(resumed: Option<&Checkpoint>) -> Self {
+        resumed.map_or(
+            Self {
+                epochs_done: 0,
+                reset_logged: false,
+            },
+            |c| Self {
+                epochs_done: c.state.epochs_done,
+                reset_logged: !c.state.log.is_empty(),
+            },
+        )
+    }
+}
+
 pub fn path(dir: &Path) -> PathBuf {
     super::run::RunFolder(dir.to_path_buf()).checkpoint()
 }

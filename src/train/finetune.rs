@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 
 use super::attention_maps::{self, AttentionMaps};
-use super::checkpoint::{Checkpoint, RunIdentity};
+use super::checkpoint::{Checkpoint, RunIdentity, StartPoint};
 use super::folder_lock::{FolderLock, ensure_no_other_run};
 use super::metrics::EpochMetrics;
 use super::phase1::{PhaseOne, phase_one};
@@ -205,13 +205,14 @@ struct ReadyRun {
     init_rng: rand_chacha::ChaCha8Rng,
 }
 
-/// The ready runs' indices, grouped by the epoch they resume after: runs train together from
-/// the same epoch. Failed runs are in no group.
+/// The ready runs' indices, grouped by where each picks phase 2 up ([`StartPoint`]: the epochs
+/// its own checkpoint proves done, and whether it logged epoch 0): runs train together from the
+/// same start. Failed runs are in no group.
 fn resume_groups(ready: &[Option<Result<ReadyRun>>]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut groups: Vec<(StartPoint, Vec<usize>)> = Vec::new();
     for (k, run) in ready.iter().enumerate() {
         let Some(Ok(run)) = run else { continue };
-        let done = run.resumed.as_ref().map_or(0, |c| c.state.epochs_done);
+        let done = StartPoint::of(run.resumed.as_ref());
         match groups.iter_mut().find(|(d, _)| *d == done) {
             Some((_, group)) => group.push(k),
             None => groups.push((done, vec![k])),

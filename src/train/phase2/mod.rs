@@ -32,7 +32,7 @@ use self::record::Records;
 use self::stack::{RunContext, RunData, Shared};
 use self::trainee::Trainee;
 use super::attention_maps::{self, PER_KIND, Picks, Snapshot};
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, StartPoint};
 use super::metrics::EpochMetrics;
 use super::optim::{AdamW, gradients_of};
 use super::run::{Mode, RunConfig};
@@ -58,7 +58,7 @@ pub(super) fn phase_two(shared: &Shared, runs: &[RunContext]) -> Result<Vec<Phas
     let first = runs.first().context("phase 2 of no runs")?;
     let key = first.job.config.stack_key();
     let data: Vec<&RunData> = runs.iter().map(|run| &run.data).collect();
-    let done = |run: &RunContext| run.resumed.map_or(0, |c| c.state.epochs_done);
+    let start = |run: &RunContext| StartPoint::of(run.resumed);
     for run in runs {
         ensure!(
             run.job.config.stack_key() == key
@@ -68,12 +68,12 @@ pub(super) fn phase_two(shared: &Shared, runs: &[RunContext]) -> Result<Vec<Phas
             run.job.config.run_name()?
         );
         ensure!(
-            done(run) == done(first),
-            "{} resumes after epoch {} and {} after epoch {}: runs train together from the same epoch",
+            start(run) == start(first),
+            "{} resumes at {:?} and {} at {:?}: runs train together from the same start",
             first.job.config.run_name()?,
-            done(first),
+            start(first),
             run.job.config.run_name()?,
-            done(run)
+            start(run)
         );
     }
     if runs.len() > 1 {
@@ -156,7 +156,7 @@ fn train(trainee: &mut dyn Trainee, runs: &[RunContext]) -> Result<Vec<Phase2Log
             .collect(),
         eval_every: config.eval_every,
         // A fresh run logs epoch 0 (right after the reset) first; a resumed one has it.
-        measure_reset: runs[0].resumed.is_none_or(|c| c.state.log.is_empty()),
+        measure_reset: !StartPoint::of(runs[0].resumed).reset_logged,
         kept: &kept,
     };
     let mut records = Records::new(runs, &resets);
