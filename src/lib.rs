@@ -12,6 +12,7 @@ pub mod errors;
 pub mod interrupt;
 pub mod io;
 pub mod kernels;
+pub mod limits;
 pub mod model;
 pub mod progress_bar;
 pub mod report;

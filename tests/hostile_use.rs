@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn benign(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_benign-attention"))
         .args(args)
@@ -372,4 +374,75 @@ fn reproduce_snr_checks_every_run_before_it_works() {
     config["seed"] = 43.into();
     std::fs::write(run.join("config.json"), config.to_string()).unwrap();
     refused(&snr(&both), "not its folder's", "seed edited in both files");
+}
+
+/// `finetune` at quick sizes on BreastMNIST under the shell limit `ulimit`, with `seeds` seeds.
+fn finetune_limited(ulimit: &str, seeds: std::ops::Range<u64>, n: &str, out: &Path) -> Output {
+    let seeds: Vec<String> = seeds.map(|s| s.to_string()).collect();
+    let seeds = seeds.join(",");
+    let args = [
+        "-c",
+        &format!("ulimit {ulimit} && exec \"$0\" \"$@\""),
+        env!("CARGO_BIN_EXE_benign-attention"),
+        "finetune",
+        "--dataset",
+        "breastmnist",
+        "--pretrain-n",
+        "120",
+        "--n",
+        n,
+        "--test-n",
+        "60",
+        "--pretrain-epochs",
+        "10",
+        "--epochs",
+        "2",
+        "--eta",
+        "0.2",
+        "--seed",
+        &seeds,
+        "--out",
+        path(out),
+    ];
+    Command::new("sh").args(args).output().unwrap()
+}
+
+fn summaries(out: &Path) -> usize {
+    std::fs::read_dir(out.join("runs"))
+        .map(|runs| {
+            runs.flatten()
+                .filter(|run| run.path().join("summary.json").is_file())
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
+fn a_stack_fits_the_process_limits_or_is_refused_before_work() {
+    let test = "hostile_use::a_stack_fits_the_process_limits_or_is_refused_before_work";
+    let Some(_) = common::data_and_models_roots(test, &["medmnist"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Few descriptors: the stack is split so that each part's files fit.
+    let out = dir.path().join("files");
+    let ended = finetune_limited("-n 100", 1..61, "30", &out);
+    assert!(ended.status.success(), "{}", stderr(&ended));
+    assert_eq!(summaries(&out), 60);
+    // Little address space: split by memory, every run finished.
+    let out = dir.path().join("split");
+    let ended = finetune_limited("-v 3000000", 1..41, "200", &out);
+    assert!(ended.status.success(), "{}", stderr(&ended));
+    assert!(stderr(&ended).contains("40 runs in"), "{}", stderr(&ended));
+    assert_eq!(summaries(&out), 40);
+    // Too little for one run: one line, nothing written.
+    let out = dir.path().join("refused");
+    let ended = finetune_limited("-v 1500000", 1..31, "30", &out);
+    refused(&ended, "one run of --n 30 needs about", "ulimit -v 1500000");
+    assert_eq!(ended.status.code(), Some(2));
+    assert!(!out.exists(), "a refused stack left {}", out.display());
 }

@@ -191,29 +191,52 @@ fn once_each<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Resu
 
 pub fn run(args: FinetuneArgs) -> Result<()> {
     let jobs = args.jobs()?;
+    let stacks = crate::reproduce::stacks::fitting(&jobs, None)?;
     let bars = report::finetune::Bars::default();
+    if stacks.len() > 1 {
+        eprintln!(
+            "{} runs in {} stacks, one after another: together they would not fit this process's \
+             memory or open files",
+            jobs.len(),
+            stacks.len()
+        );
+    }
+    let mut failed = 0;
+    for stack in &stacks {
+        let members: Vec<FinetuneJob> = stack.iter().map(|&k| jobs[k].clone()).collect();
+        failed += run_stack(&members, &bars, jobs.len() == 1)?;
+    }
+    if failed > 0 {
+        bail!(
+            "{failed} of {} runs failed (each said why above)",
+            jobs.len()
+        );
+    }
+    Ok(())
+}
+
+/// Trains one stack and writes its runs' files; the number of runs that failed (each named on
+/// stderr). A lone run's error is the command's.
+fn run_stack(jobs: &[FinetuneJob], bars: &report::finetune::Bars, lone: bool) -> Result<usize> {
     // With --out, each run's TensorBoard events are written as it trains.
     let events: Vec<Option<report::tensorboard::TensorBoard>> = jobs
         .iter()
         .map(|job| {
             job.out
                 .as_deref()
-                .map(|out| report::tensorboard::TensorBoard::new(out, &bars))
+                .map(|out| report::tensorboard::TensorBoard::new(out, bars))
         })
         .collect();
     let progress: Vec<&dyn Progress> = events
         .iter()
         .map(|events| match events {
             Some(events) => events as &dyn Progress,
-            None => &bars as &dyn Progress,
+            None => bars as &dyn Progress,
         })
         .collect();
-    let results = crate::train::finetune::finetune_stack(&jobs, &progress)?;
-    if let [only] = results.as_slice()
-        && only.is_err()
-    {
-        // A lone run's error is the command's, with its exit status.
-        return results.into_iter().next().map_or(Ok(()), |r| r.map(|_| ()));
+    let results = crate::train::finetune::finetune_stack(jobs, &progress)?;
+    if lone && let Some(Err(_)) = results.first() {
+        return results.into_iter().next().map_or(Ok(0), |r| r.map(|_| 0));
     }
     let mut failed = 0;
     for ((job, events), result) in jobs.iter().zip(&events).zip(results) {
@@ -229,13 +252,7 @@ pub fn run(args: FinetuneArgs) -> Result<()> {
             }
         }
     }
-    if failed > 0 {
-        bail!(
-            "{failed} of {} runs failed (each said why above)",
-            jobs.len()
-        );
-    }
-    Ok(())
+    Ok(failed)
 }
 
 /// A finished run's files, its summary on stdout, and its result line on stderr.

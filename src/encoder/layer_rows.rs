@@ -30,12 +30,32 @@ struct RowFile {
     open: OnceLock<std::fs::File>,
 }
 
+/// The row files the process's sets read, by path: every set that reads a shard shares one
+/// handle to it, so that the descriptors a stack holds do not grow with its runs (a thousand
+/// seeds read the same ~20 shards). An entry lives while a set holds it.
+static SHARED: std::sync::Mutex<Vec<(PathBuf, std::sync::Weak<RowFile>)>> =
+    std::sync::Mutex::new(Vec::new());
+
 impl RowFile {
-    fn new(path: PathBuf) -> Arc<Self> {
-        Arc::new(Self {
-            path,
+    /// The process's row file at `path`: the one another set already holds, else a new one.
+    fn shared(path: PathBuf) -> Arc<Self> {
+        let mut files = SHARED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        files.retain(|(_, file)| file.strong_count() > 0);
+        if let Some(file) = files
+            .iter()
+            .find(|(held, _)| *held == path)
+            .and_then(|(_, file)| file.upgrade())
+        {
+            return file;
+        }
+        let file = Arc::new(Self {
+            path: path.clone(),
             open: OnceLock::new(),
-        })
+        });
+        files.push((path, Arc::downgrade(&file)));
+        file
     }
 
     /// A file already open (one without a name); `path` only names it in messages.
@@ -176,7 +196,7 @@ impl LayerRows {
                 file: Arc::clone(
                     files
                         .entry(path.to_path_buf())
-                        .or_insert_with(|| RowFile::new(path.to_path_buf())),
+                        .or_insert_with(|| RowFile::shared(path.to_path_buf())),
                 ),
                 offset,
                 digest,

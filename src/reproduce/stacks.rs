@@ -10,12 +10,112 @@
 
 use std::path::Path;
 
+use anyhow::{Result, bail};
+
 use crate::data::catalog::Modality;
 use crate::train::finetune::{FinetuneJob, RunConfig};
 use crate::train::phase2::last_layer::RESIDENT_TEST_BYTES;
 
 /// `--stack-memory`'s default, in GiB: what one stack's phase 2 may hold beyond its backbone.
 pub const STACK_MEMORY_GIB: f64 = 4.0;
+
+/// Memory kept aside beyond the estimate: the backbone's working buffers while it extracts, and
+/// phase 1.
+const RESERVE_BYTES: f64 = (512u64 << 20) as f64;
+
+/// Descriptors kept aside beyond the runs' own: the cache's shards (shared by every run), the
+/// backbone's files, the standard streams and the allocator's.
+const RESERVE_FILES: usize = 64;
+
+/// Files a run holds open through phase 2 when it has a folder: its lock and its event file.
+const FILES_PER_RUN: usize = 2;
+
+/// `finetune`'s runs (one stack key) in stacks that fit this process: each stack's estimated
+/// memory ([`run_bytes`]) within `budget` bytes (default: what [`crate::limits::Available`] says
+/// is left once the backbone and a reserve are had), and its open files within the room
+/// `RLIMIT_NOFILE` leaves. Indices into `jobs`, each stack in seed order. A run that does not
+/// fit alone is refused in one line, before any work.
+pub fn fitting(jobs: &[FinetuneJob], budget: Option<f64>) -> Result<Vec<Vec<usize>>> {
+    let Some(first) = jobs.first() else {
+        return Ok(Vec::new());
+    };
+    let models_dir = first.places.models_dir.as_deref();
+    let dims = backbone_dims(&first.config, models_dir);
+    let budget = match budget {
+        Some(bytes) => bytes,
+        None => {
+            let available = crate::limits::Available::now();
+            let backbone = backbone_bytes(&first.config, models_dir);
+            let left = available.bytes - backbone - RESERVE_BYTES;
+            let one = run_bytes(&first.config, dims, test_len(&first.config), (true, true));
+            if left < one {
+                bail!(
+                    "one run of --n {} needs about {:.2} GiB beyond its backbone ({:.2} GiB) and a \
+                     reserve of {:.1} GiB, more than the {:.2} GiB available ({}); lower --n or \
+                     --test-n",
+                    first.config.n,
+                    one / GIB,
+                    backbone / GIB,
+                    RESERVE_BYTES / GIB,
+                    available.bytes / GIB,
+                    available.source
+                );
+            }
+            left
+        }
+    };
+    let per_stack = match (first.out.is_some(), crate::limits::open_files_room()) {
+        (true, Some(room)) => {
+            let runs = room.saturating_sub(RESERVE_FILES) / FILES_PER_RUN;
+            if runs == 0 {
+                bail!(
+                    "only {room} more files may be opened (ulimit -n), and a run with --out \
+                     holds {FILES_PER_RUN} beside the {RESERVE_FILES} kept aside; raise ulimit -n"
+                );
+            }
+            runs
+        }
+        _ => usize::MAX,
+    };
+    let pending: Vec<(String, FinetuneJob)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(k, job)| (k.to_string(), job.clone()))
+        .collect();
+    let planned = stacks(pending, budget, 1, &|_| dims, &test_len);
+    Ok(planned
+        .into_iter()
+        .flat_map(|stack| {
+            let indices: Vec<usize> = stack
+                .iter()
+                .map(|(k, _)| k.parse().expect("an index given above"))
+                .collect();
+            indices
+                .chunks(per_stack)
+                .map(<[usize]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect())
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Test samples a run scores, as far as its config says; where it takes the whole split, as
+/// many as the resident test set may hold (the estimate's cap).
+fn test_len(config: &RunConfig) -> usize {
+    config.test_n.unwrap_or(usize::MAX / 2)
+}
+
+/// The backbone's weights in memory: twice its weights file (as read, and as the model's
+/// tensors) where the file is on this machine, else 1 GiB.
+fn backbone_bytes(config: &RunConfig, models_dir: Option<&Path>) -> f64 {
+    config
+        .backbones
+        .iter()
+        .find_map(|id| crate::encoder::hub::local_files(id, models_dir))
+        .and_then(|files| std::fs::metadata(files.weights).ok())
+        .map_or(GIB, |meta| 2.0 * meta.len() as f64)
+}
 
 /// Tokens per sample and width of the backbone a run would load, from its config.json when the
 /// backbone is on this machine; else the paper's sizes (ViT-B/16: 197 × 768; BERT-base: 128 ×

@@ -7,6 +7,7 @@ use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::engine::EngineKind;
+pub use crate::limits::Available;
 
 /// The largest ‖μ‖ a run takes: tokens are f32, and ‖μ‖² summed over tokens and dimensions must
 /// stay far from f32's 3.4e38 (at ‖μ‖ 1e30 a run already reads test accuracy 0, at 1e40 NaN).
@@ -301,10 +302,18 @@ impl SyntheticConfig {
         } else {
             String::new()
         };
+        // The flags whose values the estimate grows with.
+        let (width, lower) = match &self.encoder {
+            Some(encoder) => (
+                format!(", --mlp-dim {}", encoder.mlp_dim),
+                "--embed-dim, --mlp-dim, --train-n or --test-n",
+            ),
+            None => (String::new(), "--embed-dim, --train-n or --test-n"),
+        };
         bail!(
-            "--embed-dim {} (with --seq-len {}, --train-n {}, --test-n {}, {engine_flag}) needs about {} of \
-             memory (d × d matrices {}, tokens {}{trace}), more than the {} available ({}); lower \
-             --embed-dim, --train-n or --test-n",
+            "--embed-dim {} (with --seq-len {}, --train-n {}, --test-n {}{width}, {engine_flag}) needs \
+             about {} of memory (d × d matrices {}, tokens {}{trace}), more than the {} available \
+             ({}); lower {lower}",
             self.embed_dim,
             self.seq_len,
             self.train_n,
@@ -342,69 +351,6 @@ fn engine_name(engine: EngineKind) -> String {
     engine
         .to_possible_value()
         .map_or_else(|| format!("{engine:?}"), |v| v.get_name().to_string())
-}
-
-/// Memory a run may use, and where that number comes from.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Available {
-    pub bytes: f64,
-    pub source: String,
-}
-
-/// Used when neither /proc/meminfo nor a cgroup limit can be read (not Linux).
-const FALLBACK_CAP_GIB: u64 = 256;
-
-impl Available {
-    /// `MemAvailable` of /proc/meminfo, lowered to this process's cgroup (v2) `memory.max` when
-    /// that is smaller (Slurm and containers); a fixed cap where neither can be read.
-    pub fn now() -> Self {
-        let meminfo = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|text| mem_available(&text))
-            .map(|bytes| Available {
-                bytes,
-                source: "MemAvailable in /proc/meminfo".into(),
-            });
-        let cgroup = cgroup_limit().map(|bytes| Available {
-            bytes,
-            source: "the cgroup's memory.max".into(),
-        });
-        match (meminfo, cgroup) {
-            (Some(a), Some(b)) => {
-                if b.bytes < a.bytes {
-                    b
-                } else {
-                    a
-                }
-            }
-            (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => Available {
-                bytes: (FALLBACK_CAP_GIB << 30) as f64,
-                source: format!(
-                    "a fixed cap of {FALLBACK_CAP_GIB} GiB: /proc/meminfo is unreadable"
-                ),
-            },
-        }
-    }
-}
-
-/// `MemAvailable:   123456 kB` → bytes.
-fn mem_available(meminfo: &str) -> Option<f64> {
-    let line = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
-    let kb: f64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
-    Some(kb * 1024.0)
-}
-
-/// `memory.max` of this process's cgroup v2, when it is a number (not "max").
-fn cgroup_limit() -> Option<f64> {
-    let membership = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = membership.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let limit = Path::new("/sys/fs/cgroup")
-        .join(path.trim().trim_start_matches('/'))
-        .join("memory.max");
-    std::fs::read_to_string(limit).ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]
@@ -513,14 +459,6 @@ mod tests {
             msg.contains("attention trace of --num-steps 1073741824"),
             "{msg}"
         );
-    }
-
-    #[test]
-    fn mem_available_is_read_in_bytes() {
-        let text = "MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   2048 kB\n";
-        assert_eq!(mem_available(text), Some(2048.0 * 1024.0));
-        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
-        assert!(Available::now().bytes > 0.0);
     }
 
     #[test]
