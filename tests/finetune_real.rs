@@ -652,3 +652,78 @@ fn attention_maps_are_drawn_and_a_resumed_run_draws_the_same() {
         }
     }
 }
+
+/// CPU ticks (user + system) of each of `pid`'s threads, by thread id.
+fn thread_ticks(pid: u32) -> Vec<(u64, u64)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let tid: u64 = task.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            // Fields after the command name, which may hold spaces: state is field 3, utime 14.
+            let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let ticks = rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
+            Some((tid, ticks))
+        })
+        .collect()
+}
+
+#[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
+fn a_cold_run_extracts_on_every_core() {
+    let test = "finetune_real::a_cold_run_extracts_on_every_core";
+    let Some(_) = common::data_and_models_roots(test, &["medmnist"]) else {
+        return;
+    };
+    let cores = std::thread::available_parallelism().unwrap().get();
+    if cores < 2 {
+        let _ = common::skip::<()>(test, "one core: nothing to spread the extraction over");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args([
+            "finetune",
+            "--dataset",
+            "breastmnist",
+            "--eta",
+            "0.2",
+            "--pretrain-n",
+            "400",
+            "--n",
+            "30",
+            "--test-n",
+            "100",
+            "--pretrain-epochs",
+            "1",
+            "--epochs",
+            "1",
+        ])
+        .env("BENIGN_CACHE_DIR", dir.path().join("cache"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The last reading of every thread the run had: the extraction is nearly all of its work.
+    let mut last: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    while child.try_wait().unwrap().is_none() {
+        for (tid, ticks) in thread_ticks(child.id()) {
+            last.insert(tid, ticks);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(child.wait().unwrap().success());
+    let busiest = last.values().copied().max().unwrap_or(0);
+    assert!(busiest > 0, "no CPU time read for the run's threads");
+    let working = last.values().filter(|&&t| 4 * t >= busiest).count();
+    assert!(
+        working >= cores.min(4),
+        "{working} of the run's threads did a quarter of the busiest one's work, on {cores} cores: {last:?}"
+    );
+}
