@@ -121,6 +121,64 @@ fn one_layout_per_out() {
     assert!(!stack.join("config.json").exists());
 }
 
+#[test]
+fn absurd_sizes_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "synthetic-sweep",
+                "--grid",
+                "coarse",
+                "--num-steps",
+                "100000000000",
+            ],
+            "--num-steps must be in 1..=100000000",
+        ),
+        (
+            &[
+                "synthetic-sweep",
+                "--grid",
+                "coarse",
+                "--num-steps",
+                "3",
+                "--jobs",
+                "1000000",
+            ],
+            "--jobs must be at most 4096",
+        ),
+        (
+            &["synthetic", "--signal-norm", "1e40"],
+            "--signal-norm must be a number in (0, 1e12]",
+        ),
+        (
+            &[
+                "reproduce",
+                "table2",
+                "--jobs",
+                "1000000",
+                "--datasets",
+                "trec",
+            ],
+            "--jobs must be at most 4096",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut args = args.to_vec();
+        args.extend(["--out", path(&out)]);
+        let started = Instant::now();
+        let ended = benign(&args);
+        refused(&ended, needle, &args.join(" "));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+        assert!(!out.exists(), "{args:?} left {}", out.display());
+    }
+}
+
 /// A tiny synthetic sweep: 81 cells of a few steps each.
 fn sweep_args<'a>(out: &'a Path, seed: &'a str, steps: &'a str) -> Vec<&'a str> {
     vec![

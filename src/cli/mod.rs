@@ -99,6 +99,21 @@ impl DataDirArg {
     }
 }
 
+/// The most worker threads `--jobs` may ask for: far beyond any machine's cores, and few enough
+/// that starting them is refused at once rather than after seconds of thread creation.
+const MAX_JOBS: usize = 4096;
+
+/// `--jobs`: at least 1 and at most [`MAX_JOBS`].
+fn check_jobs(jobs: Option<usize>) -> Result<()> {
+    match jobs {
+        Some(0) => anyhow::bail!("--jobs must be at least 1, got 0"),
+        Some(j) if j > MAX_JOBS => {
+            anyhow::bail!("--jobs must be at most {MAX_JOBS} (worker threads), got {j}")
+        }
+        _ => Ok(()),
+    }
+}
+
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

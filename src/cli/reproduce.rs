@@ -270,9 +270,7 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     };
-    if args.jobs == Some(0) {
-        anyhow::bail!("--jobs must be at least 1");
-    }
+    super::check_jobs(args.jobs)?;
     if !(args.stack_memory.is_finite() && args.stack_memory > 0.0) {
         anyhow::bail!(
             "--stack-memory must be a positive number of GiB, got {}",

@@ -252,9 +252,7 @@ fn run_grid(
 ) -> Result<(SyntheticConfig, synthetic::GridProgress, f64)> {
     let base = shared.config()?;
     base.validate_for(shared.engine())?;
-    if flags.jobs == Some(0) {
-        bail!("--jobs must be at least 1, got 0");
-    }
+    super::check_jobs(flags.jobs)?;
     let mut pool = rayon::ThreadPoolBuilder::new();
     if let Some(jobs) = flags.jobs {
         pool = pool.num_threads(jobs);

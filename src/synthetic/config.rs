@@ -13,6 +13,9 @@ pub use crate::limits::Available;
 /// stay far from f32's 3.4e38 (at ‖μ‖ 1e30 a run already reads test accuracy 0, at 1e40 NaN).
 pub const MAX_SIGNAL_NORM: f64 = 1e12;
 
+/// The most steps a run takes: 1e5 times the paper's 1000, already days for one large cell.
+pub const MAX_STEPS: usize = 100_000_000;
+
 /// One synthetic run. Field names are the authors' config keys; the CLI flags are their kebab-case.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -167,9 +170,9 @@ impl SyntheticConfig {
             self.learning_rate.to_string(),
         )?;
         unit(
-            self.num_steps >= 1,
+            (1..=MAX_STEPS).contains(&self.num_steps),
             "num-steps",
-            "at least 1",
+            "in 1..=100000000 (the paper runs 1000)",
             self.num_steps.to_string(),
         )?;
         unit(
