@@ -172,6 +172,15 @@ pub(super) fn number(value: f64, decimals: usize) -> String {
     }
 }
 
+/// A p-value to four places; "–" where there is none (too few cells to permute).
+pub(super) fn p_value(p: f64) -> String {
+    if p.is_finite() {
+        format!("{p:.4}")
+    } else {
+        "–".into()
+    }
+}
+
 pub(super) fn dedup<'a>(items: impl Iterator<Item = &'a String>) -> Vec<&'a String> {
     let mut seen: Vec<&String> = items.collect();
     seen.sort();

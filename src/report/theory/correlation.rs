@@ -7,7 +7,7 @@ use anyhow::Result;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::cells::{Cell, Point, modes, number};
+use super::cells::{Cell, Point, modes, number, p_value};
 use super::stats::{
     percentile_interval, permutation_p, pooled_rho, spearman, stratified_permutation_p,
 };
@@ -151,13 +151,13 @@ pub(super) fn correlations(
     )?;
     let show = |c: Correlation| {
         format!(
-            "{} | [{}, {}] | [{}, {}] | {:.4}",
+            "{} | [{}, {}] | [{}, {}] | {}",
             number(c.rho, 2),
             number(c.seeds.0, 2),
             number(c.seeds.1, 2),
             number(c.cells_and_seeds.0, 2),
             number(c.cells_and_seeds.1, 2),
-            c.p
+            p_value(c.p)
         )
     };
     for mode in modes(cells.iter().map(|c| &c.point), mode_order) {
@@ -230,9 +230,9 @@ pub(super) fn fixed_n_correlations(
         }
         let pooled = |ys: &[f64]| {
             format!(
-                "{} (p {:.4})",
+                "{} (p {})",
                 number(pooled_rho(&xs, ys, &strata), 2),
-                stratified_permutation_p(&xs, ys, &strata, PERMUTATIONS, 2)
+                p_value(stratified_permutation_p(&xs, ys, &strata, PERMUTATIONS, 2))
             )
         };
         writeln!(

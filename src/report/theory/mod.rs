@@ -27,6 +27,7 @@ use anyhow::Result;
 
 use super::results::ResultRow;
 use super::verdict::{NOISY_ETA, VerdictRow};
+use crate::diagnostics::snr::SIGNIFICANCE;
 use crate::synthetic::{Regime, SyntheticConfig};
 use cells::{Cell, CellEstimate, Point, dedup, modes, number, points};
 use correlation::{correlations, fixed_n_correlations};
@@ -150,7 +151,7 @@ fn introduction(md: &mut String) -> Result<()> {
          tokens\"): raw, the permutation floor (labels shuffled; mean and 95th percentile), the \
          calibrated value (raw less the floor's mean, 0 for a seed not above its floor; mean ± \
          std over seeds), its interval (the lowest lower and the highest upper end of the seeds' \
-         bootstrap intervals) and how many seeds rise above the floor (p ≤ 0.05). A cell no seed \
+         bootstrap intervals) and how many seeds rise above the floor (p ≤ {SIGNIFICANCE}). A cell no seed \
          of which rises above the floor shows the most that could hide below it.\n\n\
          The twin is the paper's token selector at the cell's T (mean tokens per sample), the \
          noise's effective dimension d_eff (rounded, ≥ 2) in place of d, n, η = {NOISY_ETA}, \
