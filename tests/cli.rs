@@ -316,7 +316,11 @@ fn an_encoder_sweep_in_shards_adds_up_to_one_run_and_resumes_only_what_is_missin
     // Another configuration is refused before it runs a cell, naming the sweep's record.
     let other = tiny_encoder_sweep(&parts, &["--learning-rate", "0.01"]);
     assert_eq!(other.status.code(), Some(2));
-    assert!(stderr(&other).contains("cells/sweep.json"), "{}", stderr(&other));
+    assert!(
+        stderr(&other).contains("cells/sweep.json"),
+        "{}",
+        stderr(&other)
+    );
     // The encoder's heat maps are drawn.
     assert!(parts.join("heatmap_test_loss.png").exists());
 }

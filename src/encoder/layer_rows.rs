@@ -7,41 +7,51 @@
 //! reads a batch of samples at a time: the test set of a paper-scale run (10 000 samples of
 //! 197 × 768 floats) streams from the disk chunk by chunk, and only the n ≤ 1000 fine-tune samples
 //! are made resident. Each sample's bytes are checked against the digest its shard's sidecar
-//! recorded the first time they are read; the shard file stays open from then on, so later reads
-//! (every test evaluation, every epoch of head mode's phase 1) see the very file that was checked,
-//! even if its path is replaced meanwhile, and are not hashed again.
+//! recorded the first time they are read; later reads (every test evaluation, every epoch of head
+//! mode's phase 1) are not hashed again, and must see the very file that was checked: a shard is
+//! reopened only if its path still names the same file (device and inode), since shards are written
+//! once and renamed into place, never modified. At most [`MAX_OPEN_ROW_FILES`] shards are held open
+//! at once across the process, so a stack of a thousand runs holds no more descriptors than one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use anyhow::{Context, Result, bail, ensure};
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
-/// A file of rows, opened at its first read and held open: what was checked in it stays what
-/// is read from it (a cache writer replaces a shard by renaming a new file over its path, which
-/// does not touch an open one).
+/// Shard files the process holds open at once; the least recently opened is closed when another
+/// is opened (stack planning keeps room for them, `reproduce::stacks`).
+pub const MAX_OPEN_ROW_FILES: usize = 32;
+
+/// A file of rows, opened at its first read. A named file may be closed to bound the process's
+/// descriptors ([`MAX_OPEN_ROW_FILES`]) and reopened later, provided its path still names the
+/// file first opened; a file without a name (a spill) stays open while it is held.
 #[derive(Debug)]
 struct RowFile {
     path: PathBuf,
-    open: OnceLock<std::fs::File>,
+    open: Mutex<Option<Arc<std::fs::File>>>,
+    /// (device, inode) of the file first opened at `path`.
+    identity: OnceLock<(u64, u64)>,
+    /// Whether it can be reopened by its path.
+    named: bool,
 }
 
 /// The row files the process's sets read, by path: every set that reads a shard shares one
-/// handle to it, so that the descriptors a stack holds do not grow with its runs (a thousand
-/// seeds read the same ~20 shards). An entry lives while a set holds it.
-static SHARED: std::sync::Mutex<Vec<(PathBuf, std::sync::Weak<RowFile>)>> =
-    std::sync::Mutex::new(Vec::new());
+/// entry, so that a thousand seeds reading the same ~20 shards share their checks. An entry
+/// lives while a set holds it.
+static SHARED: Mutex<Vec<(PathBuf, Weak<RowFile>)>> = Mutex::new(Vec::new());
+
+/// The named row files holding a descriptor, oldest first.
+static OPEN: Mutex<VecDeque<Weak<RowFile>>> = Mutex::new(VecDeque::new());
 
 impl RowFile {
     /// The process's row file at `path`: the one another set already holds, else a new one.
     fn shared(path: PathBuf) -> Arc<Self> {
-        let mut files = SHARED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut files = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
         files.retain(|(_, file)| file.strong_count() > 0);
         if let Some(file) = files
             .iter()
@@ -52,7 +62,9 @@ impl RowFile {
         }
         let file = Arc::new(Self {
             path: path.clone(),
-            open: OnceLock::new(),
+            open: Mutex::new(None),
+            identity: OnceLock::new(),
+            named: true,
         });
         files.push((path, Arc::downgrade(&file)));
         file
@@ -62,17 +74,59 @@ impl RowFile {
     fn held(path: PathBuf, file: std::fs::File) -> Arc<Self> {
         Arc::new(Self {
             path,
-            open: OnceLock::from(file),
+            open: Mutex::new(Some(Arc::new(file))),
+            identity: OnceLock::new(),
+            named: false,
         })
     }
 
-    fn file(&self) -> Result<&std::fs::File> {
-        if let Some(file) = self.open.get() {
-            return Ok(file);
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arc<std::fs::File>>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The open file: held, or (re)opened by its path, which must still name the same file.
+    fn file(self: &Arc<Self>) -> Result<Arc<std::fs::File>> {
+        if let Some(file) = self.slot().as_ref() {
+            return Ok(Arc::clone(file));
         }
+        ensure!(
+            self.named,
+            "{}: the temporary file was closed",
+            self.path.display()
+        );
         let (file, _) = crate::io::open_input(&self.path, crate::io::limits::TENSORS)?;
-        // Two threads may open it at once; the first one's handle is kept.
-        Ok(self.open.get_or_init(|| file))
+        let identity = {
+            use std::os::unix::fs::MetadataExt;
+            let meta = file
+                .metadata()
+                .with_context(|| format!("{}: cannot stat", self.path.display()))?;
+            (meta.dev(), meta.ino())
+        };
+        if *self.identity.get_or_init(|| identity) != identity {
+            bail!(
+                "{}: replaced by another file since its rows were checked; run again to read the new one",
+                self.path.display()
+            );
+        }
+        let file = Arc::new(file);
+        {
+            // Two threads may open it at once; the first one's handle is kept.
+            let mut slot = self.slot();
+            if let Some(first) = slot.as_ref() {
+                return Ok(Arc::clone(first));
+            }
+            *slot = Some(Arc::clone(&file));
+        }
+        let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|held| held.strong_count() > 0);
+        open.push_back(Arc::downgrade(self));
+        while open.len() > MAX_OPEN_ROW_FILES {
+            if let Some(oldest) = open.pop_front().and_then(|held| held.upgrade()) {
+                // Readers still holding its handle finish with it; the descriptor closes after.
+                oldest.slot().take();
+            }
+        }
+        Ok(file)
     }
 }
 
@@ -324,7 +378,8 @@ impl LayerRows {
             Storage::Disk(samples) => {
                 let sample = &samples[i];
                 let path = &sample.file.path;
-                read_f32s_at(sample.file.file()?, sample.offset, out)
+                let file = sample.file.file()?;
+                read_f32s_at(&file, sample.offset, out)
                     .with_context(|| format!("{}: cannot read sample rows", path.display()))?;
                 if !sample.verified.load(Ordering::Acquire) {
                     if rows_digest(out) != sample.digest {
@@ -621,5 +676,51 @@ mod tests {
         assert_ne!(in_memory.content_digest(), shorter.content_digest());
         let changed = LayerRows::from_padded(&(padded + 1e-3).unwrap(), vec![3, 2]).unwrap();
         assert_ne!(in_memory.content_digest(), changed.content_digest());
+    }
+
+    /// Rows spread over more shards than the process holds open keep their descriptors bounded
+    /// and read the same values when a closed shard is reopened; a shard whose path was replaced
+    /// since it was checked is refused, not read.
+    #[test]
+    fn shards_beyond_the_open_limit_are_reopened_only_as_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let shards = MAX_OPEN_ROW_FILES + 8;
+        let write = |k: usize, shift: f32| {
+            let values: Vec<f32> = (0..4).map(|v| (k * 4 + v) as f32 + shift).collect();
+            let path = dir.path().join(format!("shard-{k}.bin"));
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let temporary = dir.path().join("next.bin");
+            std::fs::write(&temporary, bytes).unwrap();
+            std::fs::rename(&temporary, &path).unwrap();
+            (Arc::new(path), 0u64, 2usize, rows_digest(&values))
+        };
+        let samples: Vec<_> = (0..shards).map(|k| write(k, 0.0)).collect();
+        let rows = LayerRows::on_disk(samples, 2, 2);
+        let open_here = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter(|target| target.starts_with(dir.path()))
+                .count()
+        };
+        let all: Vec<usize> = (0..shards).collect();
+        let first = read(&rows, &all);
+        assert!(open_here() <= MAX_OPEN_ROW_FILES, "{} open", open_here());
+        // Shard 0 was closed by the later ones; read again, it is reopened and the same.
+        assert_eq!(read(&rows, &all), first);
+        assert!(open_here() <= MAX_OPEN_ROW_FILES);
+        // Replaced while closed: refused, naming the file.
+        write(0, 100.0);
+        for k in 1..shards {
+            read(&rows, &[k]);
+        }
+        let Err(err) = rows.batch(&[0], &Device::Cpu) else {
+            panic!("a replaced shard was read")
+        };
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("shard-0.bin") && err.contains("replaced"),
+            "{err}"
+        );
     }
 }

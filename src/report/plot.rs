@@ -320,70 +320,8 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
                 .light_line_style(WHITE.mix(0.0))
                 .draw()
                 .map_err(plot_err)?;
-            let grey = RGBColor(110, 110, 110);
-            for (k, mark) in panel.x_marks.iter().enumerate() {
-                chart
-                    .draw_series(DashedLineSeries::new(
-                        [(mark.x, ys.0), (mark.x, ys.1)],
-                        8,
-                        5,
-                        grey.stroke_width(2),
-                    ))
-                    .map_err(plot_err)?;
-                // Labels step down so that neighbouring marks do not write over each other.
-                let y = ys.1 - (ys.1 - ys.0) * (0.03 + 0.05 * k as f64);
-                // Right of the line in the panel's left half, left of it in the right half.
-                let side = if mark.x > (xs.0 + xs.1) / 2.0 {
-                    HPos::Right
-                } else {
-                    HPos::Left
-                };
-                let style = (FONT, 12)
-                    .into_font()
-                    .color(&grey)
-                    .pos(Pos::new(side, VPos::Top));
-                chart
-                    .draw_series(std::iter::once(Text::new(
-                        format!(" {} ", mark.label),
-                        (mark.x, y),
-                        style,
-                    )))
-                    .map_err(plot_err)?;
-            }
-            for group in &panel.groups {
-                let color = group.color;
-                // A point that is not finite has no place on the axes (its range leaves it out).
-                let points = group
-                    .points
-                    .iter()
-                    .copied()
-                    .filter(|(x, y)| x.is_finite() && y.is_finite());
-                let drawn = match group.marker {
-                    Marker::Circle => chart
-                        .draw_series(points.map(|p| Circle::new(p, 4, color.mix(0.7).filled())))
-                        .map_err(plot_err)?,
-                    Marker::Cross => chart
-                        .draw_series(points.map(|p| Cross::new(p, 6, color.stroke_width(2))))
-                        .map_err(plot_err)?,
-                    Marker::Triangle => chart
-                        .draw_series(points.map(|p| TriangleMarker::new(p, 7, color.filled())))
-                        .map_err(plot_err)?,
-                };
-                let marker = group.marker;
-                drawn.label(&group.label).legend(
-                    move |(x, y)| -> DynElement<'static, BitMapBackend, (i32, i32)> {
-                        match marker {
-                            Marker::Circle => Circle::new((x + 8, y), 4, color.filled()).into_dyn(),
-                            Marker::Cross => {
-                                Cross::new((x + 8, y), 6, color.stroke_width(2)).into_dyn()
-                            }
-                            Marker::Triangle => {
-                                TriangleMarker::new((x + 8, y), 7, color.filled()).into_dyn()
-                            }
-                        }
-                    },
-                );
-            }
+            draw_marks(&mut chart, &panel.x_marks, xs, ys)?;
+            draw_groups(&mut chart, &panel.groups)?;
             let points: Vec<(f64, f64)> = panel
                 .groups
                 .iter()
@@ -400,6 +338,90 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
         }
         Ok(())
     })
+}
+
+/// A scatter panel's chart: both axes f64.
+type ScatterChart<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// The vertical dashed marks across a panel, each labelled beside its line.
+fn draw_marks(
+    chart: &mut ScatterChart,
+    marks: &[XMark],
+    xs: (f64, f64),
+    ys: (f64, f64),
+) -> Result<()> {
+    let grey = RGBColor(110, 110, 110);
+    for (k, mark) in marks.iter().enumerate() {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(mark.x, ys.0), (mark.x, ys.1)],
+                8,
+                5,
+                grey.stroke_width(2),
+            ))
+            .map_err(plot_err)?;
+        // Labels step down so that neighbouring marks do not write over each other.
+        let y = ys.1 - (ys.1 - ys.0) * (0.03 + 0.05 * k as f64);
+        // Right of the line in the panel's left half, left of it in the right half.
+        let side = if mark.x > (xs.0 + xs.1) / 2.0 {
+            HPos::Right
+        } else {
+            HPos::Left
+        };
+        let style = (FONT, 12)
+            .into_font()
+            .color(&grey)
+            .pos(Pos::new(side, VPos::Top));
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!(" {} ", mark.label),
+                (mark.x, y),
+                style,
+            )))
+            .map_err(plot_err)?;
+    }
+    Ok(())
+}
+
+/// Each group's points in its marker, with its legend entry.
+fn draw_groups<'a>(chart: &mut ScatterChart<'a, 'a>, groups: &[ScatterGroup]) -> Result<()> {
+    for group in groups {
+        let color = group.color;
+        // A point that is not finite has no place on the axes (its range leaves it out).
+        let points = group
+            .points
+            .iter()
+            .copied()
+            .filter(|(x, y)| x.is_finite() && y.is_finite());
+        let drawn = match group.marker {
+            Marker::Circle => chart
+                .draw_series(points.map(|p| Circle::new(p, 4, color.mix(0.7).filled())))
+                .map_err(plot_err)?,
+            Marker::Cross => chart
+                .draw_series(points.map(|p| Cross::new(p, 6, color.stroke_width(2))))
+                .map_err(plot_err)?,
+            Marker::Triangle => chart
+                .draw_series(points.map(|p| TriangleMarker::new(p, 7, color.filled())))
+                .map_err(plot_err)?,
+        };
+        let marker = group.marker;
+        drawn.label(&group.label).legend(
+            move |(x, y)| -> DynElement<'static, BitMapBackend, (i32, i32)> {
+                match marker {
+                    Marker::Circle => Circle::new((x + 8, y), 4, color.filled()).into_dyn(),
+                    Marker::Cross => Cross::new((x + 8, y), 6, color.stroke_width(2)).into_dyn(),
+                    Marker::Triangle => {
+                        TriangleMarker::new((x + 8, y), 7, color.filled()).into_dyn()
+                    }
+                }
+            },
+        );
+    }
+    Ok(())
 }
 
 /// A marker's outline; `ErrorPoint`s of one n share one.

@@ -13,6 +13,7 @@ use std::path::Path;
 use anyhow::{Result, bail};
 
 use crate::data::catalog::Modality;
+use crate::encoder::layer_rows::MAX_OPEN_ROW_FILES;
 use crate::train::finetune::{FinetuneJob, RunConfig};
 use crate::train::phase2::last_layer::RESIDENT_TEST_BYTES;
 
@@ -23,9 +24,10 @@ pub const STACK_MEMORY_GIB: f64 = 4.0;
 /// phase 1.
 const RESERVE_BYTES: f64 = (512u64 << 20) as f64;
 
-/// Descriptors kept aside beyond the runs' own: the cache's shards (shared by every run), the
-/// backbone's files, the standard streams and the allocator's.
-const RESERVE_FILES: usize = 64;
+/// Descriptors kept aside beyond the runs' own: the cache's shards (shared by every run, at most
+/// [`MAX_OPEN_ROW_FILES`] open at once), and 32 for the backbone's files, the standard streams,
+/// a checkpoint being written and the allocator's.
+const RESERVE_FILES: usize = MAX_OPEN_ROW_FILES + 32;
 
 /// Files a run holds open through phase 2 when it has a folder: its lock and its event file.
 const FILES_PER_RUN: usize = 2;
@@ -82,13 +84,19 @@ pub fn fitting(jobs: &[FinetuneJob], budget: Option<f64>) -> Result<Vec<Vec<usiz
         .enumerate()
         .map(|(k, job)| (k.to_string(), job.clone()))
         .collect();
+    // Each run goes in by its index's name; the stacks hand the names back.
+    let index: std::collections::HashMap<String, usize> = pending
+        .iter()
+        .enumerate()
+        .map(|(k, (id, _))| (id.clone(), k))
+        .collect();
     let planned = stacks(pending, budget, 1, &|_| dims, &test_len);
     Ok(planned
-        .into_iter()
+        .iter()
         .flat_map(|stack| {
             let indices: Vec<usize> = stack
                 .iter()
-                .map(|(k, _)| k.parse().expect("an index given above"))
+                .filter_map(|(id, _)| index.get(id).copied())
                 .collect();
             indices
                 .chunks(per_stack)

@@ -8,9 +8,9 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::finetune::FinetuneJob;
 use super::phase1::{PhaseOne, phase_one};
 use super::progress::Progress;
+use super::run::FinetuneJob;
 use super::run::Mode;
 use super::setup::{
     RunFeatures, Setup, final_tokens, layer_inputs, prepare_data, run_features, setup,
