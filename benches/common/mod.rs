@@ -96,9 +96,9 @@ pub mod stack {
     use benign_attention::model::Classifier;
     use benign_attention::rng::Shuffle;
     use benign_attention::train::phase2::epochs::{EpochPlan, Record, train};
-    use benign_attention::train::phase2::last_layer::LastLayerTrainee;
+    use benign_attention::train::phase2::query_key::LastLayerTrainee;
     use benign_attention::train::phase2::record::MetricsLog;
-    use benign_attention::train::phase2::stack::{Labels, RunData, Samples, Shared};
+    use benign_attention::train::phase2::runs::{Labels, RunData, Samples, Shared};
     use benign_attention::train::phase2::trainee::{Evaluation, Trainee};
     use benign_attention::train::run::RunConfig;
     use candle_core::Device;

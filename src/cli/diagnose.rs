@@ -30,7 +30,7 @@ fn snr(args: FinetuneArgs) -> Result<()> {
     }
     let bars = Bars::default();
     for job in args.jobs()? {
-        let found = crate::train::snr::of_job(&job, &bars)?;
+        let found = crate::train::run_snr::of_job(&job, &bars)?;
         let e = &found.estimate;
         eprintln!(
             "{}: {} (n {}, effective dimension {:.1} of {}, ‖μ‖ {:.3}, σ_ε√d {:.3} (other tokens {:.3}), SNR {:.4}; relevant token: position {} for {:.0} % of samples)",

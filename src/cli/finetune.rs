@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 
-use super::Places;
+use super::PlaceArgs;
 use crate::data::DatasetName;
 use crate::data::noise::NoiseModel;
 use crate::report;
@@ -75,7 +75,7 @@ pub struct FinetuneArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]
-    pub places: Places,
+    pub places: PlaceArgs,
     /// Inputs per backbone batch when filling the cache
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub encode_batch: usize,
@@ -191,7 +191,7 @@ fn once_each<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Resu
 
 pub fn run(args: FinetuneArgs) -> Result<()> {
     let jobs = args.jobs()?;
-    let stacks = crate::reproduce::stacks::fitting(&jobs, None)?;
+    let stacks = crate::train::stack_plan::fitting(&jobs, None)?;
     let bars = report::finetune::Bars::default();
     if stacks.len() > 1 {
         eprintln!(
@@ -270,13 +270,13 @@ fn finish(
     println!("{}", serde_json::to_string(&run.summary)?);
     let s = &run.summary;
     eprintln!(
-        "{} {} η {}: baseline {:.3}, train loss {:.3}, memorization {:.3}, test {:.3} ({:.0} s)",
+        "{} {} η {}: baseline {:.3}, train loss {:.3}, {}, test {:.3} ({:.0} s)",
         s.config.dataset,
         s.resolved.backbone,
         s.config.eta,
         s.baseline_test_acc,
         s.last.train_loss,
-        s.last.memorization,
+        report::finetune::memorization(s.last.memorization),
         s.test_acc(),
         s.wall_seconds
     );

@@ -55,7 +55,7 @@ pub enum Command {
 
 /// Where a real-data run finds its data and checkpoints, caches features and computes.
 #[derive(Args, Debug, Clone)]
-pub struct Places {
+pub struct PlaceArgs {
     #[command(flatten)]
     pub root: DataDirArg,
     /// Folder holding checkpoints as <org>/<name>/ [default: $BENIGN_MODELS_DIR]
@@ -69,7 +69,7 @@ pub struct Places {
     pub device: DeviceKind,
 }
 
-impl Places {
+impl PlaceArgs {
     /// The library's places (the device is part of a run's configuration).
     pub fn places(&self) -> crate::train::run::Places {
         crate::train::run::Places {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
-use super::Places;
+use super::PlaceArgs;
 use crate::data::DatasetName;
 use crate::report;
 use crate::reproduce as library;
@@ -66,13 +66,13 @@ pub struct GridArgs {
     pub jobs: Option<usize>,
     /// Memory a stack's phase 2 may hold beyond its backbone, in GiB: runs that differ only in
     /// η and the seed train together in stacks as large as this allows
-    #[arg(long, value_name = "GIB", default_value_t = library::stacks::STACK_MEMORY_GIB)]
+    #[arg(long, value_name = "GIB", default_value_t = crate::train::stack_plan::STACK_MEMORY_GIB)]
     pub stack_memory: f64,
     /// Run only the K-th of N interleaved parts of the grid (1 ≤ K ≤ N)
     #[arg(long, value_name = "K/N")]
     pub shard: Option<library::Shard>,
     #[command(flatten)]
-    pub places: Places,
+    pub places: PlaceArgs,
 }
 
 impl GridArgs {
@@ -130,7 +130,7 @@ pub struct SnrArgs {
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
     #[command(flatten)]
-    pub places: Places,
+    pub places: PlaceArgs,
 }
 
 #[derive(Args, Debug)]
@@ -202,7 +202,7 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
                 anyhow::bail!("{}: no such result folder", args.dir.display());
             }
             let bars = report::finetune::Bars::default();
-            let done = library::snr::backfill(&args.dir, &args.places.places(), &bars)?;
+            let done = library::snr_backfill::backfill(&args.dir, &args.places.places(), &bars)?;
             println!(
                 "{} runs given their estimate ({} estimates), {} had one, {} left without",
                 done.filled,

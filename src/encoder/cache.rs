@@ -160,11 +160,11 @@ fn slug(text: &str) -> String {
 }
 
 /// The exclusive lock of a shard folder, held while samples are computed and written.
-struct FolderLock {
+struct CacheWriterLock {
     _held: crate::io::FileLock,
 }
 
-impl FolderLock {
+impl CacheWriterLock {
     /// Blocks until no other process writes into `dir`.
     fn acquire(dir: &Path) -> Result<Self> {
         crate::io::FileLock::wait(&dir.join(LOCK)).map(|held| Self { _held: held })
@@ -244,7 +244,7 @@ impl FeatureCache {
         let dir = self.dir(backbone, dataset, split);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("{}: cannot create the cache folder", dir.display()))?;
-        if let Some(lock) = FolderLock::try_acquire(&dir)? {
+        if let Some(lock) = CacheWriterLock::try_acquire(&dir)? {
             lock.sweep(&dir);
         }
         let mut stats = CacheStats::default();
@@ -274,7 +274,7 @@ impl FeatureCache {
         }
         if !missing.is_empty() {
             // One writer per folder: wait for the others, then see what they wrote meanwhile.
-            let lock = FolderLock::acquire(&dir)?;
+            let lock = CacheWriterLock::acquire(&dir)?;
             lock.sweep(&dir);
             store.scan(&dir, backbone, &key_of, contents, &wanted, &mut stats)?;
             missing.retain(|&p| {
@@ -321,7 +321,7 @@ impl FeatureCache {
         let dir = self.dir(backbone, dataset, split);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("{}: cannot create the cache folder", dir.display()))?;
-        let _lock = FolderLock::acquire(&dir)?;
+        let _lock = CacheWriterLock::acquire(&dir)?;
         let key = self.key(backbone, dataset, split, data, positions, contents);
         write_encoded(&dir, &key, encoded, backbone)?;
         Ok(())

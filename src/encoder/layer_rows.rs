@@ -24,7 +24,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 /// Shard files the process holds open at once; the least recently opened is closed when another
-/// is opened (stack planning keeps room for them, `reproduce::stacks`).
+/// is opened (stack planning keeps room for them, `train::stack_plan`).
 pub const MAX_OPEN_ROW_FILES: usize = 32;
 
 /// A file of rows, opened at its first read. A named file may be closed to bound the process's

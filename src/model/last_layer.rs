@@ -14,10 +14,10 @@
 //! computes that one for the equivalence test.
 
 mod host;
-mod stack;
+mod host_pass;
 
 pub use host::HostSpread;
-pub use stack::{HostRows, HostSource, HostStep, StackEval, StackRun, StackStep};
+pub use host_pass::{HostRows, HostSource, HostStep, StackEval, StackRun, StackStep};
 
 use std::sync::{Arc, Mutex};
 

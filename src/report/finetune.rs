@@ -75,8 +75,10 @@ impl Progress for Bars {
         if let Some(bar) = lock(&self.bar).as_ref() {
             let test = lock(&self.last_test).map_or("–".to_string(), |t| format!("{t:.3}"));
             bar.set_message(format!(
-                "train {:.3} · memorization {:.3} · test {test} · loss {:.3}",
-                m.train_acc, m.memorization, m.train_loss
+                "train {:.3} · {} · test {test} · loss {:.3}",
+                m.train_acc,
+                memorization(m.memorization),
+                m.train_loss
             ));
             bar.inc(1);
         }
@@ -90,5 +92,24 @@ impl Drop for Bars {
         if let Some(bar) = lock(&self.bar).take() {
             bar.abandon();
         }
+    }
+}
+
+/// The memorization as a progress or result line says it: "no label flipped" where there is no
+/// flipped label to memorise (summary.json's null), not "NaN".
+pub fn memorization(share: f64) -> String {
+    if share.is_nan() {
+        "no label flipped".to_string()
+    } else {
+        format!("memorization {share:.3}")
+    }
+}
+
+#[cfg(test)]
+mod memorization_tests {
+    #[test]
+    fn no_flipped_label_is_said_in_words() {
+        assert_eq!(super::memorization(f64::NAN), "no label flipped");
+        assert_eq!(super::memorization(0.6316), "memorization 0.632");
     }
 }

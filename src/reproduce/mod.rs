@@ -7,8 +7,7 @@
 
 pub mod grid_record;
 pub mod slurm;
-pub mod snr;
-pub mod stacks;
+pub mod snr_backfill;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -23,9 +22,10 @@ use crate::rng::RngChoice;
 use crate::runtime::DeviceKind;
 pub use crate::shard::Shard;
 use crate::train::finetune::{
-    FinetuneJob, HeadClassifier, Mode, Places, Progress, RunConfig, RunFolder, finetune_stack,
-    prefetch,
+    FinetuneJob, HeadClassifier, Mode, Places, Progress, RunConfig, RunFolder, fill_cache,
+    finetune_stack,
 };
+use crate::train::stack_plan;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Experiment {
@@ -373,9 +373,9 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
             .map(|(_, r)| r.clone())
             .collect();
         if !group.is_empty()
-            && let Err(err) = prefetch(&group, progress)
+            && let Err(err) = fill_cache(&group, progress)
         {
-            progress.warn(&format!("{dataset}: features not prefetched: {err:#}"));
+            progress.warn(&format!("{dataset}: features not cached ahead: {err:#}"));
         }
     }
 
@@ -383,11 +383,11 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
     let models_dir = options.places.models_dir.as_deref();
     let pending: Vec<(String, FinetuneJob)> = pending.into_iter().cloned().collect();
     let total_pending = pending.len();
-    let mut stacked = stacks::stacks(
+    let mut stacked = stack_plan::stacks(
         pending,
         options.stack_memory,
         options.jobs.max(1),
-        &|config| stacks::backbone_dims(config, models_dir),
+        &|config| stack_plan::backbone_dims(config, models_dir),
         &|config| test_len_of(&config.dataset).unwrap_or(0),
     );
     let workers = options.jobs.clamp(1, stacked.len().max(1));
@@ -489,9 +489,9 @@ fn train_stack_and_write(stack: &[(String, FinetuneJob)]) -> Vec<(String, Result
                 crate::report::finetune::write_run(out, &run, Some(events))?;
                 let s = &run.summary;
                 Ok(format!(
-                    "train loss {:.3}, memorization {:.3}, test {:.3} ({:.0} s, {} runs together)",
+                    "train loss {:.3}, {}, test {:.3} ({:.0} s, {} runs together)",
                     s.last.train_loss,
-                    s.last.memorization,
+                    crate::report::finetune::memorization(s.last.memorization),
                     s.test_acc(),
                     started.elapsed().as_secs_f64(),
                     jobs.len()

@@ -13,15 +13,15 @@ use serde::{Deserialize, Serialize};
 
 use super::attention_maps::{self, AttentionMaps};
 use super::checkpoint::{Checkpoint, RunIdentity, StartPoint};
-use super::folder_lock::{FolderLock, ensure_no_other_run};
+use super::folder_lock::{RunFolderLock, ensure_no_other_run};
 use super::metrics::EpochMetrics;
-use super::phase1::{PhaseOne, phase_one};
-use super::phase2::stack::{Labels, RunContext, RunData, Samples, Shared};
+use super::phase1::{Phase1Outcome, obtain_phase1};
+use super::phase2::runs::{Labels, RunContext, RunData, Samples, Shared};
 use super::phase2::{Phase2Log, QkShape, phase_two};
 pub use super::progress::{HOST_STEPS, Progress};
 use super::resume::{Checkpoints, WallClock, record_resumed_kernels, resumed_checkpoint};
 pub use super::run::{FinetuneJob, HeadClassifier, Mode, Places, RunConfig, RunFolder};
-pub use super::setup::{AUTHORS_RNG_DEVIATION, prefetch};
+pub use super::setup::{AUTHORS_RNG_DEVIATION, fill_cache};
 use super::setup::{
     Setup, device_name, layer_inputs, prepare_data, run_features, setup, setup_sibling,
     write_config,
@@ -65,7 +65,7 @@ pub struct FinetuneSummary {
     /// phase-2 step: baseline → reset is the reset's cost, reset → final the noise's.
     #[serde(default)]
     pub reset_test_acc: Option<f64>,
-    /// Where the fine-tune set sits on the paper's n·SNR² axis ([`super::snr`]); absent in
+    /// Where the fine-tune set sits on the paper's n·SNR² axis ([`super::run_snr`]); absent in
     /// summaries written before it was measured, or where the estimate could not be made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snr: Option<SnrEstimate>,
@@ -92,7 +92,7 @@ impl FinetuneSummary {
 pub struct FinetuneRun {
     pub summary: FinetuneSummary,
     /// The run folder's lock, held until the run (and so its files' writing) is dropped.
-    pub folder_lock: Option<FolderLock>,
+    pub folder_lock: Option<RunFolderLock>,
     /// Phase-1 mean batch loss per epoch.
     pub pretrain_losses: Vec<f64>,
     pub epochs: Vec<EpochMetrics>,
@@ -197,9 +197,9 @@ struct ReadyRun {
     test_rows: LayerRows,
     identity: RunIdentity,
     resumed: Option<Checkpoint>,
-    folder_lock: Option<FolderLock>,
+    folder_lock: Option<RunFolderLock>,
     clock: WallClock,
-    phase1: PhaseOne,
+    phase1: Phase1Outcome,
     snr: Option<SnrEstimate>,
     /// The initialisation stream after phase 1's draws: the reset comes next.
     init_rng: rand_chacha::ChaCha8Rng,
@@ -230,7 +230,7 @@ fn prepare_run(
     started: Instant,
 ) -> Result<ReadyRun> {
     // Before the folder is read (its checkpoint, its config), so that no other process writes it.
-    let mut folder_lock = job.out.as_deref().map(FolderLock::acquire).transpose()?;
+    let mut folder_lock = job.out.as_deref().map(RunFolderLock::acquire).transpose()?;
     let mut setup = setup_sibling(template, job)?;
     let prepared = prepare_data(&setup, job)?;
     let identity = RunIdentity {
@@ -265,7 +265,7 @@ fn prepare_run(
     };
     // One initialisation stream: the classifier, then the query/key reset or the head.
     let mut init_rng = stream(job.config.seed, Stream::Init);
-    let phase1 = phase_one(
+    let phase1 = obtain_phase1(
         &setup,
         &prepared,
         &features,
@@ -275,7 +275,7 @@ fn prepare_run(
         progress,
     )?;
     progress.pretrain_done(&phase1.pretrain_losses);
-    let snr = super::snr::of_run(&setup, &prepared, &features, &phase1, job.config.mode)
+    let snr = super::run_snr::of_run(&setup, &prepared, &features, &phase1, job.config.mode)
         .map_err(|err| {
             progress.note(&format!(
                 "no n·SNR² estimate: {}",
@@ -449,7 +449,7 @@ fn summarize(
     job: &FinetuneJob,
     setup: Setup,
     prepared: &PreparedData,
-    (phase1, snr): (PhaseOne, Option<SnrEstimate>),
+    (phase1, snr): (Phase1Outcome, Option<SnrEstimate>),
     log: Phase2Log,
     attention_maps: AttentionMaps,
     clock: &WallClock,

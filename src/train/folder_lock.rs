@@ -18,17 +18,17 @@ use super::run::{RunConfig, RunFolder};
 use crate::io::FileLock;
 
 /// The lock on a run folder, held while the value lives.
-pub struct FolderLock {
+pub struct RunFolderLock {
     folder: PathBuf,
-    /// `None` while the folder does not exist yet ([`FolderLock::create`] makes and locks it).
+    /// `None` while the folder does not exist yet ([`RunFolderLock::create`] makes and locks it).
     held: Option<FileLock>,
 }
 
-impl FolderLock {
+impl RunFolderLock {
     /// Locks `folder` when it exists (and removes what killed writers left in it); a folder that
-    /// does not exist yet is locked by [`FolderLock::create`].
+    /// does not exist yet is locked by [`RunFolderLock::create`].
     pub fn acquire(folder: &Path) -> Result<Self> {
-        let mut lock = FolderLock {
+        let mut lock = RunFolderLock {
             folder: folder.to_path_buf(),
             held: None,
         };
@@ -107,18 +107,18 @@ mod tests {
     fn a_second_writer_is_refused_and_a_missing_folder_is_made_only_on_create() {
         let dir = tempfile::tempdir().unwrap();
         let folder = dir.path().join("runs/a");
-        let mut first = FolderLock::acquire(&folder).unwrap();
+        let mut first = RunFolderLock::acquire(&folder).unwrap();
         assert!(!folder.exists(), "acquire must not create the folder");
-        let mut second = FolderLock::acquire(&folder).unwrap();
+        let mut second = RunFolderLock::acquire(&folder).unwrap();
         first.create().unwrap();
         std::fs::write(folder.join(".tmp-abc.safetensors"), b"x").unwrap();
         let err = second.create().unwrap_err().to_string();
         assert!(err.contains("created by another process"), "{err}");
-        let err = FolderLock::acquire(&folder).err().unwrap().to_string();
+        let err = RunFolderLock::acquire(&folder).err().unwrap().to_string();
         assert!(err.contains("another process is writing"), "{err}");
         drop(first);
         // The next writer gets the lock, and the killed writer's temporary file goes.
-        let _third = FolderLock::acquire(&folder).unwrap();
+        let _third = RunFolderLock::acquire(&folder).unwrap();
         assert!(!folder.join(".tmp-abc.safetensors").exists());
     }
 }

@@ -21,5 +21,6 @@ pub mod phase2;
 pub mod progress;
 pub mod resume;
 pub mod run;
+pub mod run_snr;
 pub mod setup;
-pub mod snr;
+pub mod stack_plan;

@@ -23,7 +23,7 @@ use crate::model::Classifier;
 use crate::rng::Shuffle;
 
 /// The phase-1 classifier and what phase 1 measured.
-pub(super) struct PhaseOne {
+pub(super) struct Phase1Outcome {
     pub(super) classifier: Classifier,
     pub(super) baseline_test_acc: f64,
     pub(super) pretrain_losses: Vec<f64>,
@@ -45,7 +45,7 @@ pub(super) struct Phase1Key {
 
 /// A finished phase 1, as the cache keeps it (with the classifier's tensors).
 #[derive(Serialize, Deserialize)]
-pub(super) struct Phase1 {
+pub(super) struct CachedPhase1 {
     pub(super) key: Phase1Key,
     pub(super) baseline_test_acc: f64,
     pub(super) pretrain_losses: Vec<f64>,
@@ -138,7 +138,7 @@ impl<'a> Phase1Input<'a> {
 
 /// Phase 1: the classifier on clean features, from the checkpoint, the shared phase-1 cache, or
 /// trained here.
-pub(super) fn phase_one(
+pub(super) fn obtain_phase1(
     setup: &Setup,
     prepared: &PreparedData,
     features: &RunFeatures,
@@ -146,13 +146,13 @@ pub(super) fn phase_one(
     resumed: Option<&Checkpoint>,
     init_rng: &mut rand_chacha::ChaCha8Rng,
     progress: &dyn Progress,
-) -> Result<PhaseOne> {
+) -> Result<Phase1Outcome> {
     let config = &job.config;
     let classifier = new_classifier(setup, config.mode, init_rng)?;
     let input = Phase1Input::of(config, features)?;
     if let Some(saved) = resumed {
         checkpoint::restore_params("classifier", &classifier.named(), &saved.tensors)?;
-        return Ok(PhaseOne {
+        return Ok(Phase1Outcome {
             classifier,
             baseline_test_acc: saved.state.baseline_test_acc,
             pretrain_losses: saved.state.pretrain_losses.clone(),
@@ -167,11 +167,11 @@ pub(super) fn phase_one(
     ));
     let lock = phase1_lock(&file);
     let _only_one_computes = lock.lock().unwrap_or_else(|e| e.into_inner());
-    if let Ok(Some((saved, tensors))) = checkpoint::load_state::<Phase1>(&file, &setup.device)
+    if let Ok(Some((saved, tensors))) = checkpoint::load_state::<CachedPhase1>(&file, &setup.device)
         && saved.key == key
     {
         checkpoint::restore_params("classifier", &classifier.named(), &tensors)?;
-        return Ok(PhaseOne {
+        return Ok(Phase1Outcome {
             classifier,
             baseline_test_acc: saved.baseline_test_acc,
             pretrain_losses: saved.pretrain_losses,
@@ -185,7 +185,7 @@ pub(super) fn phase_one(
         &prepared.test.labels,
     )?
     .accuracy;
-    let saved = Phase1 {
+    let saved = CachedPhase1 {
         key,
         baseline_test_acc,
         pretrain_losses,
@@ -195,7 +195,7 @@ pub(super) fn phase_one(
         &saved,
         &checkpoint::named_tensors("classifier", &classifier.named()),
     )?;
-    Ok(PhaseOne {
+    Ok(Phase1Outcome {
         classifier,
         baseline_test_acc,
         pretrain_losses: saved.pretrain_losses,

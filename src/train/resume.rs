@@ -12,7 +12,7 @@ use super::checkpoint::{self, Checkpoint, RunIdentity, RunState};
 use super::loops::steps_per_epoch;
 use super::metrics::EpochMetrics;
 use super::optim::AdamW;
-use super::phase1::PhaseOne;
+use super::phase1::Phase1Outcome;
 use super::progress::Progress;
 use super::run::FinetuneJob;
 use super::setup::Setup;
@@ -94,7 +94,7 @@ impl WallClock {
 pub(super) struct Checkpoints<'a> {
     pub(super) job: &'a FinetuneJob,
     pub(super) identity: RunIdentity,
-    pub(super) phase1: &'a PhaseOne,
+    pub(super) phase1: &'a Phase1Outcome,
     /// The float kernels of every sitting so far (see [`Resolved::float_kernels`]).
     pub(super) float_kernels: String,
     pub(super) clock: &'a WallClock,

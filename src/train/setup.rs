@@ -263,7 +263,7 @@ pub(super) fn train_source(
 
 /// Features of `positions` of one split through the cache, with a progress stage.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn fetch(
+pub(super) fn cached_features(
     cache: &FeatureCache,
     backbone: &Backbone,
     dataset: &DatasetName,
@@ -316,7 +316,7 @@ pub(super) fn run_features(
 ) -> Result<RunFeatures> {
     let source = train_source(&setup.dataset, prepared.partition.train_source)?;
     let get = |what: &str, split, positions: &[usize], contents| {
-        fetch(
+        cached_features(
             &setup.cache,
             &setup.backbone,
             &job.config.dataset,
@@ -360,7 +360,7 @@ pub(super) fn pretrain_contents(config: &RunConfig) -> Contents {
 
 /// Fills the feature cache for every run of `jobs` (any datasets) at once, so that each sample
 /// passes through its backbone once and the runs themselves only read the cache.
-pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
+pub fn fill_cache(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
     // Runs that read the same backbone over the same data share one pass.
     let mut groups: Vec<Vec<&FinetuneJob>> = Vec::new();
     let group_key = |j: &FinetuneJob| {
@@ -415,7 +415,7 @@ pub fn prefetch(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
             }
             let split = train_source(&setup.dataset, *split_name)?;
             let what = format!("{} {} features", first.config.dataset, split_name.name());
-            fetch(
+            cached_features(
                 &setup.cache,
                 &setup.backbone,
                 &first.config.dataset,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::stack::{RunData, Shared, copies};
+use super::runs::{RunData, Shared, copies};
 use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Step, Trainee, eval_chunks};
 use super::{QkShape, locater_penalty, qk_spectrum, stacked_optimizer};
 use crate::diagnostics::Spectrum;
@@ -87,10 +87,10 @@ impl<'a> HeadTrainee<'a> {
         Ok(Self {
             classifiers: runs.iter().map(|r| r.classifier).collect(),
             finetune,
-            run_finetune: super::last_layer::index_of_copies(&finetune_copies),
+            run_finetune: super::query_key::index_of_copies(&finetune_copies),
             finetune_len,
             test,
-            run_test: super::last_layer::index_of_copies(&test_copies),
+            run_test: super::query_key::index_of_copies(&test_copies),
             labels: runs.iter().map(|r| r.labels.labels).collect(),
             optimizer,
             shape: QkShape::of(model, config.mode, shared.hidden),

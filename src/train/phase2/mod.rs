@@ -3,21 +3,21 @@
 //! token-selection head on the frozen final tokens, with the query-key diagnostics (§5) at every
 //! scored epoch. A lone run is a stack of one. Read in this order:
 //!
-//! - [`stack`]: the runs trained together, each with its explicit context (job, classifier,
+//! - [`runs`]: the runs trained together, each with its explicit context (job, classifier,
 //!   labels, sets, checkpoints), and which samples they share;
 //! - [`trainee`]: what phase 2 trains, as one trait, and what a step and an evaluation return;
 //! - [`epochs`]: the epoch/batch loop over a trainee;
 //! - [`record`]: each evaluated epoch's metrics, log, progress and checkpoint, run by run;
-//! - [`last_layer`] and its [`look_ahead`]: the paper's trainee; [`head`]: the card's.
+//! - [`query_key`] and its [`look_ahead`]: the paper's trainee; [`head`]: the card's.
 //!
 //! [`phase_two`] puts them together.
 
 pub mod epochs;
 pub mod head;
-pub mod last_layer;
 pub mod look_ahead;
+pub mod query_key;
 pub mod record;
-pub mod stack;
+pub mod runs;
 pub mod trainee;
 
 use std::sync::Arc;
@@ -27,9 +27,9 @@ use candle_core::{Tensor, Var};
 
 use self::epochs::EpochPlan;
 use self::head::HeadTrainee;
-use self::last_layer::LastLayerTrainee;
+use self::query_key::LastLayerTrainee;
 use self::record::Records;
-use self::stack::{RunContext, RunData, Shared};
+use self::runs::{RunContext, RunData, Shared};
 use self::trainee::Trainee;
 use super::attention_maps::{self, PER_KIND, Picks, Snapshot};
 use super::checkpoint::{Checkpoint, StartPoint};
@@ -77,8 +77,8 @@ pub(super) fn phase_two(shared: &Shared, runs: &[RunContext]) -> Result<Vec<Phas
         );
     }
     if runs.len() > 1 {
-        let distinct = |samples: Vec<stack::Samples>| {
-            let copies = stack::copies(&samples);
+        let distinct = |samples: Vec<runs::Samples>| {
+            let copies = runs::copies(&samples);
             copies.iter().enumerate().filter(|(k, c)| *k == **c).count()
         };
         first.progress.note(&format!(

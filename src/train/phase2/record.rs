@@ -5,7 +5,7 @@
 use anyhow::Result;
 
 use super::epochs::Record;
-use super::stack::{Labels, RunContext};
+use super::runs::{Labels, RunContext};
 use super::trainee::{Evaluation, RunEvaluation, Trainee};
 use crate::train::attention_maps::Snapshot;
 use crate::train::metrics::{EpochMetrics, accuracy_where, attention_stats, evaluate};

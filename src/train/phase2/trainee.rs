@@ -8,7 +8,7 @@ use super::super::optim::AdamW;
 use crate::diagnostics::Spectrum;
 
 /// A stack of runs whose parameters train together: the last layer's query and key
-/// ([`super::last_layer`]) or the token-selection head ([`super::head`]).
+/// ([`super::query_key`]) or the token-selection head ([`super::head`]).
 pub trait Trainee: Send {
     /// Runs in the stack.
     fn runs(&self) -> usize;

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::phase1::{PhaseOne, phase_one};
+use super::phase1::{Phase1Outcome, obtain_phase1};
 use super::progress::Progress;
 use super::run::FinetuneJob;
 use super::run::Mode;
@@ -47,7 +47,7 @@ pub fn of_job(job: &FinetuneJob, progress: &dyn Progress) -> Result<RunSnr> {
     let prepared = prepare_data(&setup, job)?;
     let features = run_features(&setup, &prepared, job, progress)?;
     let mut init_rng = stream(job.config.seed, Stream::Init);
-    let phase1 = phase_one(
+    let phase1 = obtain_phase1(
         &setup,
         &prepared,
         &features,
@@ -72,7 +72,7 @@ pub(super) fn of_run(
     setup: &Setup,
     prepared: &PreparedData,
     features: &RunFeatures,
-    phase1: &PhaseOne,
+    phase1: &Phase1Outcome,
     mode: Mode,
 ) -> Result<SnrEstimate> {
     fine_tune_snr(

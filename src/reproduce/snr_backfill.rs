@@ -1,4 +1,4 @@
-//! `reproduce snr`: the n·SNR² estimate ([`crate::train::snr`]) of every finished run of a result
+//! `reproduce snr`: the n·SNR² estimate ([`crate::train::run_snr`]) of every finished run of a result
 //! folder whose summary.json lacks one (runs made before runs recorded it), written into that
 //! summary.json as the run itself would have written it. Nothing is trained past phase 1.
 //!
@@ -19,7 +19,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::report::results::{ResultRow, collect};
 use crate::train::finetune::{FinetuneJob, Places, Progress, RunConfig, RunFolder};
-use crate::train::snr::{RunSnr, of_job};
+use crate::train::run_snr::{RunSnr, of_job};
 
 /// What a backfill did.
 #[derive(Debug, Default)]

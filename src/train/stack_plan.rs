@@ -15,7 +15,7 @@ use anyhow::{Result, bail};
 use crate::data::catalog::Modality;
 use crate::encoder::layer_rows::MAX_OPEN_ROW_FILES;
 use crate::train::finetune::{FinetuneJob, RunConfig};
-use crate::train::phase2::last_layer::RESIDENT_TEST_BYTES;
+use crate::train::phase2::query_key::RESIDENT_TEST_BYTES;
 
 /// `--stack-memory`'s default, in GiB: what one stack's phase 2 may hold beyond its backbone.
 pub const STACK_MEMORY_GIB: f64 = 4.0;

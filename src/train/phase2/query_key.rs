@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use candle_core::{Tensor, Var};
 
 use super::look_ahead::Pending;
-use super::stack::{RunData, Shared, copies};
+use super::runs::{RunData, Shared, copies};
 use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Step, Trainee, eval_chunks};
 use super::{QkShape, locater_penalty, qk_spectrum, stacked_optimizer};
 use crate::diagnostics::Spectrum;
