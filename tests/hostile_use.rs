@@ -383,7 +383,8 @@ fn reproduce_snr_checks_every_run_before_it_works() {
     std::os::unix::fs::symlink(looped.join("runs/a"), looped.join("runs/b")).unwrap();
     refused(&snr(&looped), ": a link", "a loop of links");
     // A summary edited to another seed, another dataset, or a value no run takes.
-    let edits: [(&str, fn(&mut serde_json::Value), &str); 3] = [
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit, &str); 3] = [
         (
             "seed",
             |s| s["config"]["seed"] = 43.into(),
