@@ -727,3 +727,108 @@ fn a_cold_run_extracts_on_every_core() {
         "{working} of the run's threads did a quarter of the busiest one's work, on {cores} cores: {last:?}"
     );
 }
+
+/// A run folder's own config.json given back with `--config` replays the run: the same
+/// metrics.jsonl byte for byte, the same config.json; a flag beside it overrides the file.
+#[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
+fn a_run_replays_from_its_own_config_json() {
+    let test = "finetune_real::a_run_replays_from_its_own_config_json";
+    if common::data_and_models_roots(test, &["medmnist"]).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let first = dir.path().join("first");
+    let mut args = vec!["finetune", "--dataset", "breastmnist", "--eta", "0.2"];
+    args.extend(SMALL);
+    args.extend([
+        "--seed",
+        "5",
+        "--mode",
+        "head",
+        "--out",
+        first.to_str().unwrap(),
+    ]);
+    let made = benign(&args, &cache);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let config = first.join("config.json");
+    let replay = dir.path().join("replay");
+    let again = benign(
+        &[
+            "finetune",
+            "--config",
+            config.to_str().unwrap(),
+            "--out",
+            replay.to_str().unwrap(),
+        ],
+        &cache,
+    );
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    for file in ["metrics.jsonl", "config.json"] {
+        assert_eq!(
+            std::fs::read(first.join(file)).unwrap(),
+            std::fs::read(replay.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    // A flag beside the file overrides it, and the run records the result.
+    let other = dir.path().join("other");
+    let changed = benign(
+        &[
+            "finetune",
+            "--config",
+            config.to_str().unwrap(),
+            "--epochs",
+            "2",
+            "--out",
+            other.to_str().unwrap(),
+        ],
+        &cache,
+    );
+    assert!(
+        changed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&changed.stderr)
+    );
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(other.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (recorded["epochs"].as_u64(), recorded["seed"].as_u64()),
+        (Some(2), Some(5))
+    );
+    assert_eq!(recorded["mode"], "head");
+    // Bad files: one line naming the file, exit 2.
+    let bad = dir.path().join("bad.toml");
+    for (text, expected) in [
+        (
+            "dataset = \"breastmnist\"\neta = 0.1\nepoch = 3\n",
+            "unknown key `epoch`",
+        ),
+        (
+            "dataset = \"breastmnist\"\neta = 0.1\nn = \"many\"\n",
+            "key `n`: expected a number",
+        ),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        let out = benign(&["finetune", "--config", bad.to_str().unwrap()], &cache);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains("bad.toml") && err.contains(expected), "{err}");
+    }
+    let missing = benign(&["finetune", "--config", "/nonexistent/lab.toml"], &cache);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/lab.toml"));
+}

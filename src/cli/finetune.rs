@@ -10,21 +10,24 @@ use crate::data::DatasetName;
 use crate::data::noise::NoiseModel;
 use crate::report;
 use crate::rng::RngChoice;
+use crate::train::config_file::ConfigFile;
 use crate::train::finetune::{FinetuneJob, HeadClassifier, Mode, Progress, RunConfig, RunFolder};
 
 #[derive(Args, Debug)]
 pub struct FinetuneArgs {
+    /// Settings from a file (TOML, or JSON such as a run folder's config.json): any key a run
+    /// records, over the dataset's paper defaults; flags given beside it override it
+    /// (docs/usage.md, "Settings in a file")
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2)
+    /// [default: the --config file's]
     #[arg(long)]
-    pub dataset: DatasetName,
+    pub dataset: Option<DatasetName>,
     /// Label-noise rate η ∈ [0, 1) on the fine-tune set; several, comma-separated, train together
     /// in one pass, one run folder each under --out/runs/ (named as `reproduce` names them)
-    #[arg(
-        long,
-        allow_hyphen_values = true,
-        value_delimiter = ',',
-        required = true
-    )]
+    /// [default: the --config file's]
+    #[arg(long, allow_hyphen_values = true, value_delimiter = ',')]
     pub eta: Vec<f64>,
     /// Fine-tune (noisy) samples [default: configs/<dataset>.toml, 200]
     #[arg(long)]
@@ -39,34 +42,35 @@ pub struct FinetuneArgs {
     #[arg(long, value_name = "EPOCHS")]
     pub pretrain_epochs: Option<usize>,
     /// Seed of the split, the label noise, the initialisations and the batch order; several,
-    /// comma-separated, train together as several η do (every η at every seed)
-    #[arg(long, value_delimiter = ',', default_values_t = [42])]
+    /// comma-separated, train together as several η do (every η at every seed) [default: 42]
+    #[arg(long, value_delimiter = ',')]
     pub seed: Vec<u64>,
     /// Whose random draws pick the split, the label noise and both phases' batch orders: `own`
     /// (ChaCha8 streams) or `authors` (numpy and torch draws as the authors' code makes them,
-    /// docs/protocol.md §3.1; the initialisations stay ours, recorded as a deviation)
-    #[arg(long, value_enum, default_value_t = RngChoice::Own)]
-    pub rng: RngChoice,
+    /// docs/protocol.md §3.1; the initialisations stay ours, recorded as a deviation) [default: own]
+    #[arg(long, value_enum)]
+    pub rng: Option<RngChoice>,
     /// Backbone hub id or folder [default: the config's preference list, paper's first]
     #[arg(long, value_name = "ID")]
     pub backbone: Option<String>,
-    /// `last-layer`: the paper (query/key of the last layer); `head`: the card's token-selection head
-    #[arg(long, value_enum, default_value_t = Mode::LastLayer)]
-    pub mode: Mode,
+    /// `last-layer`: the paper (query/key of the last layer); `head`: the card's token-selection
+    /// head [default: last-layer]
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
     /// Head mode: what the phase-1 classifier is trained on: `mean` (mean-pooled final tokens),
     /// `cls` (the CLS / position-0 token) or `tokens` (every token, labelled with its sample's
     /// label) [default: tokens; see docs/results.md, head mode]
     #[arg(long, value_enum)]
     pub head_classifier: Option<HeadClassifier>,
-    /// symmetric, pair, or cifar10n:aggre|random1|random2|random3|worse
-    #[arg(long, default_value = "symmetric")]
-    pub noise: NoiseModel,
+    /// symmetric, pair, or cifar10n:aggre|random1|random2|random3|worse [default: symmetric]
+    #[arg(long)]
+    pub noise: Option<NoiseModel>,
     /// Subsample the test split to this many samples [default: all]
     #[arg(long, value_name = "M")]
     pub test_n: Option<usize>,
-    /// Score the test set every K epochs (and after the last)
-    #[arg(long, value_name = "K", default_value_t = 50)]
-    pub eval_every: usize,
+    /// Score the test set every K epochs (and after the last) [default: 50]
+    #[arg(long, value_name = "K")]
+    pub eval_every: Option<usize>,
     /// Split the test file into disjoint train and test pools (for AG-news offline); a deviation
     #[arg(long, value_name = "F")]
     pub carve_train_from_test: Option<f64>,
@@ -90,35 +94,35 @@ pub struct FinetuneArgs {
     #[arg(long, requires = "out")]
     pub resume: bool,
     /// CPU threads for phase 1 and phase 2's autograd route (small ops: one is fastest on few
-    /// cores); extraction and the last layer's host pass use every core
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub train_threads: usize,
+    /// cores); extraction and the last layer's host pass use every core [default: 1]
+    #[arg(long, value_name = "N")]
+    pub train_threads: Option<usize>,
     /// λ of the LocAteR penalty on the trained query-key matrix: the variance of the eigenvalues of
     /// its symmetric part, mean over heads (docs/design.md, localization diagnostics) [default: 0, the paper: none]
-    #[arg(
-        long,
-        value_name = "LAMBDA",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    pub locater: f64,
+    #[arg(long, value_name = "LAMBDA", allow_negative_numbers = true)]
+    pub locater: Option<f64>,
 }
 
 impl FinetuneArgs {
     /// The runs these flags describe: the dataset's paper defaults with the flags on top, one per
     /// seed and η (seed-major, as `reproduce` orders a grid).
     pub(super) fn jobs(&self) -> Result<Vec<FinetuneJob>> {
-        if self.eta.is_empty() || self.seed.is_empty() {
-            bail!("--eta and --seed need at least one value each");
-        }
-        once_each("--eta", &self.eta)?;
-        once_each("--seed", &self.seed)?;
-        let paper = RunConfig::paper(&self.dataset)?;
-        let configs: Vec<RunConfig> = self
-            .seed
+        let base = self.base()?;
+        let eta = match (&self.eta[..], &self.config) {
+            ([], Some(_)) => vec![base.eta],
+            ([], None) => bail!("--eta: required (or give `eta` in a --config file)"),
+            (given, _) => given.to_vec(),
+        };
+        let seed = match &self.seed[..] {
+            [] => vec![base.seed],
+            given => given.to_vec(),
+        };
+        once_each("--eta", &eta)?;
+        once_each("--seed", &seed)?;
+        let configs: Vec<RunConfig> = seed
             .iter()
-            .flat_map(|&seed| self.eta.iter().map(move |&eta| (eta, seed)))
-            .map(|(eta, seed)| self.config(&paper, eta, seed))
+            .flat_map(|&seed| eta.iter().map(move |&eta| (eta, seed)))
+            .map(|(eta, seed)| self.run_config(&base, eta, seed))
             .collect();
         let several = configs.len() > 1;
         if let Some(out) = &self.out {
@@ -148,31 +152,54 @@ impl FinetuneArgs {
             .collect()
     }
 
-    /// One run's configuration.
-    fn config(&self, paper: &RunConfig, eta: f64, seed: u64) -> RunConfig {
+    /// What the flags overlay: the dataset's paper run (configs/<dataset>.toml), overlaid by the
+    /// --config file if there is one.
+    fn base(&self) -> Result<RunConfig> {
+        let file = self.config.as_deref().map(ConfigFile::read).transpose()?;
+        let from_file = file
+            .as_ref()
+            .map(ConfigFile::dataset)
+            .transpose()?
+            .flatten();
+        let Some(dataset) = self.dataset.clone().or(from_file) else {
+            bail!("--dataset: required (or give `dataset` in a --config file)");
+        };
+        let paper = RunConfig::paper(&dataset)?;
+        match file {
+            Some(file) => file.overlay(&paper),
+            None => Ok(paper),
+        }
+    }
+
+    /// One run's configuration: the flags given, over `base`.
+    fn run_config(&self, base: &RunConfig, eta: f64, seed: u64) -> RunConfig {
+        let mode = self.mode.unwrap_or(base.mode);
         RunConfig {
-            mode: self.mode,
-            head_classifier: HeadClassifier::for_mode(self.mode, self.head_classifier),
-            noise: self.noise,
+            mode,
+            head_classifier: HeadClassifier::for_mode(
+                mode,
+                self.head_classifier.or(base.head_classifier),
+            ),
+            noise: self.noise.unwrap_or(base.noise),
             eta,
-            n: self.n.unwrap_or(paper.n),
-            pretrain_n: self.pretrain_n.unwrap_or(paper.pretrain_n),
-            test_n: self.test_n,
+            n: self.n.unwrap_or(base.n),
+            pretrain_n: self.pretrain_n.unwrap_or(base.pretrain_n),
+            test_n: self.test_n.or(base.test_n),
             seed,
-            rng: self.rng,
-            epochs: self.epochs.unwrap_or(paper.epochs),
-            pretrain_epochs: self.pretrain_epochs.unwrap_or(paper.pretrain_epochs),
-            eval_every: self.eval_every,
-            carve_train_from_test: self.carve_train_from_test,
+            rng: self.rng.unwrap_or(base.rng),
+            epochs: self.epochs.unwrap_or(base.epochs),
+            pretrain_epochs: self.pretrain_epochs.unwrap_or(base.pretrain_epochs),
+            eval_every: self.eval_every.unwrap_or(base.eval_every),
+            carve_train_from_test: self.carve_train_from_test.or(base.carve_train_from_test),
             backbones: match &self.backbone {
                 Some(id) => vec![id.clone()],
-                None => paper.backbones.clone(),
+                None => base.backbones.clone(),
             },
-            special_tokens: self.special_tokens,
-            locater: self.locater,
-            train_threads: self.train_threads,
-            device: self.places.device,
-            ..paper.clone()
+            special_tokens: self.special_tokens || base.special_tokens,
+            locater: self.locater.unwrap_or(base.locater),
+            train_threads: self.train_threads.unwrap_or(base.train_threads),
+            device: self.places.device.unwrap_or(base.device),
+            ..base.clone()
         }
         .with_noise_draw()
     }
@@ -281,4 +308,67 @@ fn finish(
         s.wall_seconds
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    /// Every default `finetune --help` states is the one a run takes: the paper's run
+    /// (`RunConfig::paper`, configs/<dataset>.toml) and the flags' own; and a run with no flag
+    /// beyond --dataset and --eta records exactly that run.
+    #[test]
+    fn help_defaults_are_the_run_defaults() {
+        let mut command = super::super::Cli::command();
+        let finetune = command.find_subcommand_mut("finetune").unwrap();
+        let paper = RunConfig::paper(&DatasetName::Cifar10).unwrap();
+        let help_of = |id: &str| {
+            let arg = finetune
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .unwrap_or_else(|| panic!("no --{id}"));
+            arg.get_help().map(|h| h.to_string()).unwrap_or_default()
+        };
+        let stated = [
+            ("seed", paper.seed.to_string()),
+            ("rng", "own".to_string()),
+            ("mode", "last-layer".to_string()),
+            ("noise", paper.noise.to_string()),
+            ("eval_every", paper.eval_every.to_string()),
+            ("train_threads", paper.train_threads.to_string()),
+            ("locater", paper.locater.to_string()),
+            ("device", "cpu".to_string()),
+        ];
+        for (id, value) in stated {
+            let help = help_of(id);
+            assert!(
+                help.contains(&format!("[default: {value}")),
+                "--{id}: {help}"
+            );
+        }
+        assert_eq!(
+            (paper.rng, paper.mode, paper.device),
+            (
+                RngChoice::Own,
+                Mode::LastLayer,
+                crate::runtime::DeviceKind::Cpu
+            )
+        );
+        let args = super::super::Cli::try_parse_from([
+            "benign-attention",
+            "finetune",
+            "--dataset",
+            "cifar10",
+            "--eta",
+            "0",
+        ])
+        .unwrap();
+        let super::super::Command::Finetune(args) = args.command else {
+            panic!("not finetune")
+        };
+        let jobs = args.jobs().unwrap();
+        assert_eq!(jobs[0].config, paper.with_noise_draw());
+    }
 }

@@ -65,8 +65,9 @@ pub struct PlaceArgs {
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Where the backbone and the training compute (cuda needs a build with `--features cuda`)
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
-    pub device: DeviceKind,
+    /// [default: cpu]
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceKind>,
 }
 
 impl PlaceArgs {

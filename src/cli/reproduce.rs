@@ -105,7 +105,9 @@ impl GridArgs {
             flags.extend(["--jobs".into(), j.to_string()]);
         }
         flags.extend(["--stack-memory".into(), self.stack_memory.to_string()]);
-        flags.extend(["--device".into(), value(&self.places.device)]);
+        if let Some(device) = &self.places.device {
+            flags.extend(["--device".into(), value(device)]);
+        }
         flags
     }
 }
@@ -291,7 +293,10 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
         stack_memory: args.stack_memory * f64::from(1u32 << 30),
         shard: args.shard,
         places: args.places.places(),
-        device: args.places.device,
+        device: args
+            .places
+            .device
+            .unwrap_or(crate::runtime::DeviceKind::Cpu),
         rng: args.rng,
     };
     // A missing GPU or CUDA build is one line now, not a failure of every run.

@@ -11,6 +11,7 @@
 pub mod attention_maps;
 pub mod checkpoint;
 pub mod config;
+pub mod config_file;
 pub mod finetune;
 pub mod folder_lock;
 pub mod loops;

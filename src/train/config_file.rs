@@ -1,0 +1,221 @@
+//! A run's settings from a file (`finetune --config FILE`): TOML, or JSON such as a run folder's
+//! own config.json, holding any of [`RunConfig`]'s keys. The file overlays the dataset's paper
+//! defaults ([`RunConfig::paper`]) and flags overlay the file, so a run folder's config.json
+//! given back replays that run exactly.
+//!
+//! The keys a file may hold are those a run records: the file is checked against a serialised
+//! [`RunConfig`], so a key the program does not know, or a value of the wrong kind, is refused
+//! naming the key and the file before any work.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Map, Value};
+
+use super::run::{HeadClassifier, RunConfig};
+use crate::data::DatasetName;
+
+/// The settings a file holds, as read: every key checked to be one a run records.
+#[derive(Clone, Debug)]
+pub struct ConfigFile {
+    path: String,
+    values: Map<String, Value>,
+}
+
+impl ConfigFile {
+    /// Reads `path` (`.json` as JSON, anything else as TOML).
+    pub fn read(path: &Path) -> Result<Self> {
+        let shown = path.display().to_string();
+        let text = crate::io::read_input_text(path, crate::io::limits::SMALL_TEXT)
+            .with_context(|| format!("--config {shown}"))?;
+        let value: Value = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str(&text).with_context(|| format!("{shown}: not valid JSON"))?
+        } else {
+            let table: toml::Table =
+                toml::from_str(&text).with_context(|| format!("{shown}: not valid TOML"))?;
+            serde_json::to_value(table)?
+        };
+        let Value::Object(values) = value else {
+            bail!("{shown}: expected a table of settings");
+        };
+        let file = Self {
+            path: shown,
+            values,
+        };
+        file.check_keys(&file.values, &known_keys()?, "")?;
+        Ok(file)
+    }
+
+    /// The file's dataset, if it names one.
+    pub fn dataset(&self) -> Result<Option<DatasetName>> {
+        self.values
+            .get("dataset")
+            .map(|v| {
+                let name = v.as_str().with_context(|| {
+                    format!("{}: key `dataset`: expected a dataset name", self.path)
+                })?;
+                name.parse()
+                    .map_err(|e| anyhow::anyhow!("{}: key `dataset`: {e}", self.path))
+            })
+            .transpose()
+    }
+
+    /// `base` with the file's values in place of its own (the dataset excepted: the caller chose
+    /// it, from a flag or from [`Self::dataset`]).
+    pub fn overlay(&self, base: &RunConfig) -> Result<RunConfig> {
+        let mut merged = serde_json::to_value(base)?;
+        let mut values = self.values.clone();
+        values.remove("dataset");
+        merge(&mut merged, values);
+        let config: RunConfig =
+            serde_json::from_value(merged).map_err(|e| anyhow::anyhow!("{}: {e}", self.path))?;
+        Ok(RunConfig {
+            head_classifier: HeadClassifier::for_mode(config.mode, config.head_classifier),
+            ..config
+        })
+    }
+
+    /// Each key of `values` must be one of `known`'s, and of the same kind (a number, a string,
+    /// a list, a table; null where the run may leave it unset).
+    fn check_keys(&self, values: &Map<String, Value>, known: &Value, prefix: &str) -> Result<()> {
+        for (key, value) in values {
+            let name = format!("{prefix}{key}");
+            let Some(expected) = known.get(key) else {
+                let keys: Vec<&String> = known
+                    .as_object()
+                    .map(|o| o.keys().collect())
+                    .unwrap_or_default();
+                bail!(
+                    "{}: unknown key `{name}` (known: {})",
+                    self.path,
+                    keys.iter()
+                        .map(|k| k.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            };
+            match (expected, value) {
+                (Value::Object(_), Value::Object(inner)) => {
+                    self.check_keys(inner, expected, &format!("{name}."))?
+                }
+                (_, Value::Null) if nullable(&name) => {}
+                (expected, value) if kind(expected) != kind(value) => bail!(
+                    "{}: key `{name}`: expected {}, got {}",
+                    self.path,
+                    kind(expected),
+                    kind(value)
+                ),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Keys a run may leave unset (null in its config.json).
+fn nullable(key: &str) -> bool {
+    matches!(key, "test_n" | "carve_train_from_test")
+}
+
+/// Every key a run records, with a value of its kind: a paper configuration with the keys that
+/// are only written when set filled in.
+fn known_keys() -> Result<Value> {
+    let full = RunConfig {
+        head_classifier: Some(HeadClassifier::Tokens),
+        test_n: Some(1),
+        carve_train_from_test: Some(0.5),
+        authors_noise_draw: Some(crate::rng::AuthorsNoiseDraw::CURRENT),
+        ..RunConfig::paper(&DatasetName::BreastMnist)?
+    };
+    Ok(serde_json::to_value(full)?)
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "true or false",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a table",
+    }
+}
+
+/// `values` into `into`, tables key by key.
+fn merge(into: &mut Value, values: Map<String, Value>) {
+    for (key, value) in values {
+        match (into.get_mut(&key), value) {
+            (Some(Value::Object(_)), Value::Object(inner)) => {
+                merge(into.get_mut(&key).expect("checked above"), inner)
+            }
+            (_, value) => {
+                into[key.as_str()] = value;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(name: &str, text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    /// A TOML file overlays the paper's values key by key, tables too; a run's own config.json
+    /// read back is that run's configuration.
+    #[test]
+    fn a_file_overlays_the_paper_and_a_run_reads_back_as_itself() {
+        let (_dir, path) = written(
+            "lab.toml",
+            "dataset = \"trec\"\nn = 30\nseed = 7\n[optimizer]\nlearning_rate = 1e-4\n",
+        );
+        let file = ConfigFile::read(&path).unwrap();
+        let dataset = file.dataset().unwrap().unwrap();
+        assert_eq!(dataset, DatasetName::Trec);
+        let paper = RunConfig::paper(&dataset).unwrap();
+        let config = file.overlay(&paper).unwrap();
+        assert_eq!((config.n, config.seed), (30, 7));
+        assert_eq!(config.optimizer.learning_rate, 1e-4);
+        assert_eq!(config.optimizer.beta2, paper.optimizer.beta2);
+        assert_eq!(config.epochs, paper.epochs);
+
+        let run = RunConfig {
+            eta: 0.2,
+            test_n: Some(60),
+            ..config
+        };
+        let (_dir, json) = written("config.json", &serde_json::to_string_pretty(&run).unwrap());
+        let back = ConfigFile::read(&json).unwrap().overlay(&paper).unwrap();
+        assert_eq!(back, run);
+    }
+
+    /// An unknown key (also inside a table), a value of the wrong kind and a missing file are
+    /// each refused naming the file and the key.
+    #[test]
+    fn unknown_keys_wrong_kinds_and_missing_files_are_refused() {
+        let cases = [
+            ("epoch = 3\n", "unknown key `epoch`"),
+            ("[optimizer]\nlr = 0.1\n", "unknown key `optimizer.lr`"),
+            ("n = \"many\"\n", "key `n`: expected a number, got a string"),
+            ("mode = \"tail\"\n", "unknown variant `tail`"),
+        ];
+        for (text, expected) in cases {
+            let (_dir, path) = written("bad.toml", text);
+            let err = ConfigFile::read(&path)
+                .and_then(|f| f.overlay(&RunConfig::paper(&DatasetName::Trec)?))
+                .unwrap_err();
+            let err = format!("{err:#}");
+            assert!(
+                err.contains("bad.toml") && err.contains(expected),
+                "{text}: {err}"
+            );
+        }
+        let err = ConfigFile::read(Path::new("/nonexistent/lab.toml")).unwrap_err();
+        assert!(format!("{err:#}").contains("--config /nonexistent/lab.toml"));
+    }
+}
