@@ -3,9 +3,9 @@
 //!
 //! candle runs element-wise ops on its own spinning barrier pool, shared by the whole process
 //! behind one lock, and without RAYON_NUM_THREADS it re-reads the CPU count from /proc on every
-//! matrix product. Measured on this project's 2-core machine, one barrier-pool thread made backbone
-//! extraction faster (ViT-Ti 15.7 vs 12.0 images/s) and keeps concurrent runs (`reproduce
-//! --jobs`) from serialising on that lock; matrix products keep all cores through rayon.
+//! matrix product. One barrier-pool thread made backbone extraction faster (figures in
+//! docs/design.md, "Process settings") and keeps concurrent runs (`reproduce --jobs`) from
+//! serialising on that lock; matrix products keep all cores through rayon.
 //! Variables the user has set are left alone.
 
 use std::sync::Arc;
@@ -43,8 +43,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// to the kernel gets it back zeroed page by page on the next touch. perf on the encoder bench
 /// put 20–30 % of a forward in the kernel's page clearing (`clear_page_erms`) with glibc's
 /// malloc, whose blocks above 32 MiB are always fresh mappings. mimalloc with purging off keeps
-/// freed pages mapped and reuses them: ViT-B/16 went from 2.2 to 4.1 images/s, ViT-Ti from 38.6
-/// to 44.3 (idle). Peak RSS is the high-water mark of what is live
+/// freed pages mapped and reuses them, which nearly doubled ViT-B/16's extraction (docs/design.md,
+/// "Process settings"). Peak RSS is the high-water mark of what is live
 /// plus mimalloc's free lists; the scale bench and the MNIST runs measure it.
 fn keep_freed_memory() {
     // SAFETY: sets one allocator option; any thread may call it at any time.
@@ -79,8 +79,7 @@ impl DeviceKind {
 /// The widest vector instruction set this CPU gives the float kernels: gemm (candle's matrix
 /// products, built with its AVX-512 kernels) and the crate's own kernels choose theirs at run
 /// time, and the choices sum in different orders. The same run on two CPUs therefore agrees
-/// only to float rounding (measured: MNIST n = 200, η = 0.2, seed 42 gave test accuracy 55.12 %
-/// on an AVX-512 machine and 55.10 % on an AVX2 one), so a run records what it ran with.
+/// only to float rounding (docs/design.md, "Process settings"), so a run records what it ran with.
 pub fn float_kernels() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {

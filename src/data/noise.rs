@@ -84,6 +84,11 @@ impl NoisyLabels {
     }
 }
 
+/// Why `eta` is no label-noise rate (the one check of η's range: [0, 1)), or `None`.
+pub fn eta_out_of_range(eta: f64) -> Option<String> {
+    (!(0.0..1.0).contains(&eta)).then(|| format!("must be in [0, 1), got {eta}"))
+}
+
 /// Symmetric or pair noise at rate `eta` ∈ [0, 1), from the label-noise stream of `seed`; with
 /// `RngChoice::Authors`, symmetric noise as the authors drew it: torch's CPU generator seeded
 /// `seed`, the rows in order, both draws made for every row ([`torch::label_noise`]).
@@ -99,8 +104,8 @@ pub fn corrupt(
         dataset: "label noise".into(),
         problem,
     };
-    if !(0.0..1.0).contains(&eta) {
-        return Err(bad(format!("--eta must be in [0, 1), got {eta}")));
+    if let Some(why) = eta_out_of_range(eta) {
+        return Err(bad(format!("--eta {why}")));
     }
     if num_classes < 2 {
         return Err(bad(format!(

@@ -15,11 +15,9 @@
 //! panel, each of its blocks of rows asks for a share of the next panel's rows, one cache line
 //! every few steps, so that the next panel is in cache when its first block starts. A phase-2
 //! step's weights (47 MB at ViT-B's width) come from memory, and without this the first block of
-//! every panel waited on them: 16 rows of a 3072 → 768 product ran at 36 G
-//! multiply-adds/s against 48 G with the weights in cache, and at 46 G with the prefetch; 32 rows
-//! of 768 → 3072 at 44 G, and at 54 G with it (one thread, a probe cycling
-//! over eight matrices). Extraction's products, whose weights serve many blocks of rows in a row
-//! and stay in cache, do without: asking there slowed MiniLM's forward by about a tenth.
+//! every panel waited on them (the probe's figures: docs/design.md, "Process settings").
+//! Extraction's products, whose weights serve many blocks of rows in a row and stay in cache, do
+//! without: asking there slowed MiniLM's forward.
 //!
 //! Every output sums its k terms in order, one fused multiply-add each, whatever the number of
 //! rows or the block a row falls in: a row's numbers do not depend on the batch.

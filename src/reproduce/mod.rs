@@ -122,8 +122,12 @@ impl Grid {
         {
             bail!("--datasets, --seeds, --ns and --etas need at least one value each");
         }
-        if let Some(eta) = grid.etas.iter().find(|e| !(0.0..1.0).contains(*e)) {
-            bail!("--etas: every η must be in [0, 1), got {eta}");
+        if let Some(why) = grid
+            .etas
+            .iter()
+            .find_map(|&e| data::noise::eta_out_of_range(e))
+        {
+            bail!("--etas: every η {why}");
         }
         if grid.ns.contains(&0) {
             bail!("--ns: every n must be at least 1");

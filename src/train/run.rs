@@ -192,8 +192,8 @@ impl RunConfig {
 
     /// Every value a run cannot start with, named by its flag.
     pub fn validate(&self) -> Result<()> {
-        if !(0.0..1.0).contains(&self.eta) {
-            bail!("--eta must be in [0, 1), got {}", self.eta);
+        if let Some(why) = crate::data::noise::eta_out_of_range(self.eta) {
+            bail!("--eta {why}");
         }
         let at_least_one = [
             ("--n", self.n),

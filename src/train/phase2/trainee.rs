@@ -110,8 +110,8 @@ impl SetOutput {
 }
 
 /// Samples an evaluation hands the model at once (the streamed test set holds one batch of tokens
-/// in memory; the host pass splits it into parts across threads). Two of the host pass's
-/// evaluation parts of 24, one per core of a 2-core machine.
+/// in memory; the host pass splits it into parts across threads): two of the host pass's
+/// evaluation parts of 24.
 pub const EVAL_BATCH: usize = 48;
 
 /// Rows `0..len` in chunks of [`EVAL_BATCH`].
