@@ -71,42 +71,62 @@ pub struct Partition {
 /// Seed of the `--test-n` subsample: fixed, so that every seed is scored on the same samples.
 pub const TEST_SUBSAMPLE_SEED: u64 = 0;
 
+/// The pretrain, fine-tune and test samples of `plan`: the pools, the sizes checked, then the
+/// training sets drawn and the test set (sub)sampled. Errors name the flag.
 pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
-    let name = dataset.name.to_string();
     let unavailable = |problem: String| DataError::Unavailable {
-        dataset: name.clone(),
+        dataset: dataset.name.to_string(),
         problem,
     };
-    let test_len = dataset.test.len();
     let mut deviations = Vec::new();
+    let (train_source, train_pool, test_pool) =
+        pools(dataset, plan, &mut deviations).map_err(unavailable)?;
+    check_sizes(plan, test_pool.len()).map_err(unavailable)?;
+    let (pretrain, finetune) =
+        training_sets(dataset, plan, train_source, train_pool, &mut deviations)
+            .map_err(unavailable)?;
+    let test = test_set(plan, test_pool, &mut deviations).map_err(unavailable)?;
+    Ok(Partition {
+        train_source,
+        pretrain,
+        finetune,
+        test,
+        deviations,
+    })
+}
 
-    let (train_source, train_pool, test_pool): (SplitName, Vec<usize>, Vec<usize>) = match (
-        plan.carve_train_from_test,
-        &dataset.train,
-    ) {
+/// Where the training samples come from, the training pool and the test pool: the official
+/// splits, or with --carve-train-from-test both pools carved from the test split.
+fn pools(
+    dataset: &Dataset,
+    plan: &SplitPlan,
+    deviations: &mut Vec<String>,
+) -> std::result::Result<(SplitName, Vec<usize>, Vec<usize>), String> {
+    let test_len = dataset.test.len();
+    match (plan.carve_train_from_test, &dataset.train) {
         (Some(fraction), _) => {
             if !(fraction > 0.0 && fraction < 1.0) {
-                return Err(unavailable(format!(
+                return Err(format!(
                     "--carve-train-from-test must be in (0, 1), got {fraction}"
-                )));
+                ));
             }
             let mut order =
                 sample(&mut stream(plan.seed, Stream::Carve), test_len, test_len).into_vec();
             let train_len = (fraction * test_len as f64).round() as usize;
             let test_pool = order.split_off(train_len);
             deviations.push(format!(
-                    "training pool carved from the official test split: {train_len} of its {test_len} samples \
-                     (fraction {fraction}, seed {}); the test set is drawn from the other {}",
-                    plan.seed,
-                    test_pool.len()
-                ));
-            (SplitName::Test, order, test_pool)
+                "training pool carved from the official test split: {train_len} of its {test_len} samples \
+                 (fraction {fraction}, seed {}); the test set is drawn from the other {}",
+                plan.seed,
+                test_pool.len()
+            ));
+            Ok((SplitName::Test, order, test_pool))
         }
-        (None, Some(train)) => (
+        (None, Some(train)) => Ok((
             SplitName::Train,
             (0..train.len()).collect(),
             (0..test_len).collect(),
-        ),
+        )),
         (None, None) => {
             let authors = match plan.rng {
                 RngChoice::Own => String::new(),
@@ -115,41 +135,54 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
                     plan.pretrain_n.saturating_add(plan.n)
                 ),
             };
-            return Err(unavailable(format!(
+            Err(format!(
                 "{authors}the training split is absent from the data folder; add the official training file, \
                  or pass --carve-train-from-test F to split the test file into disjoint train and test pools \
                  (recorded as a deviation)"
-            )));
+            ))
         }
-    };
+    }
+}
 
-    // Phase 1 trains on the pretrain set, phase 2 on the fine-tune set, and both are scored on
-    // the test set: none of them may be empty.
+/// Phase 1 trains on the pretrain set, phase 2 on the fine-tune set, and both are scored on the
+/// test set: none of them may be empty.
+fn check_sizes(plan: &SplitPlan, test_pool: usize) -> std::result::Result<(), String> {
     for (flag, value) in [
         ("--pretrain-n", plan.pretrain_n),
         ("--n", plan.n),
         ("--test-n", plan.test_n.unwrap_or(1)),
     ] {
         if value == 0 {
-            return Err(unavailable(format!("{flag} must be at least 1, got 0")));
+            return Err(format!("{flag} must be at least 1, got 0"));
         }
     }
-    if test_pool.is_empty() {
-        return Err(unavailable("the test pool holds no samples".into()));
+    if test_pool == 0 {
+        return Err("the test pool holds no samples".into());
     }
+    Ok(())
+}
+
+/// The pretrain and fine-tune sets, drawn from the training pool by our stream or the authors'.
+fn training_sets(
+    dataset: &Dataset,
+    plan: &SplitPlan,
+    train_source: SplitName,
+    train_pool: Vec<usize>,
+    deviations: &mut Vec<String>,
+) -> std::result::Result<(Vec<usize>, Vec<usize>), String> {
     let wanted = plan.pretrain_n.checked_add(plan.n).ok_or_else(|| {
-        unavailable(format!(
+        format!(
             "--pretrain-n {} and --n {} add up past any number of samples",
             plan.pretrain_n, plan.n
-        ))
+        )
     })?;
     let exceeds = |pool: usize| {
-        unavailable(format!(
+        format!(
             "pretrain_n + n = {} + {} = {wanted} exceeds the {pool} samples of the training pool",
             plan.pretrain_n, plan.n
-        ))
+        )
     };
-    let (pretrain, finetune) = match (plan.rng, &dataset.train, train_source) {
+    match (plan.rng, &dataset.train, train_source) {
         (RngChoice::Own, _, _) => {
             if wanted > train_pool.len() {
                 return Err(exceeds(train_pool.len()));
@@ -162,22 +195,22 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
             order.shuffle(&mut stream(plan.seed, Stream::Split));
             let finetune = order[..plan.n].to_vec();
             let pretrain = order[order.len() - plan.pretrain_n..].to_vec();
-            (pretrain, finetune)
+            Ok((pretrain, finetune))
         }
         (RngChoice::Authors, Some(train), SplitName::Train) => {
-            let drawn = authors_rows(dataset, train, plan, &mut deviations)
-                .map_err(|problem| unavailable(format!("--rng authors: {problem}")))?;
-            (
+            let drawn = authors_rows(dataset, train, plan, deviations)
+                .map_err(|problem| format!("--rng authors: {problem}"))?;
+            Ok((
                 drawn[..plan.pretrain_n].to_vec(),
                 drawn[plan.pretrain_n..].to_vec(),
-            )
+            ))
         }
         (RngChoice::Authors, _, _) => {
             if wanted > train_pool.len() {
                 return Err(exceeds(train_pool.len()));
             }
             let drawn = numpy::choice(plan.seed, train_pool.len(), wanted)
-                .map_err(|e| unavailable(format!("--rng authors: {e}")))?;
+                .map_err(|e| format!("--rng authors: {e}"))?;
             deviations.push(
                 "--rng authors with --carve-train-from-test: the training pool is carved from the \
                  test split with this crate's own stream and the authors' numpy draw picks from that \
@@ -185,12 +218,21 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
                     .into(),
             );
             let rows: Vec<usize> = drawn.iter().map(|&k| train_pool[k]).collect();
-            (
+            Ok((
                 rows[..plan.pretrain_n].to_vec(),
                 rows[plan.pretrain_n..].to_vec(),
-            )
+            ))
         }
-    };
+    }
+}
+
+/// The test set: the whole test pool, or a --test-n subsample that is the same whatever the
+/// seed, as the full test set would be.
+fn test_set(
+    plan: &SplitPlan,
+    test_pool: Vec<usize>,
+    deviations: &mut Vec<String>,
+) -> std::result::Result<Vec<usize>, String> {
     if plan.rng == RngChoice::Authors && plan.test_n.is_some() {
         deviations.push(
             "--rng authors with --test-n: the test subsample is drawn with this crate's own stream \
@@ -198,16 +240,12 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
                 .into(),
         );
     }
-
-    let test = match plan.test_n {
-        Some(m) if m > test_pool.len() => {
-            return Err(unavailable(format!(
-                "--test-n {m} exceeds the {} samples of the test pool",
-                test_pool.len()
-            )));
-        }
+    match plan.test_n {
+        Some(m) if m > test_pool.len() => Err(format!(
+            "--test-n {m} exceeds the {} samples of the test pool",
+            test_pool.len()
+        )),
         Some(m) => {
-            // The same subsample whatever the seed, as the full test set would be.
             let mut picked: Vec<usize> = sample(
                 &mut stream(TEST_SUBSAMPLE_SEED, Stream::TestSubsample),
                 test_pool.len(),
@@ -217,17 +255,10 @@ pub fn partition(dataset: &Dataset, plan: &SplitPlan) -> Result<Partition> {
             .map(|k| test_pool[k])
             .collect();
             picked.sort_unstable();
-            picked
+            Ok(picked)
         }
-        None => test_pool,
-    };
-    Ok(Partition {
-        train_source,
-        pretrain,
-        finetune,
-        test,
-        deviations,
-    })
+        None => Ok(test_pool),
+    }
 }
 
 /// The authors' draw of pretrain_n + n rows of the official training split, as positions in the

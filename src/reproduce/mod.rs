@@ -258,7 +258,7 @@ impl DriverOptions {
 
 /// The size of each dataset's training pool (None when unreadable: its runs will say why), and
 /// whether it must be carved from the test split.
-fn pools(options: &DriverOptions) -> Vec<(DatasetName, Option<usize>, bool, Option<usize>)> {
+fn pools(options: &DriverOptions) -> Pools {
     let root = data::data_root(options.places.data_dir.as_deref());
     options
         .grid
@@ -279,10 +279,69 @@ fn pools(options: &DriverOptions) -> Vec<(DatasetName, Option<usize>, bool, Opti
         .collect()
 }
 
-/// Runs the grid (or this shard of it) and writes the report into `out`.
+/// Each dataset's training pool: its size (None when unreadable: its runs will say why), whether
+/// it is carved from the test split, and the test samples a run scores.
+type Pools = Vec<(DatasetName, Option<usize>, bool, Option<usize>)>;
+
+/// Runs the grid (or this shard of it) and writes the report into `out`: the runs planned, the
+/// shard recorded, the cache filled, the pending runs trained in stacks, then the report.
 pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> {
-    // Datasets without a folder under the data root are left out, said once each, and the grid
-    // goes on with the others.
+    let (options, absent) = with_present_datasets(options);
+    let options = &options;
+    let pools = pools(options);
+    let (runs, left_out) = planned_runs(options, &pools, &absent)?;
+    // One reproduce per result folder, and an unwritable one refused, before any work, but
+    // after the flags are known to make a grid, so a refused grid leaves no folder.
+    let _only_writer = grid_record::lock(&options.out)?;
+    record_shard(options, &runs)?;
+    let finished = |run: &FinetuneJob| {
+        run.out
+            .as_ref()
+            .is_some_and(|d| RunFolder(d.clone()).summary().exists())
+    };
+    let pending: Vec<(String, FinetuneJob)> =
+        runs.iter().filter(|(_, r)| !finished(r)).cloned().collect();
+    let skipped = runs.len() - pending.len();
+    progress.line(&format!(
+        "{} runs in this {}, {} already finished",
+        runs.len(),
+        options.shard.map_or("grid".to_string(), |s| format!(
+            "shard {}/{}",
+            s.index, s.count
+        )),
+        skipped
+    ));
+    fill_caches(&options.grid, &pending, progress);
+    let total_pending = pending.len();
+    let trained = train_stacks(options, pending, &pools, progress);
+    if let Some(stop) = crate::interrupt::requested() {
+        let line = format!(
+            "{stop} after {} of {} runs; the same command continues the grid (a stopped run from its checkpoint)",
+            trained.finished, total_pending
+        );
+        return Err(anyhow::Error::new(stop).context(line));
+    }
+    // A grid whose every run failed before writing its folder still gets its (empty) report, so
+    // the failures are what the user reads, not a missing folder.
+    crate::io::ensure_dir(&options.out)?;
+    let runs = collect(std::slice::from_ref(&options.out))?;
+    crate::report::reproduce::write_report(
+        &options.out,
+        &runs,
+        std::slice::from_ref(&options.out),
+        &[],
+    )?;
+    Ok(Outcome {
+        ran: total_pending,
+        skipped,
+        failed: trained.failed,
+        left_out,
+    })
+}
+
+/// The options with only the datasets that have a folder under the data root, and the others:
+/// they are left out, said once each, and the grid goes on without them.
+fn with_present_datasets(options: &DriverOptions) -> (DriverOptions, Vec<DatasetName>) {
     let root = data::data_root(options.places.data_dir.as_deref());
     let (present, absent): (Vec<DatasetName>, Vec<DatasetName>) = options
         .grid
@@ -290,19 +349,25 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
         .iter()
         .cloned()
         .partition(|d| data::catalog::dataset_dir(d, &root).is_dir());
-    let options = &DriverOptions {
+    let options = DriverOptions {
         grid: Grid {
             datasets: present,
             ..options.grid.clone()
         },
         ..options.clone()
     };
-    let grid = &options.grid;
-    let pools = pools(options);
+    (options, absent)
+}
+
+/// This shard's runs, each with its folder's name, and what the grid leaves out and why.
+fn planned_runs(
+    options: &DriverOptions,
+    pools: &Pools,
+    absent: &[DatasetName],
+) -> Result<(Vec<(String, FinetuneJob)>, Vec<String>)> {
+    let root = data::data_root(options.places.data_dir.as_deref());
     let pool_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.1);
-    let carve_of = |d: &DatasetName| pools.iter().any(|p| p.0 == *d && p.2);
-    let test_len_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.3);
-    let (all, mut left_out) = jobs(grid, &pool_of);
+    let (all, mut left_out) = jobs(&options.grid, &pool_of);
     left_out.splice(
         0..0,
         absent.iter().map(|d| {
@@ -335,14 +400,17 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
     }
     let mut runs = Vec::new();
     for job in &mine {
-        let config = options.run_config(job, carve_of(&job.dataset), test_len_of(&job.dataset))?;
-        let run = options.finetune_job(config)?;
-        let id = run.config.run_name()?;
-        runs.push((id, run));
+        let pool = pools.iter().find(|p| p.0 == job.dataset);
+        let carve = pool.is_some_and(|p| p.2);
+        let test_len = pool.and_then(|p| p.3);
+        let run = options.finetune_job(options.run_config(job, carve, test_len)?)?;
+        runs.push((run.config.run_name()?, run));
     }
-    // One reproduce per result folder, and an unwritable one refused, before any work, but
-    // after the flags are known to make a grid, so a refused grid leaves no folder.
-    let _only_writer = grid_record::lock(&options.out)?;
+    Ok((runs, left_out))
+}
+
+/// The shard's record in the result folder: the grid it belongs to and its runs.
+fn record_shard(options: &DriverOptions, runs: &[(String, FinetuneJob)]) -> Result<()> {
     grid_record::write(
         &options.out,
         &grid_record::ShardRecord {
@@ -351,25 +419,12 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
             count: options.shard.map_or(1, |s| s.count),
             runs: runs.iter().map(|(id, _)| id.clone()).collect(),
         },
-    )?;
-    let finished = |run: &FinetuneJob| {
-        run.out
-            .as_ref()
-            .is_some_and(|d| RunFolder(d.clone()).summary().exists())
-    };
-    let pending: Vec<&(String, FinetuneJob)> = runs.iter().filter(|(_, r)| !finished(r)).collect();
-    let skipped = runs.len() - pending.len();
-    progress.line(&format!(
-        "{} runs in this {}, {} already finished",
-        runs.len(),
-        options.shard.map_or("grid".to_string(), |s| format!(
-            "shard {}/{}",
-            s.index, s.count
-        )),
-        skipped
-    ));
+    )
+}
 
-    // Every pending run's samples through the backbones first, with all cores.
+/// Every pending run's samples through the backbones first, with all cores; a dataset whose
+/// cache cannot be filled ahead is said, and its runs say why when they fail.
+fn fill_caches(grid: &Grid, pending: &[(String, FinetuneJob)], progress: &dyn Progress) {
     for dataset in &grid.datasets {
         let group: Vec<FinetuneJob> = pending
             .iter()
@@ -382,11 +437,25 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
             progress.warn(&format!("{dataset}: features not cached ahead: {err:#}"));
         }
     }
+}
 
-    // Then the runs, in stacks that train together, `jobs` stacks at a time.
+/// What the stacks' workers did: runs finished, and runs failed with why.
+struct Trained {
+    finished: usize,
+    failed: Vec<(String, String)>,
+}
+
+/// The pending runs in stacks that train together, `--jobs` stacks at a time, each run's line
+/// said as it ends; stops taking stacks when the user stops the grid.
+fn train_stacks(
+    options: &DriverOptions,
+    pending: Vec<(String, FinetuneJob)>,
+    pools: &Pools,
+    progress: &dyn Progress,
+) -> Trained {
     let models_dir = options.places.models_dir.as_deref();
-    let pending: Vec<(String, FinetuneJob)> = pending.into_iter().cloned().collect();
     let total_pending = pending.len();
+    let test_len_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.3);
     let mut stacked = stack_plan::stacks(
         pending,
         options.stack_memory,
@@ -407,65 +476,40 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
     let next = AtomicUsize::new(0);
     let failed = Mutex::new(Vec::new());
     let done = AtomicUsize::new(0);
-    let finished_now = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let worker = || {
+        while crate::interrupt::requested().is_none() {
+            let Some(stack) = stacked.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                break;
+            };
+            for (id, result) in train_stack_and_write(stack) {
+                let count = done.fetch_add(1, Ordering::SeqCst) + 1;
+                let line = match result {
+                    Ok(line) => {
+                        finished.fetch_add(1, Ordering::SeqCst);
+                        line
+                    }
+                    Err(err) => {
+                        failed
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((id.clone(), format!("{err:#}")));
+                        format!("FAILED: {err:#}")
+                    }
+                };
+                progress.line(&format!("[{count}/{total_pending}] {id}: {line}"));
+            }
+        }
+    };
     std::thread::scope(|scope| {
         for _ in 0..workers {
-            scope.spawn(|| {
-                loop {
-                    if crate::interrupt::requested().is_some() {
-                        break;
-                    }
-                    let k = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(stack) = stacked.get(k) else {
-                        break;
-                    };
-                    for (id, result) in train_stack_and_write(stack) {
-                        let count = done.fetch_add(1, Ordering::SeqCst) + 1;
-                        match result {
-                            Ok(line) => {
-                                finished_now.fetch_add(1, Ordering::SeqCst);
-                                progress.line(&format!("[{count}/{total_pending}] {id}: {line}"))
-                            }
-                            Err(err) => {
-                                progress.line(&format!(
-                                    "[{count}/{total_pending}] {id}: FAILED: {err:#}"
-                                ));
-                                failed
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .push((id.clone(), format!("{err:#}")));
-                            }
-                        }
-                    }
-                }
-            });
+            scope.spawn(worker);
         }
     });
-
-    if let Some(stop) = crate::interrupt::requested() {
-        let line = format!(
-            "{stop} after {} of {} runs; the same command continues the grid (a stopped run from its checkpoint)",
-            finished_now.load(Ordering::SeqCst),
-            total_pending
-        );
-        return Err(anyhow::Error::new(stop).context(line));
-    }
-    // A grid whose every run failed before writing its folder still gets its (empty) report, so
-    // the failures are what the user reads, not a missing folder.
-    crate::io::ensure_dir(&options.out)?;
-    let runs = collect(std::slice::from_ref(&options.out))?;
-    crate::report::reproduce::write_report(
-        &options.out,
-        &runs,
-        std::slice::from_ref(&options.out),
-        &[],
-    )?;
-    Ok(Outcome {
-        ran: total_pending,
-        skipped,
+    Trained {
+        finished: finished.into_inner(),
         failed: failed.into_inner().unwrap_or_else(|e| e.into_inner()),
-        left_out,
-    })
+    }
 }
 
 /// One stack's runs trained together, each one's outputs written: each run's one-line result or
