@@ -183,95 +183,108 @@ fn grid_of(experiment: library::Experiment, args: &GridArgs) -> Result<library::
 }
 
 pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
-    let (experiment, args) = match command {
-        ReproduceCommand::Table2(args) => (library::Experiment::Table2, args),
-        ReproduceCommand::Fig8(args) => (library::Experiment::Fig8, args),
-        ReproduceCommand::Fig9(args) => (library::Experiment::Fig9, args),
-        ReproduceCommand::Report(args) => {
-            let merged = library::merge(&args.dirs, &args.out, args.allow_partial)?;
-            for gap in &merged.gaps {
-                eprintln!("warning: partial report: {gap}");
-            }
-            println!(
-                "{} runs → {}",
-                merged.runs,
-                args.out.join("report.md").display()
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        ReproduceCommand::Snr(args) => {
-            if !args.dir.is_dir() {
-                anyhow::bail!("{}: no such result folder", args.dir.display());
-            }
-            let bars = report::finetune::Bars::default();
-            let done = library::snr_backfill::backfill(&args.dir, &args.places.places(), &bars)?;
-            println!(
-                "{} runs given their estimate ({} estimates), {} had one, {} left without",
-                done.filled,
-                done.estimates,
-                done.present,
-                done.refused.len()
-            );
-            for why in &done.refused {
-                eprintln!("error: {why}");
-            }
-            return Ok(if done.refused.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            });
-        }
-        ReproduceCommand::Slurm(args) => {
-            if args.shards == 0 {
-                anyhow::bail!("--shards must be at least 1");
-            }
-            if args.grid.shard.is_some() {
-                anyhow::bail!("--shard: the script gives each task its own shard; drop the flag");
-            }
-            grid_of(args.experiment, &args.grid)?;
-            let name = experiment_name(args.experiment);
-            let out = args
-                .grid
-                .out
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("results").join(name));
-            let out = std::path::absolute(&out).unwrap_or(out);
-            let env = [
-                ("BENIGN_DATA_DIR", args.grid.places.root.data_dir.clone()),
-                ("BENIGN_MODELS_DIR", args.grid.places.models_dir.clone()),
-                ("BENIGN_CACHE_DIR", args.grid.places.cache_dir.clone()),
-                (
-                    crate::data::fetch::MIRROR_ENV,
-                    args.grid.places.root.data_mirror.clone().map(PathBuf::from),
-                ),
-            ]
-            .into_iter()
-            .filter_map(|(k, flag)| {
-                flag.map(|p| p.display().to_string())
-                    .or_else(|| std::env::var(k).ok())
-                    .map(|v| (k.to_string(), v))
-            })
-            .collect();
-            let script = library::slurm::SlurmScript {
-                experiment: name.into(),
-                grid_args: args.grid.grid_flags(),
-                shards: args.shards,
-                out: out.clone(),
-                binary: std::env::current_exe().context("locating this binary")?,
-                time: args.time,
-                cpus_per_task: args.cpus_per_task,
-                mem: args.mem,
-                partition: args.partition,
-                env,
-            };
-            let path = out.join(format!("reproduce-{name}.sbatch"));
-            crate::io::ensure_dir(&out.join("logs"))?;
-            crate::io::write_atomic(&path, |w| Ok(w.write_all(script.render().as_bytes())?))?;
-            println!("{}", path.display());
-            eprintln!("{}", script.hint(&path));
-            return Ok(ExitCode::SUCCESS);
-        }
+    match command {
+        ReproduceCommand::Table2(args) => run_grid(library::Experiment::Table2, args),
+        ReproduceCommand::Fig8(args) => run_grid(library::Experiment::Fig8, args),
+        ReproduceCommand::Fig9(args) => run_grid(library::Experiment::Fig9, args),
+        ReproduceCommand::Report(args) => report_folders(args),
+        ReproduceCommand::Snr(args) => snr_backfill(args),
+        ReproduceCommand::Slurm(args) => slurm_script(args),
+    }
+}
+
+/// `reproduce report`: result folders merged into one report.
+fn report_folders(args: ReportArgs) -> Result<ExitCode> {
+    let merged = library::merge(&args.dirs, &args.out, args.allow_partial)?;
+    for gap in &merged.gaps {
+        eprintln!("warning: partial report: {gap}");
+    }
+    println!(
+        "{} runs → {}",
+        merged.runs,
+        args.out.join("report.md").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `reproduce snr`: the n·SNR² estimate given to every finished run of a result folder.
+fn snr_backfill(args: SnrArgs) -> Result<ExitCode> {
+    if !args.dir.is_dir() {
+        anyhow::bail!("{}: no such result folder", args.dir.display());
+    }
+    let bars = report::finetune::Bars::default();
+    let done = library::snr_backfill::backfill(&args.dir, &args.places.places(), &bars)?;
+    println!(
+        "{} runs given their estimate ({} estimates), {} had one, {} left without",
+        done.filled,
+        done.estimates,
+        done.present,
+        done.refused.len()
+    );
+    for why in &done.refused {
+        eprintln!("error: {why}");
+    }
+    Ok(if done.refused.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `reproduce slurm`: a job-array script whose tasks run one shard each.
+fn slurm_script(args: SlurmArgs) -> Result<ExitCode> {
+    if args.shards == 0 {
+        anyhow::bail!("--shards must be at least 1");
+    }
+    if args.grid.shard.is_some() {
+        anyhow::bail!("--shard: the script gives each task its own shard; drop the flag");
+    }
+    grid_of(args.experiment, &args.grid)?;
+    let name = experiment_name(args.experiment);
+    let out = args
+        .grid
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("results").join(name));
+    let out = std::path::absolute(&out).unwrap_or(out);
+    let env = [
+        ("BENIGN_DATA_DIR", args.grid.places.root.data_dir.clone()),
+        ("BENIGN_MODELS_DIR", args.grid.places.models_dir.clone()),
+        ("BENIGN_CACHE_DIR", args.grid.places.cache_dir.clone()),
+        (
+            crate::data::fetch::MIRROR_ENV,
+            args.grid.places.root.data_mirror.clone().map(PathBuf::from),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(k, flag)| {
+        flag.map(|p| p.display().to_string())
+            .or_else(|| std::env::var(k).ok())
+            .map(|v| (k.to_string(), v))
+    })
+    .collect();
+    let script = library::slurm::SlurmScript {
+        experiment: name.into(),
+        grid_args: args.grid.grid_flags(),
+        shards: args.shards,
+        out: out.clone(),
+        binary: std::env::current_exe().context("locating this binary")?,
+        time: args.time,
+        cpus_per_task: args.cpus_per_task,
+        mem: args.mem,
+        partition: args.partition,
+        env,
     };
+    let path = out.join(format!("reproduce-{name}.sbatch"));
+    crate::io::ensure_dir(&out.join("logs"))?;
+    crate::io::write_atomic(&path, |w| Ok(w.write_all(script.render().as_bytes())?))?;
+    println!("{}", path.display());
+    eprintln!("{}", script.hint(&path));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `reproduce table2|fig8|fig9`: the grid (or a shard of it), then its report.
+fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode> {
     super::check_jobs(args.jobs)?;
     if !(args.stack_memory.is_finite() && args.stack_memory > 0.0) {
         anyhow::bail!(

@@ -125,7 +125,6 @@ fn markdown(
     sources: &[PathBuf],
     figures: &[(&str, String)],
 ) -> Result<String> {
-    let table2 = paper::table2()?;
     let mut md = String::new();
     writeln!(
         md,
@@ -143,7 +142,21 @@ fn markdown(
             .join(", ")
     )?;
 
-    // Header: what each dataset actually ran with, and every deviation.
+    settings_section(&mut md, rows, cells)?;
+    table2_section(&mut md, cells)?;
+    verdict::markdown(&mut md, verdict_rows)?;
+    md.push_str(theory);
+    if !figures.is_empty() {
+        writeln!(md, "## Figures\n")?;
+        for (file, caption) in figures {
+            writeln!(md, "{caption}\n\n![{caption}]({file})\n")?;
+        }
+    }
+    Ok(md)
+}
+
+/// What each dataset ran with, beside the paper's settings, and every deviation the runs recorded.
+fn settings_section(md: &mut String, rows: &[ResultRow], cells: &[Cell]) -> Result<()> {
     writeln!(md, "## Settings and deviations\n")?;
     writeln!(
         md,
@@ -202,8 +215,12 @@ fn markdown(
         }
         writeln!(md)?;
     }
+    Ok(())
+}
 
-    // The table: ours beside the paper's.
+/// Table 2's cells, ours beside the paper's, with what each column means.
+fn table2_section(md: &mut String, cells: &[Cell]) -> Result<()> {
+    let table2 = paper::table2()?;
     writeln!(
         md,
         "## Table 2: train loss on the noisy labels and test accuracy\n"
@@ -254,15 +271,7 @@ fn markdown(
          selecting query (Fig. 9). QK eigen mean / var: of the real parts of the final query-key \
          matrix's eigenvalues, mean over heads (docs/protocol.md §5; definitions in `src/diagnostics/`).\n"
     )?;
-    verdict::markdown(&mut md, verdict_rows)?;
-    md.push_str(theory);
-    if !figures.is_empty() {
-        writeln!(md, "## Figures\n")?;
-        for (file, caption) in figures {
-            writeln!(md, "{caption}\n\n![{caption}]({file})\n")?;
-        }
-    }
-    Ok(md)
+    Ok(())
 }
 
 /// The verdict per (dataset, backbone, mode, n) of the cells, the paper's beside (verdicts.csv and
