@@ -294,6 +294,11 @@ pub fn dataset_dir(name: &DatasetName, root: &Path) -> PathBuf {
     root.join(name.id())
 }
 
+/// Class names from a list of literals.
+fn names(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
 /// Loads every split present. A missing training split is `None` (checked where it is needed);
 /// a missing test split is an error.
 pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
@@ -308,8 +313,7 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
             ),
         });
     }
-    let names = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let mut warnings = Vec::new();
+    let warnings = Vec::new();
     let dataset = match name {
         DatasetName::Mnist => Dataset {
             name: name.clone(),
@@ -319,77 +323,11 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
             test: mnist::load_split(&dir, "t10k")?,
             warnings: Vec::new(),
         },
-        DatasetName::Cifar10 => {
-            let batches = dir.join("cifar-10-batches-bin");
-            let (train, w) = cifar::load_batches(&batches, &cifar::TRAIN_BATCHES)?;
-            warnings.extend(w);
-            let (test, w) = cifar::load_batches(&batches, &[cifar::TEST_BATCH])?;
-            warnings.extend(w);
-            Dataset {
-                name: name.clone(),
-                class_names: names(&cifar::CLASS_NAMES),
-                train: Some(train),
-                val: None,
-                test,
-                warnings,
-            }
-        }
+        DatasetName::Cifar10 => load_cifar10(name, &dir)?,
         DatasetName::PneumoniaMnist | DatasetName::BreastMnist | DatasetName::OtherMedMnist(_) => {
-            let path = dir.join(format!("{}.npz", name.id()));
-            let known = name.manifest().map(|m| m.classes).filter(|c| !c.is_empty());
-            let num_classes = known.as_ref().map(Vec::len);
-            let train = medmnist::read_split(&path, "train", num_classes)?;
-            let val = medmnist::read_split(&path, "val", num_classes)?;
-            let test = medmnist::read_split(&path, "test", num_classes)?;
-            let class_names = match known {
-                Some(classes) => classes,
-                // Tasks without a manifest: classes named by index.
-                None => {
-                    let max = [&train, &val, &test]
-                        .iter()
-                        .flat_map(|s| s.labels.iter())
-                        .max()
-                        .copied()
-                        .unwrap_or(0);
-                    (0..=max).map(|k| k.to_string()).collect()
-                }
-            };
-            Dataset {
-                name: name.clone(),
-                class_names,
-                train: Some(train),
-                val: Some(val),
-                test,
-                warnings,
-            }
+            load_medmnist(name, &dir)?
         }
-        DatasetName::AgNews => {
-            let classes_path = dir.join("classes.txt");
-            let class_names = if crate::io::is_present(&classes_path) {
-                agnews::load_class_names(&classes_path)?
-            } else {
-                names(&agnews::DEFAULT_CLASS_NAMES)
-            };
-            let train_path = dir.join("train.csv");
-            let train = if crate::io::is_present(&train_path) {
-                Some(agnews::load_csv(&train_path)?)
-            } else {
-                warnings.push(format!(
-                    "{}: missing; the training split is absent",
-                    train_path.display()
-                ));
-                None
-            };
-            let test = agnews::load_csv(&dir.join("test.csv"))?;
-            Dataset {
-                name: name.clone(),
-                class_names,
-                train,
-                val: None,
-                test,
-                warnings,
-            }
-        }
+        DatasetName::AgNews => load_agnews(name, &dir)?,
         DatasetName::Trec => Dataset {
             name: name.clone(),
             class_names: names(&trec::CLASS_NAMES),
@@ -424,6 +362,86 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
     };
     check_splits(&dataset)?;
     Ok(dataset)
+}
+
+/// CIFAR-10's binary batches: five training batches and the test batch.
+fn load_cifar10(name: &DatasetName, dir: &Path) -> Result<Dataset> {
+    let mut warnings: Vec<String> = Vec::new();
+    let batches = dir.join("cifar-10-batches-bin");
+    let (train, w) = cifar::load_batches(&batches, &cifar::TRAIN_BATCHES)?;
+    warnings.extend(w);
+    let (test, w) = cifar::load_batches(&batches, &[cifar::TEST_BATCH])?;
+    warnings.extend(w);
+    Ok(Dataset {
+        name: name.clone(),
+        class_names: names(&cifar::CLASS_NAMES),
+        train: Some(train),
+        val: None,
+        test,
+        warnings,
+    })
+}
+
+/// A MedMNIST npz file: its train, val and test arrays; classes from the manifest, else by index.
+fn load_medmnist(name: &DatasetName, dir: &Path) -> Result<Dataset> {
+    let warnings: Vec<String> = Vec::new();
+    let path = dir.join(format!("{}.npz", name.id()));
+    let known = name.manifest().map(|m| m.classes).filter(|c| !c.is_empty());
+    let num_classes = known.as_ref().map(Vec::len);
+    let train = medmnist::read_split(&path, "train", num_classes)?;
+    let val = medmnist::read_split(&path, "val", num_classes)?;
+    let test = medmnist::read_split(&path, "test", num_classes)?;
+    let class_names = match known {
+        Some(classes) => classes,
+        // Tasks without a manifest: classes named by index.
+        None => {
+            let max = [&train, &val, &test]
+                .iter()
+                .flat_map(|s| s.labels.iter())
+                .max()
+                .copied()
+                .unwrap_or(0);
+            (0..=max).map(|k| k.to_string()).collect()
+        }
+    };
+    Ok(Dataset {
+        name: name.clone(),
+        class_names,
+        train: Some(train),
+        val: Some(val),
+        test,
+        warnings,
+    })
+}
+
+/// AG-news's CSV files; the training file may be absent (offline copies hold only the test file).
+fn load_agnews(name: &DatasetName, dir: &Path) -> Result<Dataset> {
+    let mut warnings: Vec<String> = Vec::new();
+    let classes_path = dir.join("classes.txt");
+    let class_names = if crate::io::is_present(&classes_path) {
+        agnews::load_class_names(&classes_path)?
+    } else {
+        names(&agnews::DEFAULT_CLASS_NAMES)
+    };
+    let train_path = dir.join("train.csv");
+    let train = if crate::io::is_present(&train_path) {
+        Some(agnews::load_csv(&train_path)?)
+    } else {
+        warnings.push(format!(
+            "{}: missing; the training split is absent",
+            train_path.display()
+        ));
+        None
+    };
+    let test = agnews::load_csv(&dir.join("test.csv"))?;
+    Ok(Dataset {
+        name: name.clone(),
+        class_names,
+        train,
+        val: None,
+        test,
+        warnings,
+    })
 }
 
 /// What every run relies on, whatever the loader: the splits that are present hold samples, and
