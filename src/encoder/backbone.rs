@@ -93,11 +93,92 @@ pub fn weights(path: &Path, device: &Device) -> Result<VarBuilder<'static>> {
     unsafe { VarBuilder::from_mmaped_safetensors(&[path], DType::F32, device) }.map_err(read)
 }
 
+/// A config.json error, naming the file.
+fn bad_config(files: &BackboneFiles, e: String) -> anyhow::Error {
+    anyhow!("{}: {e}", files.config.display())
+}
+
+/// A config.json that does not parse as the model's config, naming the file and the place.
+fn parse_error(files: &BackboneFiles, config_text: &str, e: &serde_json::Error) -> anyhow::Error {
+    bad_config(files, super::json_error(config_text, e))
+}
+
+/// A Hugging Face ViT: its config checked against the preprocessor's image size.
+fn hf_vit(
+    files: &BackboneFiles,
+    config_text: &str,
+    vb: VarBuilder<'static>,
+) -> Result<(Model, Preprocessing)> {
+    let config: VitConfig =
+        serde_json::from_str(&config_text).map_err(|e| parse_error(files, config_text, &e))?;
+    config.check().map_err(|e| bad_config(files, e))?;
+    let path = files.preprocessor.as_ref().ok_or_else(|| {
+        anyhow!(
+            "{}: a ViT backbone needs preprocessor_config.json beside config.json",
+            files.id
+        )
+    })?;
+    let preprocessor = ImagePreprocessor::from_file(path)?;
+    if let Some((h, w)) = preprocessor.size
+        && (h, w) != (config.image_size, config.image_size)
+    {
+        bail!(
+            "{}: size {h}×{w} does not match image_size {} of {}",
+            path.display(),
+            config.image_size,
+            files.config.display()
+        );
+    }
+    let model = Vit::load(vb, &config)
+        .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
+    Ok((Model::Vit(model), Preprocessing::Image(preprocessor)))
+}
+
+/// A Hugging Face BERT: its config checked against the padded length and its tokenizer's vocabulary.
+fn hf_bert(
+    files: &BackboneFiles,
+    config_text: &str,
+    vb: VarBuilder<'static>,
+    text: TextOptions,
+) -> Result<(Model, Preprocessing)> {
+    let config: BertConfig =
+        serde_json::from_str(&config_text).map_err(|e| parse_error(files, config_text, &e))?;
+    config.check().map_err(|e| bad_config(files, e))?;
+    if text.max_length > config.max_position_embeddings {
+        bail!(
+            "{}: max_position_embeddings {} is below the {} tokens a sentence is padded to (the authors' max_length); a BERT backbone needs at least {}",
+            files.config.display(),
+            config.max_position_embeddings,
+            text.max_length,
+            text.max_length
+        );
+    }
+    let path = files.tokenizer.as_ref().ok_or_else(|| {
+        anyhow!(
+            "{}: a BERT backbone needs tokenizer.json beside config.json",
+            files.id
+        )
+    })?;
+    let model = Bert::load(vb, &config)
+        .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
+    let tokenizer = TextPreprocessor::from_file(path, text.max_length, text.special_tokens)?;
+    // An id past the word embeddings would stop extraction midway, naming neither.
+    let ids = tokenizer.vocabulary_size();
+    if ids > config.vocab_size {
+        bail!(
+            "{}: its vocabulary holds {ids} token ids, more than the {} rows of {}'s word embeddings (vocab_size in {}): the tokenizer is not this backbone's",
+            path.display(),
+            config.vocab_size,
+            files.id,
+            files.config.display()
+        );
+    }
+    Ok((Model::Bert(model), Preprocessing::Text(Box::new(tokenizer))))
+}
+
 impl Backbone {
     pub fn load(files: BackboneFiles, device: &Device, text: TextOptions) -> Result<Self> {
         let config_text = crate::io::read_input_text(&files.config, crate::io::limits::SMALL_TEXT)?;
-        let bad_config = |e: String| anyhow!("{}: {e}", files.config.display());
-        let parse_error = |e: serde_json::Error| bad_config(super::json_error(&config_text, &e));
         let weights_sha256 = digests(&files.weights)?.sha256;
         if super::timm::is_timm(&config_text) {
             let (config, vb, preprocessor) =
@@ -114,72 +195,15 @@ impl Backbone {
             ));
         }
         let kind: ModelType = serde_json::from_str(&config_text).map_err(|e| {
-            bad_config(format!(
-                "not a JSON config: {}",
-                super::json_error(&config_text, &e)
-            ))
+            bad_config(
+                &files,
+                format!("not a JSON config: {}", super::json_error(&config_text, &e)),
+            )
         })?;
         let vb = weights(&files.weights, device)?;
         let (model, preprocessing) = match kind.model_type.as_deref() {
-            Some("vit") => {
-                let config: VitConfig = serde_json::from_str(&config_text).map_err(parse_error)?;
-                config.check().map_err(bad_config)?;
-                let path = files.preprocessor.as_ref().ok_or_else(|| {
-                    anyhow!(
-                        "{}: a ViT backbone needs preprocessor_config.json beside config.json",
-                        files.id
-                    )
-                })?;
-                let preprocessor = ImagePreprocessor::from_file(path)?;
-                if let Some((h, w)) = preprocessor.size
-                    && (h, w) != (config.image_size, config.image_size)
-                {
-                    bail!(
-                        "{}: size {h}×{w} does not match image_size {} of {}",
-                        path.display(),
-                        config.image_size,
-                        files.config.display()
-                    );
-                }
-                let model = Vit::load(vb, &config)
-                    .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
-                (Model::Vit(model), Preprocessing::Image(preprocessor))
-            }
-            Some("bert") => {
-                let config: BertConfig = serde_json::from_str(&config_text).map_err(parse_error)?;
-                config.check().map_err(bad_config)?;
-                if text.max_length > config.max_position_embeddings {
-                    bail!(
-                        "{}: max_position_embeddings {} is below the {} tokens a sentence is padded to (the authors' max_length); a BERT backbone needs at least {}",
-                        files.config.display(),
-                        config.max_position_embeddings,
-                        text.max_length,
-                        text.max_length
-                    );
-                }
-                let path = files.tokenizer.as_ref().ok_or_else(|| {
-                    anyhow!(
-                        "{}: a BERT backbone needs tokenizer.json beside config.json",
-                        files.id
-                    )
-                })?;
-                let model = Bert::load(vb, &config)
-                    .with_context(|| format!("{}: weights do not fit config.json", files.id))?;
-                let tokenizer =
-                    TextPreprocessor::from_file(path, text.max_length, text.special_tokens)?;
-                // An id past the word embeddings would stop extraction midway, naming neither.
-                let ids = tokenizer.vocabulary_size();
-                if ids > config.vocab_size {
-                    bail!(
-                        "{}: its vocabulary holds {ids} token ids, more than the {} rows of {}'s word embeddings (vocab_size in {}): the tokenizer is not this backbone's",
-                        path.display(),
-                        config.vocab_size,
-                        files.id,
-                        files.config.display()
-                    );
-                }
-                (Model::Bert(model), Preprocessing::Text(Box::new(tokenizer)))
-            }
+            Some("vit") => hf_vit(&files, &config_text, vb)?,
+            Some("bert") => hf_bert(&files, &config_text, vb, text)?,
             other => bail!(
                 "{}: model_type {other:?} is not supported (vit or bert)",
                 files.config.display()
