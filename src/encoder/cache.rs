@@ -645,14 +645,15 @@ fn safetensors_header(file: &std::fs::File) -> Result<(HashMap<String, TensorInf
     Ok((infos, 8 + size as u64))
 }
 
-/// Opens a shard checked against its sidecar: each small tensor's sha256, shapes and finite
-/// values; the layer inputs stay on disk (each sample is checked when read).
-fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
+/// The shard's small tensors (cls, mean, lengths), each read whole and checked against the
+/// sha256 its sidecar recorded.
+fn checked_small_tensors(
+    file: &std::fs::File,
+    infos: &HashMap<String, TensorInfo>,
+    data_start: u64,
+    sidecar: &Sidecar,
+) -> Result<HashMap<String, Tensor>> {
     use std::os::unix::fs::FileExt;
-    let (file, _) = crate::io::open_input(path, crate::io::limits::TENSORS)?;
-    let (infos, data_start) = safetensors_header(&file)?;
-    let key = &sidecar.key;
-    let n = key.release_index.len();
     let mut small = HashMap::new();
     for (name, expected_sha) in &sidecar.tensor_sha256 {
         let info = infos
@@ -678,6 +679,17 @@ fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
         let tensor = Tensor::from_raw_buffer(&bytes, dtype, &info.shape, &Device::Cpu)?;
         small.insert(name.clone(), tensor);
     }
+    Ok(small)
+}
+
+/// Opens a shard checked against its sidecar: each small tensor's sha256, shapes and finite
+/// values; the layer inputs stay on disk (each sample is checked when read).
+fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
+    let (file, _) = crate::io::open_input(path, crate::io::limits::TENSORS)?;
+    let (infos, data_start) = safetensors_header(&file)?;
+    let key = &sidecar.key;
+    let n = key.release_index.len();
+    let small = checked_small_tensors(&file, &infos, data_start, sidecar)?;
     let hidden = infos
         .get("cls")
         .and_then(|i| i.shape.get(1).copied())

@@ -155,18 +155,8 @@ pub fn resolve_with(
         )),
     }
     // A complete cache entry; an incomplete one (a download cut short) is completed below.
-    let cached = hub.cache.model(repo_id.to_string());
-    let cached_weights = cached.get(WEIGHTS).or_else(|| cached.get(PYTORCH_WEIGHTS));
-    if let (Some(config), Some(weights)) = (cached.get("config.json"), cached_weights) {
-        let folder = config.parent().map_or_else(PathBuf::new, Path::to_path_buf);
-        return Ok(BackboneFiles {
-            id: id.to_string(),
-            config,
-            weights,
-            preprocessor: cached.get("preprocessor_config.json"),
-            tokenizer: cached.get("tokenizer.json"),
-            source: format!("Hugging Face cache {}", folder.display()),
-        });
+    if let Some(files) = from_hf_cache(id, repo_id, hub) {
+        return Ok(files);
     }
     searched.push(format!(
         "{} (Hugging Face cache)",
@@ -179,6 +169,33 @@ pub fn resolve_with(
             searched.join("; ")
         );
     }
+    download(id, repo_id, hub, &searched)
+}
+
+/// The backbone's files from the Hugging Face cache, when the entry holds a config and weights.
+fn from_hf_cache(id: &str, repo_id: &str, hub: &HubSettings) -> Option<BackboneFiles> {
+    let cached = hub.cache.model(repo_id.to_string());
+    let cached_weights = cached.get(WEIGHTS).or_else(|| cached.get(PYTORCH_WEIGHTS));
+    let (config, weights) = (cached.get("config.json")?, cached_weights?);
+    let folder = config.parent().map_or_else(PathBuf::new, Path::to_path_buf);
+    Some(BackboneFiles {
+        id: id.to_string(),
+        config,
+        weights,
+        preprocessor: cached.get("preprocessor_config.json"),
+        tokenizer: cached.get("tokenizer.json"),
+        source: format!("Hugging Face cache {}", folder.display()),
+    })
+}
+
+/// The backbone's files downloaded from the hub (into its cache), the optional ones where the
+/// repository has them; `searched` names where they were looked for first.
+fn download(
+    id: &str,
+    repo_id: &str,
+    hub: &HubSettings,
+    searched: &[String],
+) -> Result<BackboneFiles> {
     let mut found = Vec::new();
     for (name, required) in HUB_FILES {
         let fetched = match hub_file(hub, repo_id, name) {
