@@ -111,85 +111,97 @@ fn manifests(requested: &[String]) -> Result<Vec<(String, data::catalog::Manifes
 
 pub fn run(command: DataCommand) -> Result<ExitCode> {
     match command {
-        DataCommand::List(args) => {
-            let root = data::data_root(args.data_dir.as_deref());
-            println!("data root: {}", root.display());
-            for name in DatasetName::all() {
-                match data::load(&name, &root) {
-                    Ok(dataset) => println!("{}", data::catalog::Completeness::of(&dataset).line()),
-                    Err(err) => println!("{name}: unavailable: {err}"),
-                }
-            }
-            let annotations = root.join("cifar10n").join(data::cifar10n::FILE_NAME);
-            match data::cifar10n::load(&annotations, data::cifar10n::HumanLabels::Aggre) {
-                Ok(a) => println!(
-                    "cifar10n: {}/{} annotations, complete",
-                    a.human.len(),
-                    data::cifar10n::TRAIN_IMAGES
-                ),
-                Err(err) => println!("cifar10n: unavailable: {err}"),
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        DataCommand::Verify(args) => {
-            let root = data::data_root(args.root.data_dir.as_deref());
-            let mut failures = 0;
-            for (name, manifest) in manifests(&args.datasets)? {
-                for (path, status) in data::catalog::verify(&manifest, &root)? {
-                    let shown = path.strip_prefix(&root).unwrap_or(&path);
-                    println!("{name}: {}: {status}", shown.display());
-                    // A missing file is not the official release either.
-                    failures += usize::from(!status.is_ok());
-                }
-            }
-            if failures > 0 {
-                println!("{failures} file(s) missing or differing from the official releases");
-                return Ok(ExitCode::from(1));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        DataCommand::Fetch(args) => {
-            let root = data::data_root(args.root.data_dir.as_deref());
-            for (name, manifest) in manifests(&args.datasets)? {
-                let report = data::fetch::fetch(&manifest, &root, args.root.mirror().as_deref())?;
-                println!(
-                    "{name}: {} downloaded, {} already present",
-                    report.downloaded.len(),
-                    report.already_present.len()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        DataCommand::Split(args) => {
-            let root = data::data_root(args.root.data_dir.as_deref());
-            let dataset = data::load(&args.dataset, &root)?;
-            for warning in &dataset.warnings {
-                eprintln!("warning: {warning}");
-            }
-            let plan = SplitPlan {
-                pretrain_n: args.pretrain_n,
-                n: args.n,
-                test_n: args.test_n,
-                seed: args.seed,
-                carve_train_from_test: args.carve_train_from_test,
-                rng: args.rng,
-            };
-            let noise = NoiseSpec {
-                model: args.noise,
-                eta: args.eta,
-                seed: args.noise_seed.unwrap_or(args.seed),
-            };
-            let prepared = prepare(&dataset, &plan, &noise, &root)?;
-            if let Some(out) = &args.out {
-                crate::io::write_json(out, &report::data::drawn_rows(&dataset, &plan, &prepared))?;
-            }
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report::data::split_summary(
-                    &dataset, &prepared, &plan, &noise
-                ))?
-            );
-            Ok(ExitCode::SUCCESS)
+        DataCommand::List(args) => list(args),
+        DataCommand::Verify(args) => verify(args),
+        DataCommand::Fetch(args) => fetch(args),
+        DataCommand::Split(args) => split(args),
+    }
+}
+
+/// `data list`: every dataset's completeness under the data root.
+fn list(args: DataDirArg) -> Result<ExitCode> {
+    let root = data::data_root(args.data_dir.as_deref());
+    println!("data root: {}", root.display());
+    for name in DatasetName::all() {
+        match data::load(&name, &root) {
+            Ok(dataset) => println!("{}", data::catalog::Completeness::of(&dataset).line()),
+            Err(err) => println!("{name}: unavailable: {err}"),
         }
     }
+    let annotations = root.join("cifar10n").join(data::cifar10n::FILE_NAME);
+    match data::cifar10n::load(&annotations, data::cifar10n::HumanLabels::Aggre) {
+        Ok(a) => println!(
+            "cifar10n: {}/{} annotations, complete",
+            a.human.len(),
+            data::cifar10n::TRAIN_IMAGES
+        ),
+        Err(err) => println!("cifar10n: unavailable: {err}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `data verify`: every file of the datasets against the official releases' digests.
+fn verify(args: DatasetsArgs) -> Result<ExitCode> {
+    let root = data::data_root(args.root.data_dir.as_deref());
+    let mut failures = 0;
+    for (name, manifest) in manifests(&args.datasets)? {
+        for (path, status) in data::catalog::verify(&manifest, &root)? {
+            let shown = path.strip_prefix(&root).unwrap_or(&path);
+            println!("{name}: {}: {status}", shown.display());
+            // A missing file is not the official release either.
+            failures += usize::from(!status.is_ok());
+        }
+    }
+    if failures > 0 {
+        println!("{failures} file(s) missing or differing from the official releases");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `data fetch`: the datasets' missing files downloaded.
+fn fetch(args: DatasetsArgs) -> Result<ExitCode> {
+    let root = data::data_root(args.root.data_dir.as_deref());
+    for (name, manifest) in manifests(&args.datasets)? {
+        let report = data::fetch::fetch(&manifest, &root, args.root.mirror().as_deref())?;
+        println!(
+            "{name}: {} downloaded, {} already present",
+            report.downloaded.len(),
+            report.already_present.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `data split`: one run's split and labels, summarised (and written with --out).
+fn split(args: SplitArgs) -> Result<ExitCode> {
+    let root = data::data_root(args.root.data_dir.as_deref());
+    let dataset = data::load(&args.dataset, &root)?;
+    for warning in &dataset.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let plan = SplitPlan {
+        pretrain_n: args.pretrain_n,
+        n: args.n,
+        test_n: args.test_n,
+        seed: args.seed,
+        carve_train_from_test: args.carve_train_from_test,
+        rng: args.rng,
+    };
+    let noise = NoiseSpec {
+        model: args.noise,
+        eta: args.eta,
+        seed: args.noise_seed.unwrap_or(args.seed),
+    };
+    let prepared = prepare(&dataset, &plan, &noise, &root)?;
+    if let Some(out) = &args.out {
+        crate::io::write_json(out, &report::data::drawn_rows(&dataset, &plan, &prepared))?;
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report::data::split_summary(
+            &dataset, &prepared, &plan, &noise
+        ))?
+    );
+    Ok(ExitCode::SUCCESS)
 }
