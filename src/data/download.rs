@@ -154,27 +154,36 @@ fn one_try(
     if file.bytes.is_some_and(|b| have >= b) {
         return Ok(()); // complete: the caller checks it
     }
+    match request_rest(agent, url, have)? {
+        Some(response) => copy_body(response, file, part, have),
+        // The server has nothing after `have`: what is there is checked as it is.
+        None => Ok(()),
+    }
+}
+
+/// The server's answer to a request for the bytes after `have`; `None` where it has none.
+fn request_rest(
+    agent: &ureq::Agent,
+    url: &str,
+    have: u64,
+) -> Result<Option<ureq::Response>, Failure> {
     let mut request = agent.get(url);
     if have > 0 {
         request = request.set("Range", &format!("bytes={have}-"));
     }
-    let response = match request.call() {
-        Ok(r) => r,
-        Err(ureq::Error::Status(code, r)) if code >= 500 || code == 429 => {
-            return Err(Failure::Transient(format!(
-                "HTTP {code} {}",
-                r.status_text()
-            )));
-        }
-        // The server has nothing after `have`: what is there is checked as it is.
-        Err(ureq::Error::Status(416, _)) if have > 0 => return Ok(()),
+    match request.call() {
+        Ok(r) => Ok(Some(r)),
+        Err(ureq::Error::Status(code, r)) if code >= 500 || code == 429 => Err(Failure::Transient(
+            format!("HTTP {code} {}", r.status_text()),
+        )),
+        Err(ureq::Error::Status(416, _)) if have > 0 => Ok(None),
         Err(ureq::Error::Status(code, r)) => {
-            return Err(Failure::Final(format!("HTTP {code} {}", r.status_text())));
+            Err(Failure::Final(format!("HTTP {code} {}", r.status_text())))
         }
         Err(ureq::Error::Transport(t)) => {
             use ureq::ErrorKind::{ConnectionFailed, Dns, Io};
             let why = t.to_string();
-            return Err(match t.kind() {
+            Err(match t.kind() {
                 // Offline or no server: another try would fail alike.
                 Dns | ConnectionFailed => Failure::Final(format!("unreachable: {why}")),
                 // A server that accepted the connection and says nothing: not worth the wait
@@ -184,9 +193,20 @@ fn one_try(
                     stall().as_secs_f64()
                 )),
                 _ => Failure::Transient(format!("failed: {why}")),
-            });
+            })
         }
-    };
+    }
+}
+
+/// The response's body appended to `part` (or written over it where the server sends the whole
+/// file), with a progress bar; a stop or a cut transfer keeps what came.
+fn copy_body(
+    response: ureq::Response,
+    file: &ManifestFile,
+    part: &File,
+    have: u64,
+) -> Result<(), Failure> {
+    let io = |e: std::io::Error| Failure::Final(format!("writing the partial file: {e}"));
     let resumed = response.status() == 206;
     if !resumed {
         // The server sends the whole file: start over.
