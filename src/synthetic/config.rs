@@ -113,88 +113,16 @@ impl SyntheticConfig {
 
     /// Rejects values outside the model's domain, naming the flag and the expected range.
     pub fn validate(&self) -> Result<()> {
-        let unit = |ok: bool, flag: &str, expected: &str, got: String| -> Result<()> {
-            if ok {
-                Ok(())
-            } else {
-                bail!("--{flag} must be {expected}, got {got}")
-            }
-        };
-        unit(
-            self.seq_len >= 3,
-            "seq-len",
-            "at least 3 (x_1, x_2, x_3 are fixed roles)",
-            self.seq_len.to_string(),
-        )?;
-        unit(
-            self.embed_dim >= 2,
-            "embed-dim",
-            "at least 2 (μ_{±1} use e_1 and e_2)",
-            self.embed_dim.to_string(),
-        )?;
-        unit(
-            self.train_n >= 2,
-            "train-n",
-            "at least 2 (one sample per class)",
-            self.train_n.to_string(),
-        )?;
-        unit(
-            self.test_n >= 1,
-            "test-n",
-            "at least 1",
-            self.test_n.to_string(),
-        )?;
-        unit(
-            self.rho.is_finite() && self.rho >= 0.0,
-            "rho",
-            "a finite number ≥ 0",
-            self.rho.to_string(),
-        )?;
-        unit(
-            self.signal_norm > 0.0 && self.signal_norm <= MAX_SIGNAL_NORM,
-            "signal-norm",
-            "a number in (0, 1e12] (the head ν is scaled by 1/‖μ‖; beyond, the tokens' f32 \
-             products overflow)",
-            self.signal_norm.to_string(),
-        )?;
-        unit(
-            (0.0..=0.5).contains(&self.noise_ratio),
-            "noise-ratio",
-            "in [0, 0.5]",
-            self.noise_ratio.to_string(),
-        )?;
-        unit(
-            self.learning_rate.is_finite() && self.learning_rate > 0.0,
-            "learning-rate",
-            "a finite number > 0",
-            self.learning_rate.to_string(),
-        )?;
-        unit(
-            (1..=MAX_STEPS).contains(&self.num_steps),
-            "num-steps",
-            "in 1..=100000000 (the paper runs 1000)",
-            self.num_steps.to_string(),
-        )?;
-        unit(
-            self.log_interval >= 1,
-            "log-interval",
-            "at least 1",
-            self.log_interval.to_string(),
-        )?;
-        unit(
-            self.locater.is_finite() && self.locater >= 0.0,
-            "locater",
-            "a finite number ≥ 0",
-            self.locater.to_string(),
-        )?;
+        self.check_shapes()?;
+        self.check_training()?;
         if let Some(encoder) = &self.encoder {
-            unit(
+            require(
                 encoder.mlp_dim >= 1,
                 "mlp-dim",
                 "at least 1",
                 encoder.mlp_dim.to_string(),
             )?;
-            unit(
+            require(
                 self.locater == 0.0,
                 "locater",
                 "0 with --model encoder (the penalty is the token selector's)",
@@ -203,6 +131,83 @@ impl SyntheticConfig {
         }
         // Before knowing the engine: even the cheaper one must fit.
         self.check_memory(None, false, &Available::now())
+    }
+
+    /// The sequence, the width and the sample counts.
+    fn check_shapes(&self) -> Result<()> {
+        require(
+            self.seq_len >= 3,
+            "seq-len",
+            "at least 3 (x_1, x_2, x_3 are fixed roles)",
+            self.seq_len.to_string(),
+        )?;
+        require(
+            self.embed_dim >= 2,
+            "embed-dim",
+            "at least 2 (μ_{±1} use e_1 and e_2)",
+            self.embed_dim.to_string(),
+        )?;
+        require(
+            self.train_n >= 2,
+            "train-n",
+            "at least 2 (one sample per class)",
+            self.train_n.to_string(),
+        )?;
+        require(
+            self.test_n >= 1,
+            "test-n",
+            "at least 1",
+            self.test_n.to_string(),
+        )?;
+        Ok(())
+    }
+
+    /// The data's signal and noise, and the training's step, length and penalty.
+    fn check_training(&self) -> Result<()> {
+        require(
+            self.rho.is_finite() && self.rho >= 0.0,
+            "rho",
+            "a finite number ≥ 0",
+            self.rho.to_string(),
+        )?;
+        require(
+            self.signal_norm > 0.0 && self.signal_norm <= MAX_SIGNAL_NORM,
+            "signal-norm",
+            "a number in (0, 1e12] (the head ν is scaled by 1/‖μ‖; beyond, the tokens' f32 \
+             products overflow)",
+            self.signal_norm.to_string(),
+        )?;
+        require(
+            (0.0..=0.5).contains(&self.noise_ratio),
+            "noise-ratio",
+            "in [0, 0.5]",
+            self.noise_ratio.to_string(),
+        )?;
+        require(
+            self.learning_rate.is_finite() && self.learning_rate > 0.0,
+            "learning-rate",
+            "a finite number > 0",
+            self.learning_rate.to_string(),
+        )?;
+        require(
+            (1..=MAX_STEPS).contains(&self.num_steps),
+            "num-steps",
+            "in 1..=100000000 (the paper runs 1000)",
+            self.num_steps.to_string(),
+        )?;
+        require(
+            self.log_interval >= 1,
+            "log-interval",
+            "at least 1",
+            self.log_interval.to_string(),
+        )?;
+        require(
+            self.locater.is_finite() && self.locater >= 0.0,
+            "locater",
+            "a finite number ≥ 0",
+            self.locater.to_string(),
+        )?;
+        Ok(())
     }
 
     /// [`validate`](Self::validate), and the memory `engine` needs must fit.
@@ -354,6 +359,15 @@ fn engine_name(engine: EngineKind) -> String {
     engine
         .to_possible_value()
         .map_or_else(|| format!("{engine:?}"), |v| v.get_name().to_string())
+}
+
+/// `Ok` where `ok`, else the flag's one-line error: what it must be, and what it got.
+fn require(ok: bool, flag: &str, expected: &str, got: String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        bail!("--{flag} must be {expected}, got {got}")
+    }
 }
 
 #[cfg(test)]
