@@ -317,84 +317,106 @@ fn noise_sweep(path: &Path, rows: &[ResultRow], colors: &DatasetColors) -> Resul
         .cloned()
         .collect();
     let cells = aggregate(&sweep_rows);
-    let sweep: Vec<&Cell> = cells.iter().collect();
-    let mut lines: Vec<(String, String)> = Vec::new();
-    for c in &sweep {
-        let line = (c.dataset.clone(), c.mode.clone());
-        if !lines.contains(&line) {
-            lines.push(line);
-        }
-    }
-    let of = |(dataset, mode): &(String, String)| -> Vec<&Cell> {
-        sweep
-            .iter()
-            .copied()
-            .filter(|c| &c.dataset == dataset && &c.mode == mode)
-            .collect()
-    };
-    if !lines.iter().any(|l| of(l).len() >= 2) {
+    let lines = sweep_lines(&cells);
+    if !lines.iter().any(|line| line.cells.len() >= 2) {
         return Ok(false);
     }
-    let other_modes: BTreeSet<&str> = lines
-        .iter()
-        .map(|(_, mode)| mode.as_str())
-        .filter(|mode| *mode != Mode::LastLayer.name())
-        .collect();
-    let panel = |title: &str, y: fn(&Cell) -> f64| {
-        let mut series: Vec<Series> = lines
-            .iter()
-            .map(|line| Series {
-                label: None,
-                color: colors.color(&line.0),
-                width: 1,
-                dashed: line.1 != Mode::LastLayer.name(),
-                markers: true,
-                points: of(line).iter().map(|c| (c.eta, y(c))).collect(),
-            })
-            .collect();
-        // The legend: each dataset once (a solid line in its colour), each dashed mode once (grey).
-        let datasets: BTreeSet<&str> = lines.iter().map(|(d, _)| d.as_str()).collect();
-        let key = |label: String, color, dashed| Series {
-            label: Some(label),
-            color,
-            width: 2,
-            dashed,
-            markers: false,
-            points: Vec::new(),
-        };
-        series.extend(
-            datasets
-                .iter()
-                .map(|d| key(d.to_string(), colors.color(d), false)),
-        );
-        series.extend(
-            other_modes
-                .iter()
-                .map(|mode| key(format!("dashed: {mode} mode"), PALETTE[7], true)),
-        );
-        let top = series
-            .iter()
-            .flat_map(|s| s.points.iter().map(|p| p.1))
-            .fold(0.0f64, f64::max);
-        LinePanel {
-            title: title.into(),
-            x_label: "label-noise rate η".into(),
-            y_label: "cross-entropy".into(),
-            y_range: (0.0, (top * 1.1).max(1e-3)),
-            series,
-        }
-    };
     line_panels(
         path,
         "Noise sweep at n = 200 (Fig. 8 style)",
         &[
-            panel("train loss (noisy labels, evaluated after training)", |c| {
-                c.train_eval_loss.mean
-            }),
-            panel("test loss", |c| c.test_loss.mean),
+            sweep_panel(
+                "train loss (noisy labels, evaluated after training)",
+                |c| c.train_eval_loss.mean,
+                &lines,
+                colors,
+            ),
+            sweep_panel("test loss", |c| c.test_loss.mean, &lines, colors),
         ],
     )?;
     Ok(true)
+}
+
+/// One line of the noise sweep: a dataset in a mode, its cells in η order.
+struct SweepLine<'a> {
+    dataset: String,
+    mode: String,
+    cells: Vec<&'a Cell>,
+}
+
+/// The sweep's lines, in the order their first cell comes.
+fn sweep_lines(cells: &[Cell]) -> Vec<SweepLine<'_>> {
+    let mut lines: Vec<SweepLine> = Vec::new();
+    for c in cells {
+        match lines
+            .iter_mut()
+            .find(|l| l.dataset == c.dataset && l.mode == c.mode)
+        {
+            Some(line) => line.cells.push(c),
+            None => lines.push(SweepLine {
+                dataset: c.dataset.clone(),
+                mode: c.mode.clone(),
+                cells: vec![c],
+            }),
+        }
+    }
+    lines
+}
+
+/// One panel of the sweep: `y` of every line's cells against η, solid in last-layer mode and
+/// dashed in any other, and a legend naming each dataset once and each dashed mode once.
+fn sweep_panel(
+    title: &str,
+    y: fn(&Cell) -> f64,
+    lines: &[SweepLine],
+    colors: &DatasetColors,
+) -> LinePanel {
+    let mut series: Vec<Series> = lines
+        .iter()
+        .map(|line| Series {
+            label: None,
+            color: colors.color(&line.dataset),
+            width: 1,
+            dashed: line.mode != Mode::LastLayer.name(),
+            markers: true,
+            points: line.cells.iter().map(|c| (c.eta, y(c))).collect(),
+        })
+        .collect();
+    let key = |label: String, color, dashed| Series {
+        label: Some(label),
+        color,
+        width: 2,
+        dashed,
+        markers: false,
+        points: Vec::new(),
+    };
+    let datasets: BTreeSet<&str> = lines.iter().map(|l| l.dataset.as_str()).collect();
+    series.extend(
+        datasets
+            .iter()
+            .map(|d| key(d.to_string(), colors.color(d), false)),
+    );
+    let other_modes: BTreeSet<&str> = lines
+        .iter()
+        .map(|l| l.mode.as_str())
+        .filter(|mode| *mode != Mode::LastLayer.name())
+        .collect();
+    series.extend(
+        other_modes
+            .iter()
+            .map(|mode| key(format!("dashed: {mode} mode"), PALETTE[7], true)),
+    );
+    let top = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0f64, f64::max);
+    LinePanel {
+        title: title.into(),
+        x_label: "label-noise rate η".into(),
+        y_label: "cross-entropy".into(),
+        y_range: (0.0, (top * 1.1).max(1e-3)),
+        series,
+    }
 }
 
 pub(super) fn read_metrics(run_dir: &Path) -> Result<Vec<EpochMetrics>> {
