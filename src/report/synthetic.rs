@@ -231,14 +231,7 @@ pub fn write_sweep(
     write_grid_table(dir, "sweep", grid, base, rows)?;
     let xs: Vec<f64> = grid.embed_dims().into_iter().map(|d| d as f64).collect();
     let ys = grid.signal_norms();
-    // Rows are ordered by (d, ‖μ‖); the plots index cells by (‖μ‖ row, d column).
-    let cell = |iy: usize, ix: usize| &rows[ix * ys.len() + iy];
-    let collect = |f: &dyn Fn(&SweepRow) -> f64| -> Vec<f64> {
-        (0..ys.len())
-            .flat_map(|iy| (0..xs.len()).map(move |ix| (iy, ix)))
-            .map(|(iy, ix)| f(cell(iy, ix)))
-            .collect()
-    };
+    let dims = (xs.len(), ys.len());
     let subtitle = format!(
         "{}n = {}, η = {}, {} steps",
         model_name(base),
@@ -252,13 +245,13 @@ pub fn write_sweep(
         (
             "heatmap_train_loss.png",
             "train loss",
-            collect(&|r| r.train_loss),
+            in_plot_order(rows, dims, |r| r.train_loss),
             encoder.then_some(FIG6_TRAIN_LOSS_RANGE),
         ),
         (
             "heatmap_test_loss.png",
             "test loss",
-            collect(&|r| r.test_loss),
+            in_plot_order(rows, dims, |r| r.test_loss),
             encoder.then_some(FIG6_TEST_LOSS_RANGE),
         ),
     ] {
@@ -277,33 +270,48 @@ pub fn write_sweep(
             range,
         )?;
     }
+    let regimes = in_plot_order(rows, dims, |r| {
+        Regime::ALL
+            .iter()
+            .position(|regime| *regime == r.regime)
+            .expect("every regime is listed")
+    });
+    regime_map(&dir.join("regime.png"), (&xs, &ys), &regimes, &subtitle)
+}
+
+/// The rows' values in the plots' order: rows come ordered by (d, ‖μ‖), the plots index cells by
+/// (‖μ‖ row, d column).
+fn in_plot_order<T>(
+    rows: &[SweepRow],
+    (nx, ny): (usize, usize),
+    value: impl Fn(&SweepRow) -> T,
+) -> Vec<T> {
+    (0..ny)
+        .flat_map(|iy| (0..nx).map(move |ix| (iy, ix)))
+        .map(|(iy, ix)| value(&rows[ix * ny + iy]))
+        .collect()
+}
+
+/// regime.png: each cell's regime (an index into [`Regime::ALL`]) in its colour.
+fn regime_map(
+    path: &Path,
+    (xs, ys): (&[f64], &[f64]),
+    regimes: &[usize],
+    subtitle: &str,
+) -> Result<()> {
     let legend: Vec<(&str, _)> = Regime::ALL
         .iter()
         .enumerate()
         .map(|(k, r)| (r.name(), regime_color(k)))
         .collect();
-    let regimes: Vec<usize> = (0..ys.len())
-        .flat_map(|iy| (0..xs.len()).map(move |ix| (iy, ix)))
-        .map(|(iy, ix)| {
-            Regime::ALL
-                .iter()
-                .position(|r| *r == cell(iy, ix).regime)
-                .expect("every regime is listed")
-        })
-        .collect();
     let grid2d = Grid2d {
-        xs: &xs,
-        ys: &ys,
-        values: &regimes,
+        xs,
+        ys,
+        values: regimes,
         x_label: "d (embed_dim)",
         y_label: "‖μ‖ (signal_norm)",
     };
-    category_map(
-        &dir.join("regime.png"),
-        &format!("Regime, {subtitle}"),
-        &grid2d,
-        &legend,
-    )
+    category_map(path, &format!("Regime, {subtitle}"), &grid2d, &legend)
 }
 
 /// localization.csv (the sweep's columns, spectrum and entropies included) and

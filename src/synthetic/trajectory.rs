@@ -331,13 +331,8 @@ pub fn run_model(
         }
     }
     let (train_fwd, test_fwd) = last.expect("the loop ends at the last step");
-    let d = config.embed_dim;
-    let qk_spectrum = if with_spectrum && d <= FULL_SPECTRUM_MAX_DIM {
-        Some(spectrum(&DMatrix::from_row_slice(
-            d,
-            d,
-            &model.key_query()?,
-        )))
+    let qk_spectrum = if with_spectrum {
+        final_spectrum(config.embed_dim, model)?
     } else {
         None
     };
@@ -359,6 +354,15 @@ pub fn run_model(
         scoring_direction: model.scoring_direction()?,
         summary,
     })
+}
+
+/// The full eigenspectrum of the trained key-query matrix, where d is small enough to afford it.
+fn final_spectrum(d: usize, model: &mut dyn SyntheticModel) -> Result<Option<Spectrum>> {
+    if d > FULL_SPECTRUM_MAX_DIM {
+        return Ok(None);
+    }
+    let key_query = model.key_query()?;
+    Ok(Some(spectrum(&DMatrix::from_row_slice(d, d, &key_query))))
 }
 
 /// The run's summary from its last logged metrics and the final training forward.
