@@ -15,7 +15,7 @@ use super::attention_maps::{self, AttentionMaps};
 use super::checkpoint::{Checkpoint, RunIdentity, StartPoint};
 use super::folder_lock::{RunFolderLock, ensure_no_other_run};
 use super::metrics::EpochMetrics;
-use super::phase1::{Phase1Outcome, obtain_phase1};
+use super::phase1::{Phase1Outcome, phase1_from_init};
 use super::phase2::runs::{Labels, RunContext, RunData, Samples, Shared};
 use super::phase2::{Phase2Log, QkShape, phase_two};
 pub use super::progress::{HOST_STEPS, Progress};
@@ -32,7 +32,6 @@ use crate::data::split::SplitName;
 use crate::diagnostics::snr::SnrEstimate;
 use crate::encoder::Model;
 use crate::encoder::layer_rows::LayerRows;
-use crate::rng::{Stream, stream};
 
 /// What resolving a configuration against the data and checkpoints found.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -264,14 +263,12 @@ fn prepare_run(
         earlier_sittings: resumed.as_ref().map_or(0.0, |s| s.state.wall_seconds),
     };
     // One initialisation stream: the classifier, then the query/key reset or the head.
-    let mut init_rng = stream(job.config.seed, Stream::Init);
-    let phase1 = obtain_phase1(
+    let (phase1, init_rng) = phase1_from_init(
         &setup,
         &prepared,
         &features,
         job,
         resumed.as_ref(),
-        &mut init_rng,
         progress,
     )?;
     progress.pretrain_done(&phase1.pretrain_losses);

@@ -136,9 +136,32 @@ impl<'a> Phase1Input<'a> {
     }
 }
 
+/// Phase 1 drawn from the run's initialisation stream ([`Stream::Init`]): its outcome, and the
+/// stream after the classifier's draws (the query/key reset or the head draws next).
+pub(super) fn phase1_from_init(
+    setup: &Setup,
+    prepared: &PreparedData,
+    features: &RunFeatures,
+    job: &FinetuneJob,
+    resumed: Option<&Checkpoint>,
+    progress: &dyn Progress,
+) -> Result<(Phase1Outcome, rand_chacha::ChaCha8Rng)> {
+    let mut init_rng = crate::rng::stream(job.config.seed, crate::rng::Stream::Init);
+    let outcome = obtain_phase1(
+        setup,
+        prepared,
+        features,
+        job,
+        resumed,
+        &mut init_rng,
+        progress,
+    )?;
+    Ok((outcome, init_rng))
+}
+
 /// Phase 1: the classifier on clean features, from the checkpoint, the shared phase-1 cache, or
 /// trained here.
-pub(super) fn obtain_phase1(
+fn obtain_phase1(
     setup: &Setup,
     prepared: &PreparedData,
     features: &RunFeatures,

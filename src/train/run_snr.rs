@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::phase1::{Phase1Outcome, obtain_phase1};
+use super::phase1::{Phase1Outcome, phase1_from_init};
 use super::progress::Progress;
 use super::run::FinetuneJob;
 use super::run::Mode;
@@ -21,7 +21,6 @@ use crate::encoder::Model;
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::Classifier;
 use crate::model::last_layer::attention_inputs;
-use crate::rng::{Stream, stream};
 
 /// Samples through the last layer at a time.
 const CHUNK: usize = 64;
@@ -46,16 +45,7 @@ pub fn of_job(job: &FinetuneJob, progress: &dyn Progress) -> Result<RunSnr> {
     let setup = setup(job)?;
     let prepared = prepare_data(&setup, job)?;
     let features = run_features(&setup, &prepared, job, progress)?;
-    let mut init_rng = stream(job.config.seed, Stream::Init);
-    let phase1 = obtain_phase1(
-        &setup,
-        &prepared,
-        &features,
-        job,
-        None,
-        &mut init_rng,
-        progress,
-    )?;
+    let (phase1, _) = phase1_from_init(&setup, &prepared, &features, job, None, progress)?;
     let estimate = of_run(&setup, &prepared, &features, &phase1, job.config.mode)?;
     Ok(RunSnr {
         run: job.config.run_name()?,
