@@ -110,7 +110,7 @@ fn hf_vit(
     vb: VarBuilder<'static>,
 ) -> Result<(Model, Preprocessing)> {
     let config: VitConfig =
-        serde_json::from_str(&config_text).map_err(|e| parse_error(files, config_text, &e))?;
+        serde_json::from_str(config_text).map_err(|e| parse_error(files, config_text, &e))?;
     config.check().map_err(|e| bad_config(files, e))?;
     let path = files.preprocessor.as_ref().ok_or_else(|| {
         anyhow!(
@@ -142,7 +142,7 @@ fn hf_bert(
     text: TextOptions,
 ) -> Result<(Model, Preprocessing)> {
     let config: BertConfig =
-        serde_json::from_str(&config_text).map_err(|e| parse_error(files, config_text, &e))?;
+        serde_json::from_str(config_text).map_err(|e| parse_error(files, config_text, &e))?;
     config.check().map_err(|e| bad_config(files, e))?;
     if text.max_length > config.max_position_embeddings {
         bail!(

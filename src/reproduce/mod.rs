@@ -359,12 +359,15 @@ fn with_present_datasets(options: &DriverOptions) -> (DriverOptions, Vec<Dataset
     (options, absent)
 }
 
+/// A grid's runs, each by its folder's name.
+type NamedRuns = Vec<(String, FinetuneJob)>;
+
 /// This shard's runs, each with its folder's name, and what the grid leaves out and why.
 fn planned_runs(
     options: &DriverOptions,
     pools: &Pools,
     absent: &[DatasetName],
-) -> Result<(Vec<(String, FinetuneJob)>, Vec<String>)> {
+) -> Result<(NamedRuns, Vec<String>)> {
     let root = data::data_root(options.places.data_dir.as_deref());
     let pool_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.1);
     let (all, mut left_out) = jobs(&options.grid, &pool_of);
