@@ -107,10 +107,10 @@ impl FinetuneArgs {
     /// The runs these flags describe: the dataset's paper defaults with the flags on top, one per
     /// seed and η (seed-major, as `reproduce` orders a grid).
     pub(super) fn jobs(&self) -> Result<Vec<FinetuneJob>> {
-        let base = self.base()?;
-        let eta = match (&self.eta[..], &self.config) {
-            ([], Some(_)) => vec![base.eta],
-            ([], None) => bail!("--eta: required (or give `eta` in a --config file)"),
+        let (base, file_sets_eta) = self.base()?;
+        let eta = match (&self.eta[..], file_sets_eta) {
+            ([], true) => vec![base.eta],
+            ([], false) => bail!("--eta: required (or give `eta` in a --config file)"),
             (given, _) => given.to_vec(),
         };
         let seed = match &self.seed[..] {
@@ -153,8 +153,9 @@ impl FinetuneArgs {
     }
 
     /// What the flags overlay: the dataset's paper run (configs/<dataset>.toml), overlaid by the
-    /// --config file if there is one.
-    fn base(&self) -> Result<RunConfig> {
+    /// --config file if there is one; and whether that file sets η (the paper's η 0 is no default:
+    /// a run's η is always asked for).
+    fn base(&self) -> Result<(RunConfig, bool)> {
         let file = self.config.as_deref().map(ConfigFile::read).transpose()?;
         let from_file = file
             .as_ref()
@@ -166,8 +167,8 @@ impl FinetuneArgs {
         };
         let paper = RunConfig::paper(&dataset)?;
         match file {
-            Some(file) => file.overlay(&paper),
-            None => Ok(paper),
+            Some(file) => Ok((file.overlay(&paper)?, file.sets("eta"))),
+            None => Ok((paper, false)),
         }
     }
 
@@ -370,5 +371,21 @@ mod tests {
         };
         let jobs = args.jobs().unwrap();
         assert_eq!(jobs[0].config, paper.with_noise_draw());
+        // A --config file without `eta` and no --eta: refused, not run at the paper's η 0.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lab.toml");
+        std::fs::write(&file, "dataset = \"cifar10\"\nn = 20\n").unwrap();
+        let parsed = super::super::Cli::try_parse_from([
+            "benign-attention",
+            "finetune",
+            "--config",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+        let super::super::Command::Finetune(args) = parsed.command else {
+            panic!("not finetune")
+        };
+        let err = format!("{:#}", args.jobs().unwrap_err());
+        assert!(err.contains("--eta: required"), "{err}");
     }
 }

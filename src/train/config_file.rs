@@ -60,6 +60,11 @@ impl ConfigFile {
             .transpose()
     }
 
+    /// Whether the file sets `key` (a top-level key).
+    pub fn sets(&self, key: &str) -> bool {
+        self.values.contains_key(key)
+    }
+
     /// `base` with the file's values in place of its own (the dataset excepted: the caller chose
     /// it, from a flag or from [`Self::dataset`]).
     pub fn overlay(&self, base: &RunConfig) -> Result<RunConfig> {

@@ -85,19 +85,11 @@ pub fn fitting(jobs: &[FinetuneJob], budget: Option<f64>) -> Result<Vec<Vec<usiz
         .map(|(k, job)| (k.to_string(), job.clone()))
         .collect();
     // Each run goes in by its index's name; the stacks hand the names back.
-    let index: std::collections::HashMap<String, usize> = pending
-        .iter()
-        .enumerate()
-        .map(|(k, (id, _))| (id.clone(), k))
-        .collect();
     let planned = stacks(pending, budget, 1, &|_| dims, &test_len);
     Ok(planned
         .iter()
         .flat_map(|stack| {
-            let indices: Vec<usize> = stack
-                .iter()
-                .filter_map(|(id, _)| index.get(id).copied())
-                .collect();
+            let indices: Vec<usize> = stack.iter().filter_map(|(id, _)| id.parse().ok()).collect();
             indices
                 .chunks(per_stack)
                 .map(<[usize]>::to_vec)
