@@ -99,7 +99,7 @@ pub mod stack {
     use benign_attention::train::phase2::query_key::LastLayerTrainee;
     use benign_attention::train::phase2::record::MetricsLog;
     use benign_attention::train::phase2::runs::{Labels, RunData, Samples, Shared};
-    use benign_attention::train::phase2::trainee::{Evaluation, Trainee};
+    use benign_attention::train::phase2::trainee::Evaluation;
     use benign_attention::train::run::RunConfig;
     use candle_core::Device;
     use rand::SeedableRng;
@@ -127,12 +127,11 @@ pub mod stack {
     impl Record for Timed<'_> {
         fn epoch(
             &mut self,
-            trainee: &dyn Trainee,
             evaluation: Evaluation,
             batch_losses: Option<&[Vec<f64>]>,
         ) -> Result<()> {
             let epoch = evaluation.epoch;
-            self.log.epoch(trainee, evaluation, batch_losses)?;
+            self.log.epoch(evaluation, batch_losses)?;
             (self.on_epoch)(epoch);
             Ok(())
         }

@@ -51,11 +51,12 @@ pub fn backfill(out: &Path, places: &Places, progress: &dyn Progress) -> Result<
             .push((row, dir));
     }
     for runs in siblings.values() {
+        crate::interrupt::check()?;
         let first = &runs[0].0;
         let found = match of_job(&estimate_job(&first.config, places), progress) {
             Ok(found) => found,
             Err(e) => {
-                let why = format!("{e:#}");
+                let why = refusal(e)?;
                 done.refused
                     .extend(runs.iter().map(|(r, _)| format!("{}: {why}", r.run)));
                 continue;
@@ -76,6 +77,17 @@ pub fn backfill(out: &Path, places: &Places, progress: &dyn Progress) -> Result<
         }
     }
     Ok(done)
+}
+
+/// Why an estimate failed, for the list of runs left without one; a stop asked for by a signal
+/// is no refusal: it ends the command (the groups after it would only be stopped in turn).
+fn refusal(e: anyhow::Error) -> Result<String> {
+    if e.chain()
+        .any(|cause| cause.is::<crate::interrupt::Interrupted>())
+    {
+        return Err(e);
+    }
+    Ok(format!("{e:#}"))
 }
 
 /// Refuses a result folder whose `runs/` holds a link, or anything that is not a folder.
@@ -182,6 +194,19 @@ fn fill(row: &ResultRow, dir: &Path, found: &RunSnr) -> Result<()> {
 mod tests {
     use super::*;
     use crate::data::DatasetName;
+
+    #[test]
+    fn a_signal_ends_the_backfill_where_other_failures_only_refuse_a_run() {
+        let stopped = anyhow::Error::new(crate::interrupt::Interrupted { signal: 15 })
+            .context("phase 1 of trec")
+            .context("estimate");
+        assert!(refusal(stopped).is_err());
+        let failed = anyhow::anyhow!("baseline test accuracy differs").context("estimate");
+        assert_eq!(
+            refusal(failed).unwrap(),
+            "estimate: baseline test accuracy differs"
+        );
+    }
 
     #[test]
     fn eta_siblings_share_a_key_and_other_seeds_or_sizes_do_not() {

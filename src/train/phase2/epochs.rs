@@ -5,9 +5,11 @@
 
 use anyhow::{Context, Result};
 
+use super::objective::Gradients;
 use super::trainee::{EpochEnd, Evaluation, Trainee};
 use crate::rng::{Shuffle, Stream};
 pub use crate::train::loops::steps_per_epoch;
+use crate::train::optim::AdamW;
 
 /// When and in what order a stack steps.
 pub struct EpochPlan<'a> {
@@ -34,94 +36,113 @@ impl EpochPlan<'_> {
         EpochEnd {
             epoch: done,
             score_test: done == self.epochs || done.is_multiple_of(self.eval_every.max(1)),
-            now: (self.kept)(done) || crate::interrupt::requested().is_some(),
+            kept: (self.kept)(done) || crate::interrupt::requested().is_some(),
         }
+    }
+
+    /// Epoch `epoch`'s batches (0-based): at step k, every run's batch k of its own order.
+    fn batches(&self, epoch: usize) -> Vec<Vec<Vec<usize>>> {
+        let orders: Vec<Vec<usize>> = self
+            .shuffles
+            .iter()
+            .map(|shuffle| shuffle.order(self.n, Stream::FinetuneShuffle, epoch))
+            .collect();
+        let size = self.batch_size;
+        (0..steps_per_epoch(self.n, size))
+            .map(|k| {
+                orders
+                    .iter()
+                    .map(|order| order[k * size..order.len().min((k + 1) * size)].to_vec())
+                    .collect()
+            })
+            .collect()
     }
 }
 
 /// Where the loop sends what it evaluated: every run's metrics of one epoch.
 pub trait Record {
     /// `batch_losses` holds each run's batch losses of that epoch (none for epoch 0).
-    fn epoch(
-        &mut self,
-        trainee: &dyn Trainee,
-        evaluation: Evaluation,
-        batch_losses: Option<&[Vec<f64>]>,
-    ) -> Result<()>;
+    fn epoch(&mut self, evaluation: Evaluation, batch_losses: Option<&[Vec<f64>]>) -> Result<()>;
+
+    /// The end of a kept epoch, every evaluation up to it recorded: the place for a checkpoint,
+    /// and for a stop a signal asked for.
+    fn kept(&mut self, _optimizer: &AdamW, _end: &EpochEnd) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Trains the stack for the plan's epochs and records every epoch's evaluation in order. The
 /// trainee's optimizer must have been built for all the plan's epochs (and restored on resume).
 pub fn train(trainee: &mut dyn Trainee, plan: &EpochPlan, record: &mut dyn Record) -> Result<()> {
+    // Each epoch's batch losses, until its evaluation is recorded.
+    let mut losses = EpochLosses::default();
     if plan.measure_reset {
         // Epoch 0, with the test set scored, so that the reset's cost and the noise's are two
         // numbers.
         let reset = EpochEnd {
             epoch: 0,
             score_test: true,
-            now: true,
+            kept: true,
         };
-        if let Some(evaluation) = trainee.evaluate(&reset)? {
-            record.epoch(trainee, evaluation, None)?;
-        }
+        end_epoch(trainee, &reset, &mut losses, record)?;
     }
-    // Batch losses of the epochs whose evaluation is still to come.
-    let mut losses: Vec<(usize, Vec<Vec<f64>>)> = Vec::new();
     for epoch in plan.start_epoch..plan.epochs {
-        let orders: Vec<Vec<usize>> = plan
-            .shuffles
-            .iter()
-            .map(|shuffle| shuffle.order(plan.n, Stream::FinetuneShuffle, epoch))
-            .collect();
+        let batches = plan.batches(epoch);
         // The steps fork and join dozens of times each: the pool's other threads stay awake
         // through them, and sleep again for the evaluation.
-        let epoch_losses =
-            crate::runtime::with_workers_awake(|| run_steps(trainee, &orders, plan.batch_size))?;
-        losses.push((epoch + 1, epoch_losses));
-        // The epoch before, if its evaluation rode along these steps, then this one's.
-        if let Some(evaluation) = trainee.deferred()? {
-            record_epoch(trainee, record, evaluation, &mut losses)?;
-        }
-        if let Some(evaluation) = trainee.evaluate(&plan.end_of(epoch + 1))? {
-            record_epoch(trainee, record, evaluation, &mut losses)?;
-        }
+        let epoch_losses = crate::runtime::with_workers_awake(|| {
+            let mut epoch_losses = vec![Vec::with_capacity(batches.len()); plan.shuffles.len()];
+            for batch in &batches {
+                let rows: Vec<&[usize]> = batch.iter().map(Vec::as_slice).collect();
+                let Gradients { losses, gradients } = trainee.gradients(&rows)?;
+                trainee.optimizer_mut().apply(gradients)?;
+                for (run, loss) in epoch_losses.iter_mut().zip(losses) {
+                    run.push(loss);
+                }
+            }
+            anyhow::Ok(epoch_losses)
+        })?;
+        losses.waiting.push((epoch + 1, epoch_losses));
+        end_epoch(trainee, &plan.end_of(epoch + 1), &mut losses, record)?;
     }
     Ok(())
 }
 
-/// `evaluation` recorded with its epoch's batch losses, which leave `losses`.
-fn record_epoch(
-    trainee: &dyn Trainee,
-    record: &mut dyn Record,
-    evaluation: Evaluation,
-    losses: &mut Vec<(usize, Vec<Vec<f64>>)>,
-) -> Result<()> {
-    let at = losses
-        .iter()
-        .position(|(e, _)| *e == evaluation.epoch)
-        .with_context(|| format!("epoch {} evaluated twice", evaluation.epoch))?;
-    let (_, batch_losses) = losses.remove(at);
-    record.epoch(trainee, evaluation, Some(&batch_losses))
+/// Each run's batch losses of the epochs whose evaluation is still to come.
+#[derive(Default)]
+struct EpochLosses {
+    waiting: Vec<(usize, Vec<Vec<f64>>)>,
 }
 
-/// One epoch's steps: every run's batch k at step k. Each run's batch losses in order.
-fn run_steps(
-    trainee: &mut dyn Trainee,
-    orders: &[Vec<usize>],
-    batch_size: usize,
-) -> Result<Vec<Vec<f64>>> {
-    let n = orders.first().map_or(0, Vec::len);
-    let steps = steps_per_epoch(n, batch_size);
-    let mut losses = vec![Vec::with_capacity(steps); orders.len()];
-    for k in 0..steps {
-        let batches: Vec<&[usize]> = orders
-            .iter()
-            .map(|order| &order[k * batch_size..order.len().min((k + 1) * batch_size)])
-            .collect();
-        let step = trainee.step(&batches)?;
-        for (run, loss) in losses.iter_mut().zip(step.losses) {
-            run.push(loss);
+impl EpochLosses {
+    /// Epoch `epoch`'s losses, which leave the waiting ones; none for epoch 0 (no step).
+    fn take(&mut self, epoch: usize) -> Result<Option<Vec<Vec<f64>>>> {
+        if epoch == 0 {
+            return Ok(None);
         }
+        let at = self
+            .waiting
+            .iter()
+            .position(|(e, _)| *e == epoch)
+            .with_context(|| format!("epoch {epoch} evaluated twice"))?;
+        Ok(Some(self.waiting.remove(at).1))
     }
-    Ok(losses)
+}
+
+/// The end of an epoch: the evaluations it completes recorded with their epochs' batch losses,
+/// then, where the epoch is kept, its state.
+fn end_epoch(
+    trainee: &mut dyn Trainee,
+    end: &EpochEnd,
+    losses: &mut EpochLosses,
+    record: &mut dyn Record,
+) -> Result<()> {
+    for evaluation in trainee.evaluations(end)? {
+        let batch_losses = losses.take(evaluation.epoch)?;
+        record.epoch(evaluation, batch_losses.as_deref())?;
+    }
+    if end.kept {
+        record.kept(trainee.optimizer(), end)?;
+    }
+    Ok(())
 }

@@ -9,16 +9,16 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor};
 
+use super::objective::{self, Gradients};
 use super::runs::{RunData, Shared, copies};
-use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Step, Trainee, eval_chunks};
-use super::{QkShape, locater_penalty, qk_spectrum, stacked_optimizer};
-use crate::diagnostics::Spectrum;
+use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Trainee, eval_chunks};
+use super::{QkShape, qk_spectrum, stacked_optimizer};
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::attend::{KeyValues, broadcast_query};
 use crate::model::{Classifier, TokenSelectionHead};
-use crate::train::optim::{AdamW, gradients_of};
+use crate::train::optim::AdamW;
 use crate::train::setup::final_tokens;
 
 /// A stack of head-mode runs.
@@ -204,37 +204,25 @@ impl Trainee for HeadTrainee<'_> {
         self.classifiers.len()
     }
 
-    fn step(&mut self, batches: &[&[usize]]) -> Result<Step> {
+    fn gradients(&mut self, batches: &[&[usize]]) -> Result<Gradients> {
         let outputs = self.select_finetune(&self.directions(true)?, batches)?;
-        let mut total: Option<Tensor> = None;
-        let mut losses = Vec::with_capacity(batches.len());
+        let mut logits = Vec::with_capacity(batches.len());
+        let mut targets = Vec::with_capacity(batches.len());
         for (k, (output, rows)) in outputs.into_iter().zip(batches).enumerate() {
-            let targets: Vec<u32> = rows.iter().map(|&i| self.labels[k][i]).collect();
-            let targets = Tensor::from_vec(targets, rows.len(), output.logits.device())?;
-            let loss = candle_nn::loss::cross_entropy(&output.logits, &targets)?;
-            losses.push(f64::from(loss.to_scalar::<f32>()?));
-            total = Some(match total {
-                None => loss,
-                Some(sum) => (sum + loss)?,
-            });
+            targets.push(objective::targets(
+                self.labels[k],
+                rows,
+                output.logits.device(),
+            )?);
+            logits.push(output.logits);
         }
         let params = self.optimizer.tensors();
-        let vars: Vec<Var> = params
-            .iter()
-            .map(Var::from_tensor)
-            .collect::<candle_core::Result<_>>()?;
-        let store = total.context("a step of no runs")?.backward()?;
-        let mut grads = gradients_of(vars.iter(), &store)?;
-        if let Some(extra) = locater_penalty(&params, self.shape, self.locater)? {
-            for (grad, extra) in grads.iter_mut().zip(extra) {
-                *grad = (&*grad + extra)?;
-            }
-        }
-        self.optimizer.apply(grads)?;
-        Ok(Step { losses })
+        let mut gradients = objective::cross_entropy(&params, &logits, &targets)?;
+        objective::add_locater_penalty(&mut gradients, &params, self.shape, self.locater)?;
+        Ok(gradients)
     }
 
-    fn evaluate(&mut self, end: &EpochEnd) -> Result<Option<Evaluation>> {
+    fn evaluations(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>> {
         let directions = self.directions(false)?;
         let mut finetune: Vec<Vec<SetOutput>> = (0..self.runs()).map(|_| Vec::new()).collect();
         for chunk in eval_chunks(self.finetune_len) {
@@ -255,18 +243,24 @@ impl Trainee for HeadTrainee<'_> {
         let runs = finetune
             .into_iter()
             .zip(test)
-            .map(|(chunks, test_logits)| {
+            .enumerate()
+            .map(|(k, (chunks, test_logits))| {
+                let scored = test_logits.is_some();
                 Ok(RunEvaluation {
                     finetune: SetOutput::join(chunks)?,
                     test_logits,
+                    spectrum: scored
+                        .then(|| qk_spectrum(&self.optimizer, k, self.shape))
+                        .transpose()?,
+                    // The head has no layer around it to collapse.
+                    rank_collapse: None,
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Some(Evaluation {
+        Ok(vec![Evaluation {
             epoch: end.epoch,
-            current: true,
             runs,
-        }))
+        }])
     }
 
     fn optimizer(&self) -> &AdamW {
@@ -281,13 +275,5 @@ impl Trainee for HeadTrainee<'_> {
         let keys = &self.finetune[self.run_finetune[run]];
         let mut out = self.select(&self.directions(false)?, keys, &[run], &[rows])?;
         out.pop().context("no selection")
-    }
-
-    fn spectrum(&self, run: usize) -> Result<Spectrum> {
-        qk_spectrum(&self.optimizer, run, self.shape)
-    }
-
-    fn rank_collapse(&self, _run: usize) -> Result<Option<f64>> {
-        Ok(None)
     }
 }

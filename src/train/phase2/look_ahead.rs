@@ -99,12 +99,13 @@ impl Pending {
                         attention: Tensor::from_vec(own.attention, shape, &Device::Cpu)?,
                     },
                     test_logits: None,
+                    spectrum: None,
+                    rank_collapse: None,
                 })
             })
             .collect::<Result<_>>()?;
         Ok(Evaluation {
             epoch: self.epoch,
-            current: false,
             runs,
         })
     }

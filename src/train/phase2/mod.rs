@@ -15,6 +15,7 @@
 pub mod epochs;
 pub mod head;
 pub mod look_ahead;
+pub mod objective;
 pub mod query_key;
 pub mod record;
 pub mod runs;
@@ -34,12 +35,10 @@ use self::trainee::Trainee;
 use super::attention_maps::{self, PER_KIND, Picks, Snapshot};
 use super::checkpoint::{Checkpoint, StartPoint};
 use super::metrics::EpochMetrics;
-use super::optim::{AdamW, gradients_of};
+use super::optim::AdamW;
 use super::run::{Mode, RunConfig};
-use crate::diagnostics::locater::{head_symmetric_variance, symmetric_variance};
 use crate::diagnostics::{Spectrum, head_spectrum, mean_over_heads, spectrum};
 use crate::encoder::Model;
-use crate::model::QueryKey;
 use crate::rng::Shuffle;
 
 /// One run's phase 2: every epoch's metrics, and the attention maps' samples right after the
@@ -290,39 +289,4 @@ pub fn qk_spectrum(opt: &AdamW, run: usize, shape: QkShape) -> Result<Spectrum> 
             host("head.w")?.into_iter().map(f64::from),
         )),
     })
-}
-
-/// The gradient of LocAteR's penalty λ·v_sym on the query-key matrix the spectrum reads, summed
-/// over the runs of the stack (each run's term reaches its own parameters only), for the stacked
-/// `params`; none when λ = 0.
-pub fn locater_penalty(
-    params: &[Tensor],
-    shape: QkShape,
-    lambda: f64,
-) -> Result<Option<Vec<Tensor>>> {
-    if lambda == 0.0 {
-        return Ok(None);
-    }
-    let runs = params.first().map_or(0, |p| p.dims()[0]);
-    let mut total: Option<Tensor> = None;
-    for run in 0..runs {
-        let term = match shape.mode {
-            Mode::LastLayer => {
-                let qk = QueryKey::of_run(params, run)?;
-                head_symmetric_variance(&qk.wq, &qk.wk, shape.heads, shape.scale())?
-            }
-            Mode::Head => symmetric_variance(&params[0].get(run)?)?,
-        };
-        let term = (term * lambda)?;
-        total = Some(match total {
-            None => term,
-            Some(sum) => (sum + term)?,
-        });
-    }
-    let store = total.context("a penalty of no runs")?.backward()?;
-    let vars: Vec<Var> = params
-        .iter()
-        .map(Var::from_tensor)
-        .collect::<candle_core::Result<_>>()?;
-    Ok(Some(gradients_of(vars.iter(), &store)?))
 }

@@ -10,17 +10,18 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use candle_core::{Tensor, Var};
+use candle_core::Tensor;
 
 use super::look_ahead::Pending;
+use super::objective::{self, Gradients};
 use super::runs::{RunData, Shared, copies};
-use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Step, Trainee, eval_chunks};
-use super::{QkShape, locater_penalty, qk_spectrum, stacked_optimizer};
+use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Trainee, eval_chunks};
+use super::{QkShape, qk_spectrum, stacked_optimizer};
 use crate::diagnostics::Spectrum;
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::last_layer::{HostRows, HostSource, ResidentSet, StackEval, StackRun};
 use crate::model::{LastLayer, QueryKey};
-use crate::train::optim::{AdamW, gradients_of};
+use crate::train::optim::AdamW;
 use crate::train::setup::text_mask;
 
 /// Test samples whose full last layer is run at scored epochs for the rank-collapse residual.
@@ -68,13 +69,6 @@ impl<'a> TestRows<'a> {
 struct Probe {
     inputs: Tensor,
     mask: Option<Tensor>,
-}
-
-/// Each run's batch loss and the stack's gradients (of the stacked parameters' shapes), before
-/// the optimizer takes them.
-struct Gradients {
-    losses: Vec<f64>,
-    gradients: Vec<Tensor>,
 }
 
 /// A stack of last-layer runs.
@@ -199,34 +193,31 @@ impl<'a> LastLayerTrainee<'a> {
         })
     }
 
-    /// Every run's step through autograd: the sum of the runs' losses, each run's own mean over
-    /// its batch, differentiated (a run's gradient is its own loss's).
+    /// Every run's step through autograd ([`objective::cross_entropy`]).
     fn autograd_step(&self, batches: &[&[usize]]) -> Result<Gradients> {
         let params = self.params();
-        let mut total: Option<Tensor> = None;
-        let mut losses = Vec::with_capacity(batches.len());
+        let mut logits = Vec::with_capacity(batches.len());
+        let mut targets = Vec::with_capacity(batches.len());
         for (k, rows) in batches.iter().enumerate() {
             let qk = QueryKey::of_run(&params, k)?;
             let set = &self.finetune[self.run_finetune[k]];
-            let logits = self.layers[k].forward_resident(&qk, set, rows)?.logits;
-            let targets: Vec<u32> = rows.iter().map(|&i| self.labels[k][i]).collect();
-            let targets = Tensor::from_vec(targets, rows.len(), logits.device())?;
-            let loss = candle_nn::loss::cross_entropy(&logits, &targets)?;
-            losses.push(f64::from(loss.to_scalar::<f32>()?));
-            total = Some(match total {
-                None => loss,
-                Some(sum) => (sum + loss)?,
-            });
+            let out = self.layers[k].forward_resident(&qk, set, rows)?.logits;
+            targets.push(objective::targets(self.labels[k], rows, out.device())?);
+            logits.push(out);
         }
-        let grads = total.context("a step of no runs")?.backward()?;
-        let vars: Vec<Var> = params
-            .iter()
-            .map(Var::from_tensor)
-            .collect::<candle_core::Result<_>>()?;
-        Ok(Gradients {
-            losses,
-            gradients: gradients_of(vars.iter(), &grads)?,
-        })
+        objective::cross_entropy(&params, &logits, &targets)
+    }
+
+    /// Run `run`'s query-key eigenspectrum now (docs/protocol.md §5).
+    fn spectrum(&self, run: usize) -> Result<Spectrum> {
+        qk_spectrum(&self.optimizer, run, self.shape)
+    }
+
+    /// Run `run`'s rank-collapse residual now, on its test set's probe.
+    fn rank_collapse(&self, run: usize) -> Result<f64> {
+        let qk = QueryKey::of_run(&self.params(), run)?;
+        let (_, probe) = &self.test[self.run_test[run]];
+        self.layers[run].rank_collapse(&qk, &probe.inputs, probe.mask.as_ref())
     }
 
     /// Every run's whole fine-tune set, and test set when `score_test`, at the current parameters.
@@ -249,20 +240,21 @@ impl<'a> LastLayerTrainee<'a> {
                 test_logits[k] = Some(logits);
             }
         }
-        Ok(Evaluation {
-            epoch,
-            current: true,
-            runs: finetune
-                .into_iter()
-                .zip(test_logits)
-                .map(|(chunks, test_logits)| {
-                    Ok(RunEvaluation {
-                        finetune: SetOutput::join(chunks)?,
-                        test_logits,
-                    })
+        let runs = finetune
+            .into_iter()
+            .zip(test_logits)
+            .enumerate()
+            .map(|(k, (chunks, test_logits))| {
+                let scored = test_logits.is_some();
+                Ok(RunEvaluation {
+                    finetune: SetOutput::join(chunks)?,
+                    test_logits,
+                    spectrum: scored.then(|| self.spectrum(k)).transpose()?,
+                    rank_collapse: scored.then(|| self.rank_collapse(k)).transpose()?,
                 })
-                .collect::<Result<_>>()?,
-        })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Evaluation { epoch, runs })
     }
 
     /// Rows `rows` of every run's fine-tune set at `params`.
@@ -403,38 +395,35 @@ impl Trainee for LastLayerTrainee<'_> {
         self.layers.len()
     }
 
-    fn step(&mut self, batches: &[&[usize]]) -> Result<Step> {
-        let Gradients {
-            losses,
-            mut gradients,
-        } = if self.has_host_pass() {
+    fn gradients(&mut self, batches: &[&[usize]]) -> Result<Gradients> {
+        let mut gradients = if self.has_host_pass() {
             let pool = Arc::clone(&self.pool);
             pool.install(|| self.host_step(batches))?
         } else {
             self.autograd_step(batches)?
         };
-        if let Some(extra) = locater_penalty(&self.params(), self.shape, self.locater)? {
-            // The penalty's gradient joins the data loss's: they are the objective's.
-            for (grad, extra) in gradients.iter_mut().zip(extra) {
-                *grad = (&*grad + extra)?;
-            }
-        }
-        self.optimizer.apply(gradients)?;
-        Ok(Step { losses })
+        objective::add_locater_penalty(&mut gradients, &self.params(), self.shape, self.locater)?;
+        Ok(gradients)
     }
 
-    fn evaluate(&mut self, end: &EpochEnd) -> Result<Option<Evaluation>> {
-        if self.has_host_pass() && !end.now && !end.score_test && end.epoch > 0 {
+    fn evaluations(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>> {
+        // The epoch before, if its evaluation rode along these steps.
+        let mut complete: Vec<Evaluation> = self
+            .pending
+            .take()
+            .map(Pending::finish)
+            .transpose()?
+            .into_iter()
+            .collect();
+        if self.has_host_pass() && !end.kept && !end.score_test && end.epoch > 0 {
+            // This one rides along the next epoch's steps.
             let n = self.finetune[0].len();
             let params = self.optimizer.snapshot()?;
             self.pending = Some(Pending::new(end.epoch, params, self.runs(), n));
-            return Ok(None);
+        } else {
+            complete.push(self.evaluate_now(end.epoch, end.score_test)?);
         }
-        Ok(Some(self.evaluate_now(end.epoch, end.score_test)?))
-    }
-
-    fn deferred(&mut self) -> Result<Option<Evaluation>> {
-        self.pending.take().map(Pending::finish).transpose()
+        Ok(complete)
     }
 
     fn optimizer(&self) -> &AdamW {
@@ -455,20 +444,5 @@ impl Trainee for LastLayerTrainee<'_> {
             logits: out.logits,
             attention: out.cls_attention,
         })
-    }
-
-    fn spectrum(&self, run: usize) -> Result<Spectrum> {
-        qk_spectrum(&self.optimizer, run, self.shape)
-    }
-
-    fn rank_collapse(&self, run: usize) -> Result<Option<f64>> {
-        let qk = QueryKey::of_run(&self.params(), run)?;
-        let (_, probe) = &self.test[self.run_test[run]];
-        let layer = &self.layers[run];
-        Ok(Some(layer.rank_collapse(
-            &qk,
-            &probe.inputs,
-            probe.mask.as_ref(),
-        )?))
     }
 }

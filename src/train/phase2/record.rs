@@ -6,9 +6,10 @@ use anyhow::Result;
 
 use super::epochs::Record;
 use super::runs::{Labels, RunContext};
-use super::trainee::{Evaluation, RunEvaluation, Trainee};
+use super::trainee::{EpochEnd, Evaluation, RunEvaluation};
 use crate::train::attention_maps::Snapshot;
 use crate::train::metrics::{EpochMetrics, accuracy_where, attention_stats, evaluate};
+use crate::train::optim::AdamW;
 
 /// Each run's metrics as they are evaluated: what a bench or a test keeps of phase 2, and the
 /// first part of [`Records`].
@@ -25,21 +26,11 @@ impl<'a> MetricsLog<'a> {
 }
 
 impl Record for MetricsLog<'_> {
-    fn epoch(
-        &mut self,
-        trainee: &dyn Trainee,
-        evaluation: Evaluation,
-        batch_losses: Option<&[Vec<f64>]>,
-    ) -> Result<()> {
+    fn epoch(&mut self, evaluation: Evaluation, batch_losses: Option<&[Vec<f64>]>) -> Result<()> {
         let epoch = evaluation.epoch;
         for (k, evaluated) in evaluation.runs.into_iter().enumerate() {
             let losses = batch_losses.map(|l| l[k].as_slice());
-            let mut metrics = metrics_of(evaluated, &self.labels[k], epoch, losses)?;
-            if evaluation.current && metrics.test_acc.is_some() {
-                metrics.qk_spectrum = Some(trainee.spectrum(k)?);
-                metrics.rank_collapse = trainee.rank_collapse(k)?;
-            }
-            self.logs[k].push(metrics);
+            self.logs[k].push(metrics_of(evaluated, &self.labels[k], epoch, losses)?);
         }
         Ok(())
     }
@@ -70,14 +61,8 @@ impl<'a> Records<'a> {
 }
 
 impl Record for Records<'_> {
-    fn epoch(
-        &mut self,
-        trainee: &dyn Trainee,
-        evaluation: Evaluation,
-        batch_losses: Option<&[Vec<f64>]>,
-    ) -> Result<()> {
-        let (epoch, current) = (evaluation.epoch, evaluation.current);
-        self.log.epoch(trainee, evaluation, batch_losses)?;
+    fn epoch(&mut self, evaluation: Evaluation, batch_losses: Option<&[Vec<f64>]>) -> Result<()> {
+        self.log.epoch(evaluation, batch_losses)?;
         for (k, run) in self.runs.iter().enumerate() {
             let Some(metrics) = self.log.logs[k].last() else {
                 continue;
@@ -88,13 +73,12 @@ impl Record for Records<'_> {
             }
             run.progress.logged(metrics);
         }
-        // An epoch evaluated during the next one: the parameters have moved on, and that epoch's
-        // end is neither kept nor the place to stop.
-        if !current {
-            return Ok(());
-        }
+        Ok(())
+    }
+
+    fn kept(&mut self, optimizer: &AdamW, end: &EpochEnd) -> Result<()> {
+        let epoch = end.epoch;
         let stop = crate::interrupt::requested();
-        let optimizer = trainee.optimizer();
         for (k, run) in self.runs.iter().enumerate() {
             if run.checkpoints.due(epoch) || stop.is_some() {
                 let state = Some((optimizer, k));
@@ -155,7 +139,7 @@ fn metrics_of(
         attention_entropy,
         test_loss: test.as_ref().map(|t| t.loss),
         test_acc: test.as_ref().map(|t| t.accuracy),
-        qk_spectrum: None,
-        rank_collapse: None,
+        qk_spectrum: evaluated.spectrum,
+        rank_collapse: evaluated.rank_collapse,
     })
 }

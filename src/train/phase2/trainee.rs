@@ -4,8 +4,9 @@
 use anyhow::Result;
 use candle_core::{D, Tensor};
 
-use super::super::optim::AdamW;
+use super::objective::Gradients;
 use crate::diagnostics::Spectrum;
+use crate::train::optim::AdamW;
 
 /// A stack of runs whose parameters train together: the last layer's query and key
 /// ([`super::query_key`]) or the token-selection head ([`super::head`]).
@@ -13,38 +14,24 @@ pub trait Trainee: Send {
     /// Runs in the stack.
     fn runs(&self) -> usize;
 
-    /// One AdamW step of every run: run r on rows `batches[r]` of its fine-tune set.
-    fn step(&mut self, batches: &[&[usize]]) -> Result<Step>;
-
-    /// Every run evaluated after the epoch `end` names, at the current parameters; none where the
-    /// trainee defers that evaluation to the next epoch's steps (the host pass's look-ahead).
-    fn evaluate(&mut self, end: &EpochEnd) -> Result<Option<Evaluation>>;
-
-    /// The evaluation of an epoch deferred to the steps just taken, now complete.
-    fn deferred(&mut self) -> Result<Option<Evaluation>> {
-        Ok(None)
-    }
+    /// Every run's loss on its batch (run r on rows `batches[r]` of its fine-tune set) and the
+    /// gradient of the stack's objective ([`super::objective`]), at the current parameters.
+    fn gradients(&mut self, batches: &[&[usize]]) -> Result<Gradients>;
 
     /// The stack's optimizer: each run's parameters, moments and step count.
     fn optimizer(&self) -> &AdamW;
 
-    /// The same, to restore a resumed run's state into.
+    /// The same, to update, or to restore a resumed run's state into.
     fn optimizer_mut(&mut self) -> &mut AdamW;
+
+    /// The evaluations complete once the epoch `end` names has ended, oldest first. A trainee may
+    /// evaluate an epoch that is neither scored nor kept along the next epoch's steps instead of
+    /// at its end (the host pass's look-ahead): its evaluation then comes with the next one's.
+    fn evaluations(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>>;
 
     /// Run `run`'s logits and attention on rows `rows` of its fine-tune set, now (the attention
     /// maps' samples).
     fn pictured(&self, run: usize, rows: &[usize]) -> Result<SetOutput>;
-
-    /// Run `run`'s query-key eigenspectrum now (docs/protocol.md §5).
-    fn spectrum(&self, run: usize) -> Result<Spectrum>;
-
-    /// Run `run`'s rank-collapse residual now, where the trainee measures one (last-layer mode).
-    fn rank_collapse(&self, run: usize) -> Result<Option<f64>>;
-}
-
-/// What a step gives: each run's mean loss over its batch (against its noisy labels).
-pub struct Step {
-    pub losses: Vec<f64>,
 }
 
 /// The end of an epoch, as the loop tells the trainee.
@@ -52,19 +39,15 @@ pub struct Step {
 pub struct EpochEnd {
     /// Epochs done (0: right after the reset, before any step).
     pub epoch: usize,
-    /// The test set is scored at this epoch.
+    /// The test set is scored at this epoch, with the query-key diagnostics.
     pub score_test: bool,
-    /// This epoch's end state is kept (a checkpoint, or a stop): it must be evaluated now, not
-    /// during the next epoch.
-    pub now: bool,
+    /// This epoch's end state is kept (a checkpoint, or a stop): it is evaluated at its end.
+    pub kept: bool,
 }
 
-/// Every run of the stack evaluated after one epoch.
+/// Every run of the stack evaluated after one epoch, at the parameters that epoch ended at.
 pub struct Evaluation {
     pub epoch: usize,
-    /// Whether the trainee's parameters are still those of this epoch's end (a deferred
-    /// evaluation comes after the next epoch's steps moved them).
-    pub current: bool,
     pub runs: Vec<RunEvaluation>,
 }
 
@@ -74,6 +57,11 @@ pub struct RunEvaluation {
     pub finetune: SetOutput,
     /// The test set's logits (N, C), when it was scored.
     pub test_logits: Option<Tensor>,
+    /// The query-key eigenspectrum (docs/protocol.md §5), when the test set was scored.
+    pub spectrum: Option<Spectrum>,
+    /// The rank-collapse residual, when the test set was scored and the trainee measures one
+    /// (last-layer mode).
+    pub rank_collapse: Option<f64>,
 }
 
 /// Logits (N, C) and the selecting attention (N, …, T) of rows of a set.
