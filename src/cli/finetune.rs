@@ -81,13 +81,13 @@ pub struct FinetuneArgs {
     #[command(flatten)]
     pub places: PlaceArgs,
     /// Inputs per backbone batch when filling the cache
-    #[arg(long, value_name = "N", default_value_t = 32)]
+    #[arg(long, value_name = "N", default_value_t = FinetuneJob::ENCODE_BATCH)]
     pub encode_batch: usize,
     /// Add [CLS]/[SEP] when tokenizing (the authors did not)
     #[arg(long)]
     pub special_tokens: bool,
     /// Write a checkpoint to --out every K phase-2 epochs (and after phase 1 and the last epoch); 0: none
-    #[arg(long, value_name = "K", default_value_t = 100)]
+    #[arg(long, value_name = "K", default_value_t = FinetuneJob::CHECKPOINT_EVERY)]
     pub checkpoint_every: usize,
     /// Continue from the checkpoint in --out (bit for bit); starts afresh if there is none. With
     /// several runs, each from its own folder's; runs stopped after different epochs train apart
@@ -135,16 +135,14 @@ impl FinetuneArgs {
                     (Some(out), true) => Some(RunFolder::among_runs(out, &config)?.0),
                     (out, _) => out.clone(),
                 };
+                // A run (or a stack) alone: every core of the process's pool
+                // (RAYON_NUM_THREADS, else all), as `new` gives.
                 let job = FinetuneJob {
-                    config,
-                    places: self.places.places(),
                     out,
                     checkpoint_every: self.checkpoint_every,
                     resume: self.resume,
                     encode_batch: self.encode_batch,
-                    // A run (or a stack) alone: every core of the process's pool
-                    // (RAYON_NUM_THREADS, else all).
-                    sample_threads: rayon::current_num_threads(),
+                    ..FinetuneJob::new(config, self.places.places())
                 };
                 job.validate()?;
                 Ok(job)

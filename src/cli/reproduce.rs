@@ -45,18 +45,22 @@ pub struct GridArgs {
     /// Label-noise rates η, comma-separated [default: the experiment's]
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub etas: Option<Vec<f64>>,
-    /// paper: the paper's sizes and epochs; quick: pretrain_n ≤ 500, test_n ≤ 500, 300/50 epochs
-    #[arg(long, value_enum, default_value_t = library::Budget::Paper)]
-    pub budget: library::Budget,
-    /// What phase 2 trains (see finetune --mode)
-    #[arg(long, value_enum, default_value_t = Mode::LastLayer)]
-    pub mode: Mode,
+    /// The grid's settings from a TOML file whose keys are these flags (`head_classifier` and
+    /// `stack_memory` with underscores); flags given beside it override it (docs/usage.md)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// paper: the paper's sizes and epochs; quick: pretrain_n ≤ 500, test_n ≤ 500, 300/50 epochs [default: paper]
+    #[arg(long, value_enum)]
+    pub budget: Option<library::Budget>,
+    /// What phase 2 trains (see finetune --mode) [default: last-layer]
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
     /// Head mode: what the phase-1 classifier is trained on (see finetune --head-classifier)
     #[arg(long, value_enum)]
     pub head_classifier: Option<HeadClassifier>,
-    /// Whose random draws pick each run's split, label noise and batch orders (see finetune --rng)
-    #[arg(long, value_enum, default_value_t = RngChoice::Own)]
-    pub rng: RngChoice,
+    /// Whose random draws pick each run's split, label noise and batch orders (see finetune --rng) [default: own]
+    #[arg(long, value_enum)]
+    pub rng: Option<RngChoice>,
     /// Result folder: runs/<run>/ and the report [default: results/<experiment>]
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -65,9 +69,9 @@ pub struct GridArgs {
     #[arg(long, value_name = "J")]
     pub jobs: Option<usize>,
     /// Memory a stack's phase 2 may hold beyond its backbone, in GiB: runs that differ only in
-    /// η and the seed train together in stacks as large as this allows
-    #[arg(long, value_name = "GIB", default_value_t = crate::train::stack_plan::STACK_MEMORY_GIB)]
-    pub stack_memory: f64,
+    /// η and the seed train together in stacks as large as this allows [default: 4]
+    #[arg(long, value_name = "GIB")]
+    pub stack_memory: Option<f64>,
     /// Run only the K-th of N interleaved parts of the grid (1 ≤ K ≤ N)
     #[arg(long, value_name = "K/N")]
     pub shard: Option<library::Shard>,
@@ -76,7 +80,47 @@ pub struct GridArgs {
 }
 
 impl GridArgs {
-    /// The flags that define the grid, as a shard task would repeat them.
+    /// The flags with `--config`'s file under them: each flag not given takes the file's key.
+    fn with_file(self) -> Result<Self> {
+        let Some(path) = &self.config else {
+            return Ok(self);
+        };
+        let file = library::grid_file::GridFile::read(path)?;
+        Ok(Self {
+            datasets: self.datasets.or(file.datasets),
+            seeds: self.seeds.or(file.seeds),
+            ns: self.ns.or(file.ns),
+            etas: self.etas.or(file.etas),
+            budget: self.budget.or(file.budget),
+            mode: self.mode.or(file.mode),
+            head_classifier: self.head_classifier.or(file.head_classifier),
+            rng: self.rng.or(file.rng),
+            out: self.out.or(file.out),
+            jobs: self.jobs.or(file.jobs),
+            stack_memory: self.stack_memory.or(file.stack_memory),
+            ..self
+        })
+    }
+
+    fn budget(&self) -> library::Budget {
+        self.budget.unwrap_or_default()
+    }
+
+    fn mode(&self) -> Mode {
+        self.mode.unwrap_or_default()
+    }
+
+    fn rng(&self) -> RngChoice {
+        self.rng.unwrap_or_default()
+    }
+
+    fn stack_memory(&self) -> f64 {
+        self.stack_memory
+            .unwrap_or(crate::train::stack_plan::STACK_MEMORY_GIB)
+    }
+
+    /// The flags that define the grid, as a shard task would repeat them (`--config`'s settings
+    /// among them, resolved).
     fn grid_flags(&self) -> Vec<String> {
         fn list<T: ToString>(flag: &str, values: &Option<Vec<T>>) -> Vec<String> {
             values.as_ref().map_or(Vec::new(), |v| {
@@ -95,16 +139,16 @@ impl GridArgs {
             v.to_possible_value()
                 .map_or(String::new(), |p| p.get_name().to_string())
         }
-        flags.extend(["--budget".into(), value(&self.budget)]);
-        flags.extend(["--mode".into(), value(&self.mode)]);
+        flags.extend(["--budget".into(), value(&self.budget())]);
+        flags.extend(["--mode".into(), value(&self.mode())]);
         if let Some(h) = &self.head_classifier {
             flags.extend(["--head-classifier".into(), value(h)]);
         }
-        flags.extend(["--rng".into(), value(&self.rng)]);
+        flags.extend(["--rng".into(), value(&self.rng())]);
         if let Some(j) = self.jobs {
             flags.extend(["--jobs".into(), j.to_string()]);
         }
-        flags.extend(["--stack-memory".into(), self.stack_memory.to_string()]);
+        flags.extend(["--stack-memory".into(), self.stack_memory().to_string()]);
         if let Some(device) = &self.places.device {
             flags.extend(["--device".into(), value(device)]);
         }
@@ -169,15 +213,15 @@ fn experiment_name(e: library::Experiment) -> &'static str {
 
 fn grid_of(experiment: library::Experiment, args: &GridArgs) -> Result<library::Grid> {
     Ok(library::Grid {
-        head_classifier: HeadClassifier::for_mode(args.mode, args.head_classifier),
+        head_classifier: HeadClassifier::for_mode(args.mode(), args.head_classifier),
         ..library::Grid::new(
             experiment,
             args.datasets.clone(),
             args.seeds.clone(),
             args.ns.clone(),
             args.etas.clone(),
-            args.budget,
-            args.mode,
+            args.budget(),
+            args.mode(),
         )?
     })
 }
@@ -233,6 +277,11 @@ fn snr_backfill(args: SnrArgs) -> Result<ExitCode> {
 
 /// `reproduce slurm`: a job-array script whose tasks run one shard each.
 fn slurm_script(args: SlurmArgs) -> Result<ExitCode> {
+    // The tasks get the file's settings as flags: they need not find the file.
+    let args = SlurmArgs {
+        grid: args.grid.with_file()?,
+        ..args
+    };
     if args.shards == 0 {
         anyhow::bail!("--shards must be at least 1");
     }
@@ -285,12 +334,11 @@ fn slurm_script(args: SlurmArgs) -> Result<ExitCode> {
 
 /// `reproduce table2|fig8|fig9`: the grid (or a shard of it), then its report.
 fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode> {
+    let args = args.with_file()?;
     super::check_jobs(args.jobs)?;
-    if !(args.stack_memory.is_finite() && args.stack_memory > 0.0) {
-        anyhow::bail!(
-            "--stack-memory must be a positive number of GiB, got {}",
-            args.stack_memory
-        );
+    let stack_memory = args.stack_memory();
+    if !(stack_memory.is_finite() && stack_memory > 0.0) {
+        anyhow::bail!("--stack-memory must be a positive number of GiB, got {stack_memory}");
     }
     let grid = grid_of(experiment, &args)?;
     let out = args
@@ -303,14 +351,14 @@ fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode>
         jobs: args
             .jobs
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-        stack_memory: args.stack_memory * f64::from(1u32 << 30),
+        stack_memory: stack_memory * f64::from(1u32 << 30),
         shard: args.shard,
         places: args.places.places(),
         device: args
             .places
             .device
             .unwrap_or(crate::runtime::DeviceKind::Cpu),
-        rng: args.rng,
+        rng: args.rng(),
     };
     // A missing GPU or CUDA build is one line now, not a failure of every run.
     if !options.device.device()?.is_cpu() {
@@ -352,6 +400,83 @@ mod tests {
 
     use super::ReproduceCommand;
     use crate::cli::{Cli, Command};
+
+    fn table2(args: &[&str]) -> super::GridArgs {
+        let mut all = vec!["benign-attention", "reproduce", "table2"];
+        all.extend_from_slice(args);
+        let cli = Cli::try_parse_from(all).unwrap();
+        let Command::Reproduce(ReproduceCommand::Table2(args)) = cli.command else {
+            panic!("table2 expected")
+        };
+        args
+    }
+
+    /// The defaults the help states are those a grid without the flags runs with.
+    #[test]
+    fn help_defaults_are_the_grid_defaults() {
+        use clap::{CommandFactory, ValueEnum};
+        let mut command = Cli::command();
+        let grid = command
+            .find_subcommand_mut("reproduce")
+            .and_then(|r| r.find_subcommand_mut("table2"))
+            .unwrap();
+        let help_of = |id: &str| {
+            let arg = grid.get_arguments().find(|a| a.get_id() == id).unwrap();
+            arg.get_help().map(|h| h.to_string()).unwrap_or_default()
+        };
+        let bare = table2(&[]);
+        let name = |v: &dyn Fn() -> Option<clap::builder::PossibleValue>| {
+            v().unwrap().get_name().to_string()
+        };
+        let stated = [
+            ("budget", name(&|| bare.budget().to_possible_value())),
+            ("mode", name(&|| bare.mode().to_possible_value())),
+            ("rng", name(&|| bare.rng().to_possible_value())),
+            ("stack_memory", bare.stack_memory().to_string()),
+        ];
+        for (id, value) in stated {
+            let help = help_of(id);
+            assert!(
+                help.contains(&format!("[default: {value}]")),
+                "--{id}: {help}"
+            );
+        }
+    }
+
+    /// `--config`'s keys fill the flags not given; a flag beside the file wins.
+    #[test]
+    fn a_grid_file_is_overridden_by_flags_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("grid.toml");
+        std::fs::write(
+            &path,
+            "datasets = [\"trec\"]\nseeds = [42, 314]\nbudget = \"quick\"\nrng = \"authors\"\n",
+        )
+        .unwrap();
+        let path = path.to_str().unwrap();
+        let args = table2(&["--config", path, "--seeds", "7", "--rng", "own"])
+            .with_file()
+            .unwrap();
+        assert_eq!(args.datasets, Some(vec![crate::data::DatasetName::Trec]));
+        assert_eq!(args.seeds, Some(vec![7]));
+        let flags = args.grid_flags();
+        let value = |flag: &str| {
+            let at = flags.iter().position(|f| f == flag).unwrap();
+            flags[at + 1].clone()
+        };
+        assert_eq!(
+            (value("--budget"), value("--rng")),
+            ("quick".into(), "own".into())
+        );
+        assert!(!flags.iter().any(|f| f == "--config"), "{flags:?}");
+        let missing = table2(&["--config", "no-such-grid.toml"])
+            .with_file()
+            .unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("no-such-grid.toml"),
+            "{missing:#}"
+        );
+    }
 
     /// A Slurm task repeats the grid's flags, --rng included.
     #[test]

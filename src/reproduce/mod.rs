@@ -5,6 +5,7 @@
 //! sample passes through its backbone once whatever the grid. `--shard K/N` keeps every N-th run
 //! for a cluster's job array (`slurm` writes the script); `report` merges shard folders.
 
+pub mod grid_file;
 pub mod grid_record;
 pub mod slurm;
 pub mod snr_backfill;
@@ -37,9 +38,10 @@ pub enum Experiment {
     Fig9,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Budget {
     /// The paper's sizes and epochs.
+    #[default]
     Paper,
     /// Scaled so that Table 2 of the six datasets runs in about half an hour on two cores.
     Quick,
@@ -230,7 +232,11 @@ impl DriverOptions {
             } else {
                 paper.pretrain_epochs
             },
-            eval_every: if quick { quick::EVAL_EVERY } else { 50 },
+            eval_every: if quick {
+                quick::EVAL_EVERY
+            } else {
+                paper.eval_every
+            },
             carve_train_from_test: carve.then_some(CARVE_FRACTION),
             device: self.device,
             rng: self.rng,
@@ -243,15 +249,12 @@ impl DriverOptions {
     pub fn finetune_job(&self, config: RunConfig) -> Result<FinetuneJob> {
         let run_dir = RunFolder::among_runs(&self.out, &config)?.0;
         Ok(FinetuneJob {
-            config,
-            places: self.places.clone(),
             // A killed run continues; a fresh one starts without a note about it.
             resume: crate::train::checkpoint::path(&run_dir).exists(),
             out: Some(run_dir),
-            checkpoint_every: 100,
-            encode_batch: 32,
             // The cores shared among the runs going at once.
             sample_threads: (rayon::current_num_threads() / self.jobs.max(1)).max(1),
+            ..FinetuneJob::new(config, self.places.clone())
         })
     }
 }

@@ -165,13 +165,8 @@ fn samples_key(config: &RunConfig) -> Result<String> {
 /// The run as `diagnose snr` would make it: no folder, nothing resumed.
 fn estimate_job(config: &RunConfig, places: &Places) -> FinetuneJob {
     FinetuneJob {
-        config: config.clone(),
-        places: places.clone(),
-        out: None,
         checkpoint_every: 0,
-        resume: false,
-        encode_batch: 32,
-        sample_threads: rayon::current_num_threads(),
+        ..FinetuneJob::new(config.clone(), places.clone())
     }
 }
 

@@ -34,10 +34,11 @@ pub const MAX_EPOCHS: usize = 10_000_000;
 pub const MAX_ENCODE_BATCH: usize = 4096;
 
 /// What phase 2 trains.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// The paper: re-initialise and train the last layer's query and key.
+    #[default]
     LastLayer,
     /// The card: a token-selection head on the final tokens, with a frozen linear classifier.
     Head,
@@ -150,7 +151,7 @@ impl RunConfig {
         let defaults = dataset_config(dataset)?;
         Ok(Self {
             dataset: dataset.clone(),
-            mode: Mode::LastLayer,
+            mode: Mode::default(),
             head_classifier: None,
             noise: NoiseModel::Symmetric,
             eta: 0.0,
@@ -357,6 +358,25 @@ pub struct FinetuneJob {
 }
 
 impl FinetuneJob {
+    /// Phase-2 epochs between checkpoints, unless asked otherwise.
+    pub const CHECKPOINT_EVERY: usize = 100;
+    /// Inputs per backbone batch when filling the cache, unless asked otherwise.
+    pub const ENCODE_BATCH: usize = 32;
+
+    /// The run `config` as a job with the default settings: no folder, nothing resumed, the
+    /// process's every thread for its samples. Every driver starts from this one.
+    pub fn new(config: RunConfig, places: Places) -> Self {
+        Self {
+            config,
+            places,
+            out: None,
+            checkpoint_every: Self::CHECKPOINT_EVERY,
+            resume: false,
+            encode_batch: Self::ENCODE_BATCH,
+            sample_threads: rayon::current_num_threads(),
+        }
+    }
+
     /// Checks the configuration and the settings, each error naming its flag.
     pub fn validate(&self) -> Result<()> {
         self.config.validate()?;

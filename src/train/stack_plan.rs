@@ -271,13 +271,8 @@ mod tests {
         };
         let id = config.run_name().unwrap();
         let job = FinetuneJob {
-            config,
-            places: Places::default(),
-            out: None,
-            checkpoint_every: 100,
-            resume: false,
-            encode_batch: 32,
             sample_threads: 1,
+            ..FinetuneJob::new(config, Places::default())
         };
         (id, job)
     }
