@@ -32,8 +32,8 @@
 
 mod attention;
 mod backward;
-mod spread;
 mod norm;
+mod spread;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -687,5 +687,4 @@ impl HostLayer {
         }
         (pooled_features, logits)
     }
-
 }
