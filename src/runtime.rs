@@ -63,16 +63,75 @@ pub enum DeviceKind {
 }
 
 impl DeviceKind {
+    /// The name the flags take.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+
     /// The device, or one line on how to get it.
     pub fn device(self) -> anyhow::Result<candle_core::Device> {
+        self.device_of("--device")
+    }
+
+    /// The device `flag` asked for, or one line naming the flag on how to get it.
+    pub fn device_of(self, flag: &str) -> anyhow::Result<candle_core::Device> {
         match self {
             DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
             DeviceKind::Cuda if !cfg!(feature = "cuda") => anyhow::bail!(
-                "--device cuda: this binary was built without CUDA; rebuild with `cargo build --release --features cuda` (needs the CUDA toolkit and an NVIDIA driver)"
+                "{flag} cuda: this binary was built without CUDA; rebuild with `cargo build --release --features cuda` (needs the CUDA toolkit and an NVIDIA driver)"
             ),
             DeviceKind::Cuda => candle_core::Device::new_cuda(0)
-                .map_err(|e| anyhow::anyhow!("--device cuda: no usable GPU 0 ({e})")),
+                .map_err(|e| anyhow::anyhow!("{flag} cuda: no usable GPU 0 ({e})")),
         }
+    }
+}
+
+/// Where each part of a run computes: the one rule of placement (docs/design.md, "Placement").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Placement {
+    /// The frozen backbone's forward, which makes the features (`--device`).
+    pub backbone: DeviceKind,
+    /// Phase 1: the classifier on the clean pretrain features.
+    pub phase1: DeviceKind,
+    /// Phase 2: the stack's steps and evaluations.
+    pub phase2: DeviceKind,
+}
+
+impl Placement {
+    /// The backbone where `device` says; both phases where `train_device` says, else on the
+    /// host. A GPU extracts features many times faster than a few cores, but the phases are
+    /// chains of small operations that the host pass runs on the machine's cores faster than
+    /// candle's generic operations run them on a GPU (docs/performance.md, "On a GPU").
+    pub fn of(device: DeviceKind, train_device: Option<DeviceKind>) -> Self {
+        let phases = train_device.unwrap_or(DeviceKind::Cpu);
+        Self {
+            backbone: device,
+            phase1: phases,
+            phase2: phases,
+        }
+    }
+
+    /// The phases' device (both phases run on one).
+    pub fn phases(self) -> DeviceKind {
+        self.phase2
+    }
+
+    /// Whether the backbone and the phases run on different devices.
+    pub fn is_split(self) -> bool {
+        self.backbone != self.phases()
+    }
+
+    /// One line for a run's stderr.
+    pub fn describe(self) -> String {
+        format!(
+            "the backbone on {}, phase 1 on {}, phase 2 on {}",
+            self.backbone.name(),
+            self.phase1.name(),
+            self.phase2.name()
+        )
     }
 }
 
@@ -195,6 +254,36 @@ fn poll_until(done: &AtomicBool) {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    /// The placement rule: the backbone follows `--device`, the phases `--train-device`, and
+    /// without it the host.
+    #[test]
+    fn the_phases_run_on_the_host_unless_asked_otherwise() {
+        use DeviceKind::{Cpu, Cuda};
+        let all = |d| Placement {
+            backbone: d,
+            phase1: d,
+            phase2: d,
+        };
+        assert_eq!(Placement::of(Cpu, None), all(Cpu));
+        assert_eq!(Placement::of(Cpu, Some(Cpu)), all(Cpu));
+        assert_eq!(Placement::of(Cuda, Some(Cuda)), all(Cuda));
+        let gpu_features = Placement::of(Cuda, None);
+        assert_eq!(
+            gpu_features,
+            Placement {
+                backbone: Cuda,
+                phase1: Cpu,
+                phase2: Cpu
+            }
+        );
+        assert!(gpu_features.is_split() && !all(Cuda).is_split());
+        assert_eq!(
+            gpu_features.describe(),
+            "the backbone on cuda, phase 1 on cpu, phase 2 on cpu"
+        );
+        assert_eq!(Placement::of(Cpu, Some(Cuda)).phases(), Cuda);
+    }
 
     /// Whether `test` holds within a second.
     fn soon(test: impl Fn() -> bool) -> bool {

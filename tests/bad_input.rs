@@ -408,6 +408,42 @@ fn extract_on_cuda_from_a_cpu_build_is_one_error_line() {
     );
 }
 
+/// `finetune --device cuda` and `--train-device cuda` from a CPU-only build: one line naming the
+/// flag, and no run folder.
+#[test]
+fn finetune_on_cuda_from_a_cpu_build_is_one_error_line() {
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tiny_breastmnist(&data);
+    let model = model_copy(&dir.path().join("ok"), "tiny_vit", |_| {}, |_| {});
+    for flag in ["--device", "--train-device"] {
+        let out_dir = dir.path().join(flag.trim_start_matches('-'));
+        let out = benign(&[
+            "finetune",
+            "--dataset",
+            "breastmnist",
+            "--eta",
+            "0.2",
+            "--backbone",
+            path_str(&model),
+            "--data-dir",
+            path_str(&data),
+            "--cache-dir",
+            path_str(&dir.path().join("cache")),
+            "--out",
+            path_str(&out_dir),
+            flag,
+            "cuda",
+        ]);
+        let shown = format!("finetune {flag} cuda");
+        assert_one_error_line(&shown, &out, &[&format!("{flag} cuda"), "--features cuda"]);
+        assert!(!out_dir.exists(), "{shown} left {}", out_dir.display());
+    }
+}
+
 #[test]
 fn memory_implausible_synthetic_runs_are_refused_up_front() {
     let dir = tempfile::tempdir().unwrap();

@@ -99,6 +99,12 @@ fn both_modes_run_and_write_summary_and_metrics() {
         }
         assert_eq!(summary["config"]["mode"], mode);
         assert_eq!(summary["config"]["n"], 30);
+        // Where each part ran: all on the host without --device or --train-device.
+        assert_eq!(
+            summary["resolved"]["placement"],
+            serde_json::json!({"backbone": "cpu", "phase1": "cpu", "phase2": "cpu"})
+        );
+        assert!(summary["config"].get("train_device").is_none(), "{summary}");
         // config.json beside it is the configuration the summary reports.
         let config: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out_dir.join("config.json")).unwrap())

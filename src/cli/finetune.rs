@@ -198,6 +198,7 @@ impl FinetuneArgs {
             locater: self.locater.unwrap_or(base.locater),
             train_threads: self.train_threads.unwrap_or(base.train_threads),
             device: self.places.device.unwrap_or(base.device),
+            train_device: self.places.train_device.or(base.train_device),
             ..base.clone()
         }
         .with_noise_draw()

@@ -64,10 +64,14 @@ pub struct PlaceArgs {
     /// Feature cache [default: $BENIGN_CACHE_DIR, else the platform cache folder/benign-attention]
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
-    /// Where the backbone and the training compute (cuda needs a build with `--features cuda`)
+    /// Where the backbone makes the features (cuda needs a build with `--features cuda`)
     /// [default: cpu]
     #[arg(long, value_enum)]
     pub device: Option<DeviceKind>,
+    /// Where phases 1 and 2 run, whatever --device says [default: the host's cores, where they
+    /// run fastest today; docs/design.md, "Placement"]
+    #[arg(long, value_enum)]
+    pub train_device: Option<DeviceKind>,
 }
 
 impl PlaceArgs {

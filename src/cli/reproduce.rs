@@ -152,6 +152,9 @@ impl GridArgs {
         if let Some(device) = &self.places.device {
             flags.extend(["--device".into(), value(device)]);
         }
+        if let Some(device) = &self.places.train_device {
+            flags.extend(["--train-device".into(), value(device)]);
+        }
         flags
     }
 }
@@ -358,13 +361,18 @@ fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode>
             .places
             .device
             .unwrap_or(crate::runtime::DeviceKind::Cpu),
+        train_device: args.places.train_device,
         rng: args.rng(),
     };
-    // A missing GPU or CUDA build is one line now, not a failure of every run.
-    if !options.device.device()?.is_cpu() {
+    let placement = crate::runtime::Placement::of(options.device, options.train_device);
+    if placement != crate::runtime::Placement::of(crate::runtime::DeviceKind::Cpu, None) {
+        // A missing GPU or CUDA build is one line now, not a failure of every run.
+        placement.backbone.device()?;
+        placement.phases().device_of("--train-device")?;
         // Said once here: the runs of the grid report no progress of their own.
         eprintln!(
-            "note: --device cuda: {}",
+            "note: {}; {}",
+            placement.describe(),
             crate::train::finetune::HOST_STEPS
         );
     }

@@ -329,6 +329,7 @@ pub(super) mod tests {
                     complete: true,
                 },
                 float_kernels: "x86_64 avx2+fma".into(),
+                placement: None,
             },
             baseline_test_acc: baseline,
             reset_test_acc: None,

@@ -186,6 +186,8 @@ pub struct DriverOptions {
     pub shard: Option<Shard>,
     pub places: Places,
     pub device: DeviceKind,
+    /// Where phases 1 and 2 run, when not on the host.
+    pub train_device: Option<DeviceKind>,
     /// Whose random draws pick each run's split, label noise and batch orders.
     pub rng: RngChoice,
 }
@@ -201,7 +203,11 @@ impl DriverOptions {
     /// A digest of what defines the grid (its points, budget, mode, streams and device): the
     /// shards of one grid carry the same.
     pub fn grid_digest(&self) -> Result<String> {
-        let definition = format!("{:?} {:?} {:?}", self.grid, self.rng, self.device);
+        let mut definition = format!("{:?} {:?} {:?}", self.grid, self.rng, self.device);
+        if let Some(train) = self.train_device {
+            // Only where set, so that the grids made before it keep their digest.
+            definition.push_str(&format!(" {train:?}"));
+        }
         Ok(crate::io::json_digest(&definition)?[..16].to_string())
     }
 
@@ -239,6 +245,7 @@ impl DriverOptions {
             },
             carve_train_from_test: carve.then_some(CARVE_FRACTION),
             device: self.device,
+            train_device: self.train_device,
             rng: self.rng,
             ..paper
         }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use crate::report::results::{ResultRow, collect};
-use crate::train::finetune::{FinetuneJob, Places, Progress, RunConfig, RunFolder};
+use crate::train::finetune::{FinetuneJob, Mode, Places, Progress, RunConfig, RunFolder};
 use crate::train::run_snr::{RunSnr, of_job};
 
 /// What a backfill did.
@@ -37,7 +37,10 @@ pub struct Backfill {
 /// Fills the missing estimates of the finished runs under `out/runs`.
 pub fn backfill(out: &Path, places: &Places, progress: &dyn Progress) -> Result<Backfill> {
     let mut done = Backfill::default();
-    let mut siblings: BTreeMap<String, Vec<(ResultRow, PathBuf)>> = BTreeMap::new();
+    // Keyed by (head mode, samples): the last-layer groups, whose phase 1 on CLS features takes
+    // seconds, before the head-mode ones, whose phase 1 on every token may take many minutes, so
+    // that a sitting stopped early has given the most runs their estimate.
+    let mut siblings: BTreeMap<(bool, String), Vec<(ResultRow, PathBuf)>> = BTreeMap::new();
     no_links(out)?;
     for (row, dir) in collect(&[out.to_path_buf()])? {
         if row.snr.is_some() {
@@ -46,7 +49,7 @@ pub fn backfill(out: &Path, places: &Places, progress: &dyn Progress) -> Result<
         }
         check_run(&row, &dir)?;
         siblings
-            .entry(samples_key(&row.config)?)
+            .entry((row.config.mode == Mode::Head, samples_key(&row.config)?))
             .or_default()
             .push((row, dir));
     }

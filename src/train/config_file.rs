@@ -130,6 +130,7 @@ fn known_keys() -> Result<Value> {
         test_n: Some(1),
         carve_train_from_test: Some(0.5),
         authors_noise_draw: Some(crate::rng::AuthorsNoiseDraw::CURRENT),
+        train_device: Some(crate::runtime::DeviceKind::Cpu),
         ..RunConfig::paper(&DatasetName::BreastMnist)?
     };
     Ok(serde_json::to_value(full)?)

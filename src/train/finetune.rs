@@ -23,8 +23,7 @@ use super::resume::{Checkpoints, WallClock, record_resumed_kernels, resumed_chec
 pub use super::run::{FinetuneJob, HeadClassifier, Mode, Places, RunConfig, RunFolder};
 pub use super::setup::{AUTHORS_RNG_DEVIATION, fill_cache};
 use super::setup::{
-    Setup, device_name, layer_inputs, prepare_data, run_features, setup, setup_sibling,
-    write_config,
+    Setup, layer_inputs, prepare_data, run_features, setup, setup_sibling, write_config,
 };
 use crate::data::catalog::Completeness;
 use crate::data::prepare::PreparedData;
@@ -51,6 +50,10 @@ pub struct Resolved {
     /// Empty (and not written back) in summaries written before it was recorded.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub float_kernels: String,
+    /// Where the backbone and each phase ran ([`crate::runtime::Placement`]); absent in
+    /// summaries written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::runtime::Placement>,
 }
 
 /// summary.json: the configuration, what it resolved to, and the results.
@@ -137,11 +140,9 @@ pub fn finetune_stack(
     // Set-up, the data and the backbone, once for the stack: what is refused here is refused
     // for every run, before any run folder is touched.
     let template = setup(&jobs[0])?;
-    if !template.device.is_cpu() {
-        progress[0].note(&format!(
-            "--device {}: {HOST_STEPS}",
-            device_name(&template.device)
-        ));
+    let placement = template.placement;
+    if placement != crate::runtime::Placement::of(crate::runtime::DeviceKind::Cpu, None) {
+        progress[0].note(&format!("{}; {HOST_STEPS}", placement.describe()));
     }
     // Both phases are chains of small ops: one thread each (by default) beats sharing cores,
     // whose hand-offs dominate such ops, and keeps results independent of the core count.
@@ -471,6 +472,7 @@ fn summarize(
             realised_eta: prepared.labels.rate(),
             dataset_completeness: setup.completeness,
             float_kernels: setup.float_kernels,
+            placement: Some(setup.placement),
         },
         baseline_test_acc: phase1.baseline_test_acc,
         reset_test_acc: log.iter().find(|m| m.epoch == 0).and_then(|m| m.test_acc),

@@ -17,7 +17,7 @@ use super::optim::OptimizerConfig;
 use crate::data::DatasetName;
 use crate::data::noise::{NoiseModel, authors_only_symmetric};
 use crate::rng::{AuthorsNoiseDraw, RngChoice};
-use crate::runtime::DeviceKind;
+use crate::runtime::{DeviceKind, Placement};
 
 /// The most samples a set may be asked for (more than any dataset holds, and small enough that
 /// sums of sizes cannot overflow).
@@ -141,10 +141,20 @@ pub struct RunConfig {
     pub locater: f64,
     /// Threads of phases 1 and 2 (float reductions, and so the last bits, depend on it).
     pub train_threads: usize,
+    /// Where the backbone makes the features.
     pub device: DeviceKind,
+    /// Where phases 1 and 2 run when not on the host ([`Placement::of`]); absent from a
+    /// config.json that leaves them there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_device: Option<DeviceKind>,
 }
 
 impl RunConfig {
+    /// Where each part of the run computes.
+    pub fn placement(&self) -> Placement {
+        Placement::of(self.device, self.train_device)
+    }
+
     /// The paper's run on `dataset` (configs/<dataset>.toml) at η = 0, seed 42; callers set what
     /// they change with struct update syntax.
     pub fn paper(dataset: &DatasetName) -> Result<Self> {
@@ -172,6 +182,7 @@ impl RunConfig {
             locater: 0.0,
             train_threads: 1,
             device: DeviceKind::Cpu,
+            train_device: None,
         })
     }
 

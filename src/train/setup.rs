@@ -18,6 +18,7 @@ use crate::encoder::cache::{Contents, FeatureCache, Features, cache_root};
 use crate::encoder::layer_rows::{LayerBatch, LayerRows, RowsBuilder};
 use crate::encoder::{Backbone, Model, TextOptions, resolve};
 use crate::rng::RngChoice;
+use crate::runtime::Placement;
 
 pub(super) fn device_name(device: &Device) -> &'static str {
     match device.location() {
@@ -27,12 +28,18 @@ pub(super) fn device_name(device: &Device) -> &'static str {
     }
 }
 
-/// What computes the run's floats: the CPU's kernels, or the device beside the host's.
-pub(super) fn float_kernels(device: &Device) -> String {
+/// What computes the run's floats: the CPU's kernels, or the device beside the host's; and the
+/// device that made the features where it is not the phases'.
+pub(super) fn float_kernels(device: &Device, placement: Placement) -> String {
     let host = crate::runtime::float_kernels();
-    match device.location() {
+    let phases = match device.location() {
         candle_core::DeviceLocation::Cpu => host.to_string(),
         _ => format!("{} (host: {host})", device_name(device)),
+    };
+    if placement.is_split() {
+        format!("{phases}; features from {}", placement.backbone.name())
+    } else {
+        phases
     }
 }
 
@@ -48,8 +55,14 @@ pub(super) struct Setup {
     pub(super) root: PathBuf,
     pub(super) dataset: Arc<data::Dataset>,
     pub(super) completeness: Completeness,
+    /// The backbone on the phases' device: its last layer is what phase 2 trains through.
     pub(super) backbone: Arc<Backbone>,
+    /// The backbone that makes the features, on `--device`: the same one unless the placement
+    /// splits them ([`Placement`]).
+    pub(super) feature_backbone: Arc<Backbone>,
+    /// The phases' device.
     pub(super) device: Device,
+    pub(super) placement: Placement,
     pub(super) cache: FeatureCache,
     pub(super) plan: SplitPlan,
     pub(super) deviations: Vec<String>,
@@ -62,7 +75,10 @@ pub(super) struct Setup {
 pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
     job.validate()?;
     let config = &job.config;
-    let device = config.device.device()?;
+    let placement = config.placement();
+    // Both devices are checked first: a missing GPU or CUDA build is one line before any work.
+    let feature_device = placement.backbone.device()?;
+    let device = placement.phases().device_of("--train-device")?;
     // An unwritable cache is found now, not after the backbone work.
     let cache = FeatureCache::open(cache_root(job.places.cache_dir.as_deref()))?;
     let root = data::data_root(job.places.data_dir.as_deref());
@@ -70,16 +86,32 @@ pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
         data::fetch::load_or_fetch(&config.dataset, &root, job.places.data_mirror.as_deref())?;
     let completeness = Completeness::of(&dataset);
     let (backbone, backbone_notes) = load_backbone(config, &job.places, &device)?;
+    let backbone = Arc::new(backbone);
+    let feature_backbone = if placement.is_split() {
+        let text = TextOptions {
+            special_tokens: config.special_tokens,
+            ..Default::default()
+        };
+        Arc::new(Backbone::load(
+            backbone.files.clone(),
+            &feature_device,
+            text,
+        )?)
+    } else {
+        Arc::clone(&backbone)
+    };
     let (plan, notes) = split_plan(config, &dataset, &completeness)?;
     let file_notes = unofficial_files(&config.dataset, &root)?;
     let deviations = [backbone_notes.clone(), notes, file_notes.clone()].concat();
-    let float_kernels = float_kernels(&device);
+    let float_kernels = float_kernels(&device, placement);
     Ok(Setup {
         root,
         dataset: Arc::new(dataset),
         completeness,
-        backbone: Arc::new(backbone),
+        backbone,
+        feature_backbone,
         device,
+        placement,
         cache,
         plan,
         deviations,
@@ -99,7 +131,9 @@ pub(super) fn setup_sibling(first: &Setup, job: &FinetuneJob) -> Result<Setup> {
         dataset: Arc::clone(&first.dataset),
         completeness: first.completeness.clone(),
         backbone: Arc::clone(&first.backbone),
+        feature_backbone: Arc::clone(&first.feature_backbone),
         device: first.device.clone(),
+        placement: first.placement,
         cache: first.cache.clone(),
         plan,
         deviations: [backbone_notes.clone(), notes, file_notes.clone()].concat(),
@@ -318,7 +352,7 @@ pub(super) fn run_features(
     let get = |what: &str, split, positions: &[usize], contents| {
         cached_features(
             &setup.cache,
-            &setup.backbone,
+            &setup.feature_backbone,
             &job.config.dataset,
             split,
             positions,
@@ -417,7 +451,7 @@ pub fn fill_cache(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
             let what = format!("{} {} features", first.config.dataset, split_name.name());
             cached_features(
                 &setup.cache,
-                &setup.backbone,
+                &setup.feature_backbone,
                 &first.config.dataset,
                 split,
                 &positions,
