@@ -245,15 +245,9 @@ impl Trainee for HeadTrainee<'_> {
             .zip(test)
             .enumerate()
             .map(|(k, (chunks, test_logits))| {
-                let scored = test_logits.is_some();
-                Ok(RunEvaluation {
-                    finetune: SetOutput::join(chunks)?,
-                    test_logits,
-                    spectrum: scored
-                        .then(|| qk_spectrum(&self.optimizer, k, self.shape))
-                        .transpose()?,
-                    // The head has no layer around it to collapse.
-                    rank_collapse: None,
+                // The head has no layer around it to collapse.
+                RunEvaluation::of(chunks, test_logits, || {
+                    Ok((qk_spectrum(&self.optimizer, k, self.shape)?, None))
                 })
             })
             .collect::<Result<_>>()?;

@@ -245,12 +245,8 @@ impl<'a> LastLayerTrainee<'a> {
             .zip(test_logits)
             .enumerate()
             .map(|(k, (chunks, test_logits))| {
-                let scored = test_logits.is_some();
-                Ok(RunEvaluation {
-                    finetune: SetOutput::join(chunks)?,
-                    test_logits,
-                    spectrum: scored.then(|| self.spectrum(k)).transpose()?,
-                    rank_collapse: scored.then(|| self.rank_collapse(k)).transpose()?,
+                RunEvaluation::of(chunks, test_logits, || {
+                    Ok((self.spectrum(k)?, Some(self.rank_collapse(k)?)))
                 })
             })
             .collect::<Result<_>>()?;

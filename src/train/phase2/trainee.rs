@@ -64,6 +64,31 @@ pub struct RunEvaluation {
     pub rank_collapse: Option<f64>,
 }
 
+impl RunEvaluation {
+    /// A run's evaluation from its fine-tune set's chunks and, at a scored epoch, its test
+    /// logits with the query-key diagnostics `diagnostics` measures then (the spectrum, and the
+    /// rank-collapse residual where the trainee has one).
+    pub fn of(
+        chunks: Vec<SetOutput>,
+        test_logits: Option<Tensor>,
+        diagnostics: impl FnOnce() -> Result<(Spectrum, Option<f64>)>,
+    ) -> Result<Self> {
+        let (spectrum, rank_collapse) = match test_logits {
+            Some(_) => {
+                let (spectrum, rank_collapse) = diagnostics()?;
+                (Some(spectrum), rank_collapse)
+            }
+            None => (None, None),
+        };
+        Ok(Self {
+            finetune: SetOutput::join(chunks)?,
+            test_logits,
+            spectrum,
+            rank_collapse,
+        })
+    }
+}
+
 /// Logits (N, C) and the selecting attention (N, …, T) of rows of a set.
 pub struct SetOutput {
     pub logits: Tensor,
