@@ -1,7 +1,8 @@
 //! Phase 2's loop over a stack of runs, with the Trainer's conventions (docs/protocol.md §3):
 //! each epoch, every run's fine-tune set in its own shuffled order, in batches of `batch_size` (the
-//! last one smaller), one AdamW step of every run per batch; then every run evaluated, and what
-//! was evaluated recorded.
+//! last one smaller), one AdamW step of every run per batch (its gradients, then the update); then
+//! the evaluations the epoch's end completes recorded, and a kept end's state saved. The loop reads
+//! in full in docs/design.md, "Phase 2: a stack of runs".
 
 use anyhow::{Context, Result};
 

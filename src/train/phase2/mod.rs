@@ -5,8 +5,10 @@
 //!
 //! - [`runs`]: the runs trained together, each with its explicit context (job, classifier,
 //!   labels, sets, checkpoints), and which samples they share;
-//! - [`trainee`]: what phase 2 trains, as one trait, and what a step and an evaluation return;
-//! - [`epochs`]: the epoch/batch loop over a trainee;
+//! - [`trainee`]: what phase 2 trains, as one trait: each batch's gradients, the optimizer, the
+//!   evaluations an epoch's end completes;
+//! - [`objective`]: the stack's loss and its gradients through autograd;
+//! - [`epochs`]: the loop over a trainee (batches, gradients, update; evaluations; checkpoints);
 //! - [`record`]: each evaluated epoch's metrics, log, progress and checkpoint, run by run;
 //! - [`query_key`] and its [`look_ahead`]: the paper's trainee; [`head`]: the card's.
 //!
