@@ -309,25 +309,8 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
     let ys = span(points().map(|p| p.1));
     figure(path, title, panels.len(), (560, 520), |areas| {
         for (area, panel) in areas.iter().zip(panels) {
-            let mut chart = ChartBuilder::on(area)
-                .caption(&panel.title, (FONT, 18))
-                .margin(12)
-                .x_label_area_size(42)
-                .y_label_area_size(56)
-                .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
-                .map_err(plot_err)?;
-            let (x_tick, y_tick) = (ticks_for(xs), ticks_for(ys));
-            chart
-                .configure_mesh()
-                .x_desc(&panel.x_label)
-                .y_desc(&panel.y_label)
-                .x_label_formatter(&x_tick)
-                .y_label_formatter(&y_tick)
-                .label_style((FONT, 14))
-                .axis_desc_style((FONT, 15))
-                .light_line_style(WHITE.mix(0.0))
-                .draw()
-                .map_err(plot_err)?;
+            let labels = (panel.x_label.as_str(), panel.y_label.as_str());
+            let mut chart = scatter_chart(area, &panel.title, labels, xs, ys)?;
             draw_marks(&mut chart, &panel.x_marks, xs, ys)?;
             draw_groups(&mut chart, &panel.groups)?;
             let points: Vec<(f64, f64)> = panel
@@ -348,8 +331,38 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
     })
 }
 
+/// A panel's axes at spans `xs` and `ys`, with its title and axis labels, for points.
+pub(super) fn scatter_chart<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, Shift>,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    xs: (f64, f64),
+    ys: (f64, f64),
+) -> Result<ScatterChart<'a, 'b>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, (FONT, 18))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(56)
+        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
+        .map_err(plot_err)?;
+    let (x_tick, y_tick) = (ticks_for(xs), ticks_for(ys));
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_label_formatter(&x_tick)
+        .y_label_formatter(&y_tick)
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 15))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(plot_err)?;
+    Ok(chart)
+}
+
 /// A scatter panel's chart: both axes f64.
-type ScatterChart<'a, 'b> = ChartContext<
+pub(super) type ScatterChart<'a, 'b> = ChartContext<
     'a,
     BitMapBackend<'b>,
     Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
@@ -396,7 +409,10 @@ fn draw_marks(
 }
 
 /// Each group's points in its marker, with its legend entry.
-fn draw_groups<'a>(chart: &mut ScatterChart<'a, 'a>, groups: &[ScatterGroup]) -> Result<()> {
+fn draw_groups<'a, 'b: 'a>(
+    chart: &mut ScatterChart<'a, 'b>,
+    groups: &[ScatterGroup],
+) -> Result<()> {
     for group in groups {
         let color = group.color;
         // A point that is not finite has no place on the axes (its range leaves it out).

@@ -144,25 +144,8 @@ pub(super) fn error_panel(
     xs: (f64, f64),
     ys: (f64, f64),
 ) -> Result<()> {
-    let mut chart = ChartBuilder::on(area)
-        .caption(&panel.title, (FONT, 18))
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(56)
-        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
-        .map_err(plot_err)?;
-    let (x_tick, y_tick) = (ticks_for(xs), ticks_for(ys));
-    chart
-        .configure_mesh()
-        .x_desc(&panel.x_label)
-        .y_desc(&panel.y_label)
-        .x_label_formatter(&x_tick)
-        .y_label_formatter(&y_tick)
-        .label_style((FONT, 14))
-        .axis_desc_style((FONT, 15))
-        .light_line_style(WHITE.mix(0.0))
-        .draw()
-        .map_err(plot_err)?;
+    let labels = (panel.x_label.as_str(), panel.y_label.as_str());
+    let mut chart = scatter_chart(area, &panel.title, labels, xs, ys)?;
     let clamp = |x: f64| x.clamp(xs.0, xs.1);
     for p in &panel.points {
         let faint = p.color.mix(0.55).stroke_width(1);
