@@ -98,6 +98,7 @@ fn main() {
         labels: &run_labels,
         noisy_mask: &noisy_mask,
         config: &config,
+        route: benign_attention::train::phase2::runs::Route::Host,
     };
     let block = 10;
     // As `finetune` trains: the host pass on the CPU, its samples on `threads` threads, each

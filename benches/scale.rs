@@ -188,6 +188,7 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
         labels: &run_labels,
         noisy_mask: &noisy_mask,
         config: &config,
+        route: benign_attention::train::phase2::runs::Route::Host,
     };
     let epochs = 5;
     // Each epoch's fine-tune evaluation rides along the next epoch's steps, as in `finetune`, so

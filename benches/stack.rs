@@ -199,6 +199,7 @@ fn child(workload: Workload, together: bool, scratch: &Path) {
             labels: &labels,
             noisy_mask: &noisy_mask,
             config: &config,
+            route: benign_attention::train::phase2::runs::Route::Host,
         };
         train_stack(&sets, RUNS, epochs, threads, &mut |_| {});
     } else {
@@ -212,6 +213,7 @@ fn child(workload: Workload, together: bool, scratch: &Path) {
                 labels: &labels[k..k + 1],
                 noisy_mask: &noisy_mask,
                 config: &config,
+                route: benign_attention::train::phase2::runs::Route::Host,
             };
             train_stack(&sets, 1, epochs, threads, &mut |_| {});
         }

@@ -99,7 +99,7 @@ start=$SECONDS
 cargo build "${cargo_args[@]}" || die "cargo build --features cuda failed"
 # The device-parameterised tests and the encoder bench, as binaries (the GPU machines have no
 # Rust toolchain).
-tests=(encoder_parity last_layer_equivalence fused_attention)
+tests=(encoder_parity last_layer_equivalence fused_attention phase2)
 benches=(encoder)
 test_flags=()
 for t in "${tests[@]}"; do test_flags+=(--test "$t"); done

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # The binaries find tests/fixtures through CARGO_MANIFEST_DIR, as under cargo.
 export BENIGN_TEST_DEVICE=cuda CARGO_MANIFEST_DIR=$PWD
 status=0
-for t in encoder_parity last_layer_equivalence fused_attention; do
+for t in encoder_parity last_layer_equivalence fused_attention phase2; do
   echo "== $t on cuda"
   "$unpacked/bin/$t" --test-threads 1 "$@" || status=1
 done

@@ -5,6 +5,7 @@
 //! trained matrix ([`linear_backward`], the synthetic encoder's weights). They sit below the encoder, the model and the
 //! runtime, and import nothing of the crate.
 
+pub mod host_reads;
 mod linear;
 mod packed;
 
@@ -33,6 +34,7 @@ pub(crate) fn contiguous_f32<'a>(
 
 /// `f` on the f32 values of a contiguous CPU tensor, read in place (no copy).
 pub(crate) fn with_host_f32<R>(tensor: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    host_reads::in_place();
     let (storage, layout) = tensor.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
         candle_core::bail!(

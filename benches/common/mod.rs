@@ -98,7 +98,7 @@ pub mod stack {
     use benign_attention::train::phase2::epochs::{EpochPlan, Record, train};
     use benign_attention::train::phase2::query_key::LastLayerTrainee;
     use benign_attention::train::phase2::record::MetricsLog;
-    use benign_attention::train::phase2::runs::{Labels, RunData, Samples, Shared};
+    use benign_attention::train::phase2::runs::{Labels, Route, RunData, Samples, Shared};
     use benign_attention::train::phase2::trainee::Evaluation;
     use benign_attention::train::run::RunConfig;
     use candle_core::Device;
@@ -116,6 +116,8 @@ pub mod stack {
         pub noisy_mask: &'a [bool],
         /// The runs' configuration (n, batch size, epochs, η's and seeds aside).
         pub config: &'a RunConfig,
+        /// How a step runs: the host pass, or the device-resident route on the CPU.
+        pub route: Route,
     }
 
     /// Times each evaluated epoch from the last one's end, after the metrics are computed.
@@ -177,6 +179,7 @@ pub mod stack {
         let shared = Shared {
             model: sets.model,
             device: &Device::Cpu,
+            route: sets.route,
             hidden: sets.classifiers[0].weight.dims()[1],
             spill_dir: spill.path(),
         };

@@ -61,12 +61,26 @@ impl KeyValues {
         lengths: Option<&[usize]>,
         scale: f64,
     ) -> Result<Self> {
+        if !tokens.device().is_cpu() {
+            return Self::kept(tokens, heads, lengths, scale);
+        }
         let (samples, t, dim) = tokens.dims3()?;
         let lengths = lengths.map_or_else(|| vec![t; samples], <[usize]>::to_vec);
-        if tokens.device().is_cpu() {
-            let values = tokens.flatten_all()?.to_vec1::<f32>()?;
-            return Self::from_host(values, (samples, t, dim), heads, lengths, scale);
-        }
+        let values = crate::kernels::host_reads::flat::<f32>(tokens)?;
+        Self::from_host(values, (samples, t, dim), heads, lengths, scale)
+    }
+
+    /// The same with the tokens kept as a tensor where they are, on the CPU too: every attention
+    /// gathers its rows there with the generic ops ([`Self::attend_reference`]), and nothing is
+    /// read back (phase 2's device-resident route).
+    pub fn kept(
+        tokens: &Tensor,
+        heads: usize,
+        lengths: Option<&[usize]>,
+        scale: f64,
+    ) -> Result<Self> {
+        let (samples, t, dim) = tokens.dims3()?;
+        let lengths = lengths.map_or_else(|| vec![t; samples], <[usize]>::to_vec);
         let mut kv = Self::from_host(Vec::new(), (samples, t, dim), heads, lengths, scale)?;
         kv.on_device = Some(tokens.contiguous()?);
         Ok(kv)
@@ -385,8 +399,8 @@ impl CustomOp2 for FusedAttend {
         let kv = &self.store;
         let (h, d, t) = (kv.heads, kv.dim, kv.tokens);
         let width = d + t;
-        let res = res.flatten_all()?.to_vec1::<f32>()?;
-        let grad = grad_res.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let res = crate::kernels::host_reads::flat::<f32>(res)?;
+        let grad = crate::kernels::host_reads::flat::<f32>(grad_res)?;
         let b = self.rows.len();
         let mut grad_queries = vec![0f32; b * h * d];
         let mut grad_bias = vec![0f32; b * h];

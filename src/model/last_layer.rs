@@ -21,7 +21,7 @@ pub use host_pass::{HostRows, HostSource, HostStep, StackEval, StackRun, StackSt
 
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::Module;
 use rand::RngExt;
@@ -231,6 +231,14 @@ impl<'a> LastLayer<'a> {
         })
     }
 
+    /// The same layer without its host pass: every step and evaluation through candle's generic
+    /// ops on the layer's device, the CPU's included (phase 2's device-resident route).
+    pub fn without_host_pass(mut self) -> Self {
+        self.host = None;
+        self.host_readout = None;
+        self
+    }
+
     fn attention(&self) -> &SelfAttention {
         last_attention(self.model)
     }
@@ -238,6 +246,12 @@ impl<'a> LastLayer<'a> {
     /// The layer's output at the CLS position through to the logits, given the attention context
     /// of the CLS query, (B, D).
     fn head(&self, x0: &Tensor, context: &Tensor) -> Result<Tensor> {
+        self.readout.forward(&self.cls_output(x0, context)?)
+    }
+
+    /// The layer's (and for ViT the final LayerNorm's) output at the CLS position, (B, D), given
+    /// its input x0 and the attention context of the CLS query: the frozen part every run shares.
+    fn cls_output(&self, x0: &Tensor, context: &Tensor) -> Result<Tensor> {
         let (x0, context) = (x0.unsqueeze(1)?, context.unsqueeze(1)?);
         let out0 = match &self.rest {
             Rest::Vit(layer, layernorm) => {
@@ -245,7 +259,7 @@ impl<'a> LastLayer<'a> {
             }
             Rest::Bert(layer) => layer.after_attention(&x0, &context)?,
         };
-        self.readout.forward(&out0.squeeze(1)?)
+        Ok(out0.squeeze(1)?)
     }
 
     /// What the attention reads: LN(X) for ViT (pre-LN), X for BERT.
@@ -293,8 +307,8 @@ impl<'a> LastLayer<'a> {
             Tensor::cat(&cls_normed, 0)?.contiguous()?,
         );
         Ok(ResidentSet {
-            cls_inputs_host: cls_inputs.flatten_all()?.to_vec1()?,
-            cls_normed_host: cls_normed.flatten_all()?.to_vec1()?,
+            cls_inputs_host: crate::kernels::host_reads::flat(&cls_inputs)?,
+            cls_normed_host: crate::kernels::host_reads::flat(&cls_normed)?,
             cls_inputs,
             cls_normed,
             tokens: Arc::new(KeyValues::new(
@@ -304,6 +318,104 @@ impl<'a> LastLayer<'a> {
                 self.scale(),
             )?),
         })
+    }
+
+    /// The sets `sets` held as one on the layer's device, for the device-resident route: their
+    /// CLS rows and normed tokens (padded to the longest sample of any) one after another, kept as
+    /// tensors (nothing on the host), with where each set's first sample is.
+    pub fn resident_stack(
+        &self,
+        sets: &[&LayerRows],
+        device: &Device,
+    ) -> Result<(ResidentSet, Vec<usize>)> {
+        let width = sets
+            .iter()
+            .flat_map(|rows| rows.lengths().iter().copied())
+            .max()
+            .unwrap_or(0);
+        let (mut cls_inputs, mut cls_normed, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut lengths, mut offsets) = (Vec::new(), Vec::with_capacity(sets.len()));
+        for rows in sets {
+            offsets.push(lengths.len());
+            lengths.extend_from_slice(rows.lengths());
+            let all: Vec<usize> = (0..rows.len()).collect();
+            for chunk in all.chunks(64) {
+                let batch = rows.batch(chunk, device)?;
+                let normed = self.normed(&batch.inputs)?;
+                cls_inputs.push(first_token(&batch.inputs)?);
+                cls_normed.push(first_token(&normed)?);
+                let pad = width - normed.dim(1)?;
+                tokens.push(normed.pad_with_zeros(1, 0, pad)?);
+            }
+        }
+        ensure!(!tokens.is_empty(), "a stack of no fine-tune samples");
+        let set = ResidentSet {
+            cls_inputs: Tensor::cat(&cls_inputs, 0)?.contiguous()?,
+            cls_normed: Tensor::cat(&cls_normed, 0)?.contiguous()?,
+            cls_inputs_host: Vec::new(),
+            cls_normed_host: Vec::new(),
+            tokens: Arc::new(KeyValues::kept(
+                &Tensor::cat(&tokens, 0)?,
+                self.attention().num_heads,
+                Some(&lengths),
+                self.scale(),
+            )?),
+        };
+        Ok((set, offsets))
+    }
+
+    /// Every run's logits on its rows of `set` (run r, reading through `layers[r]`, on rows
+    /// `rows[r]`, all of one size B), the runs' query and key stacked along a leading run axis in
+    /// `params` ([`QueryKey::named`]'s order): the query and key products of all runs as batched
+    /// products over the run axis, one attention over all R·B rows, the frozen rest of the layer
+    /// once; only the readout is each run's own (its phase-1 classifier).
+    pub fn forward_stack(
+        layers: &[&LastLayer],
+        params: &[Tensor],
+        set: &ResidentSet,
+        rows: &[&[usize]],
+    ) -> Result<Vec<Tensor>> {
+        let first = layers.first().context("a stack of no runs")?;
+        let (runs, b) = (layers.len(), rows.first().map_or(0, |r| r.len()));
+        ensure!(
+            rows.len() == runs && rows.iter().all(|r| r.len() == b),
+            "a batched step takes one batch of one size per run"
+        );
+        let attention = first.attention();
+        let (h, dh) = (attention.num_heads, attention.head_dim);
+        let qk = QueryKey::from_params(params)?;
+        let d = qk.wq.dim(D::Minus1)?;
+        let all: Vec<usize> = rows.concat();
+        let index = row_indices(&all, set.cls_inputs.device())?;
+        let x0 = set.cls_inputs.index_select(&index, 0)?; // (R·B, D)
+        let x0_hat = set
+            .cls_normed
+            .index_select(&index, 0)?
+            .reshape((runs, b, d))?;
+        let q0 = x0_hat
+            .matmul(&qk.wq.transpose(1, 2)?)?
+            .broadcast_add(&qk.bq.unsqueeze(1)?)?
+            .reshape((runs, b, h, dh))?;
+        // r_h = q₀ₕ W_Kₕ: (R, H, B, d_h) × (R, H, d_h, D) → (R, B, H, D).
+        let wk = qk.wk.reshape((runs, h, dh, d))?;
+        let r = q0
+            .transpose(1, 2)?
+            .contiguous()?
+            .matmul(&wk)?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((runs * b, h, d))?;
+        // The key's bias adds q₀ₕ·b_Kₕ to every score of a head alike and drops out of the
+        // softmax, as in the host pass: left out, its gradient is exactly 0, not rounding noise
+        // that AdamW would scale up to steps of the learning rate's size.
+        let no_bias = Tensor::zeros((runs * b, h), r.dtype(), r.device())?;
+        let attended = set.tokens.attend(&r, &no_bias, &all)?;
+        let out0 = first.cls_output(&x0, &first.value.forward(&attended.pooled)?)?;
+        layers
+            .iter()
+            .enumerate()
+            .map(|(k, layer)| layer.readout.forward(&out0.narrow(0, k * b, b)?))
+            .collect()
     }
 
     /// The cheap path on samples `rows` of a resident set.
@@ -416,7 +528,7 @@ impl<'a> LastLayer<'a> {
             Some(m) => crate::kernels::unpadded_lengths(m)?,
             None => vec![t; n],
         };
-        let values: Vec<f32> = contexts.flatten_all()?.to_vec1()?;
+        let values: Vec<f32> = crate::kernels::host_reads::flat(&contexts)?;
         let total: f64 = values
             .chunks_exact(t * d)
             .zip(&lengths)
@@ -448,11 +560,11 @@ impl<'a> LastLayer<'a> {
 impl ResidentSet {
     /// Samples in the set.
     pub fn len(&self) -> usize {
-        self.cls_inputs_host.len() / self.cls_inputs.dims()[1].max(1)
+        self.cls_inputs.dims()[0]
     }
 
     pub fn is_empty(&self) -> bool {
-        self.cls_inputs_host.is_empty()
+        self.len() == 0
     }
 }
 

@@ -16,7 +16,7 @@ use super::checkpoint::{Checkpoint, RunIdentity, StartPoint};
 use super::folder_lock::{RunFolderLock, ensure_no_other_run};
 use super::metrics::EpochMetrics;
 use super::phase1::{Phase1Outcome, phase1_from_init};
-use super::phase2::runs::{Labels, RunContext, RunData, Samples, Shared};
+use super::phase2::runs::{Labels, Route, RunContext, RunData, Samples, Shared};
 use super::phase2::{Phase2Log, QkShape, phase_two};
 pub use super::progress::{HOST_STEPS, Progress};
 use super::resume::{Checkpoints, WallClock, record_resumed_kernels, resumed_checkpoint};
@@ -341,6 +341,7 @@ fn train_stack(
     let shared = Shared {
         model: &first.backbone.model,
         device: &first.device,
+        route: Route::of(&first.device),
         hidden: first.backbone.hidden_size(),
         spill_dir: first.cache.root(),
     };

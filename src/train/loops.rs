@@ -98,9 +98,12 @@ fn train_classifier_on(
             let logits = classifier.forward(&features)?;
             let loss = candle_nn::loss::cross_entropy(&logits, &targets)?;
             opt.step(&loss.backward()?)?;
-            losses.push(f64::from(loss.to_scalar::<f32>()?));
+            losses.push(loss.detach());
         }
-        on_epoch(epoch, losses.iter().sum::<f64>() / losses.len() as f64);
+        // The epoch's batch losses in one read, not one a step (on a device each is a sync).
+        let losses: Vec<f32> = crate::kernels::host_reads::flat(&Tensor::stack(&losses, 0)?)?;
+        let mean = losses.iter().map(|&l| f64::from(l)).sum::<f64>() / losses.len() as f64;
+        on_epoch(epoch, mean);
         // Phase 1 keeps no checkpoint of its own: a run stopped here starts it again.
         crate::interrupt::check()?;
     }

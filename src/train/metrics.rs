@@ -57,10 +57,10 @@ pub struct Evaluation {
 
 pub fn evaluate(logits: &Tensor, labels: &[u32]) -> Result<Evaluation> {
     let targets = Tensor::from_slice(labels, labels.len(), logits.device())?;
-    let loss = candle_nn::loss::cross_entropy(logits, &targets)?
-        .to_dtype(candle_core::DType::F64)?
-        .to_scalar::<f64>()?;
-    let predictions: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+    let loss = crate::kernels::host_reads::scalar::<f64>(
+        &candle_nn::loss::cross_entropy(logits, &targets)?.to_dtype(candle_core::DType::F64)?,
+    )?;
+    let predictions: Vec<u32> = crate::kernels::host_reads::flat(&logits.argmax(D::Minus1)?)?;
     let correct = predictions
         .iter()
         .zip(labels)
@@ -92,7 +92,7 @@ pub fn accuracy_where(predictions: &[u32], labels: &[u32], keep: impl Fn(usize) 
 /// [`crate::diagnostics::entropy`].
 pub fn attention_stats(attention: &Tensor) -> Result<(f64, f64)> {
     let width = attention.dim(D::Minus1)?;
-    let probs: Vec<f32> = attention.flatten_all()?.to_vec1()?;
+    let probs: Vec<f32> = crate::kernels::host_reads::flat(attention)?;
     let rows = (probs.len() / width.max(1)).max(1) as f64;
     // Each row's two numbers on the current pool's threads (a log per probability: phase 2
     // scores 118 000 of them an epoch at ViT-Ti), summed here in row order as before.

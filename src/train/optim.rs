@@ -154,16 +154,16 @@ impl AdamW {
             .max(0.0)
     }
 
-    /// One update from `grads`, after clipping their global norm. Returns the pre-clip norm (of
-    /// the first run of a stack).
-    pub fn step(&mut self, grads: &GradStore) -> Result<f64> {
+    /// One update from `grads`, after clipping their global norm.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         let grads = self.gradients(grads)?;
-        Ok(self.apply(grads)?[0])
+        self.apply(grads)
     }
 
     /// One update from each parameter's gradient, in the order the parameters were given, each
-    /// run's after clipping its own gradients' global norm. Returns each run's pre-clip norm.
-    pub fn apply(&mut self, grads: Vec<Tensor>) -> Result<Vec<f64>> {
+    /// run's after clipping its own gradients' global norm. With moments on a device, the norms,
+    /// the clipping and the update stay there: nothing is read back.
+    pub fn apply(&mut self, grads: Vec<Tensor>) -> Result<()> {
         anyhow::ensure!(
             grads.len() == self.params.len()
                 && grads
@@ -175,18 +175,23 @@ impl AdamW {
             self.params.len()
         );
         let on_host = matches!(self.moments, Moments::Host(_));
-        let norms = run_norms(&grads, self.runs, on_host)?;
-        // torch: clip_coef = max_norm / (norm + 1e-6), clamped to 1, always multiplied.
-        let clips: Vec<f64> = norms
-            .iter()
-            .map(|norm| {
-                if self.config.max_grad_norm > 0.0 {
-                    (self.config.max_grad_norm / (norm + 1e-6)).min(1.0)
-                } else {
-                    1.0
-                }
-            })
-            .collect();
+        let max_norm = self.config.max_grad_norm;
+        let clips = if on_host {
+            // torch: clip_coef = max_norm / (norm + 1e-6), clamped to 1, always multiplied.
+            let clips = run_norms(&grads, self.runs)?
+                .iter()
+                .map(|norm| {
+                    if max_norm > 0.0 {
+                        (max_norm / (norm + 1e-6)).min(1.0)
+                    } else {
+                        1.0
+                    }
+                })
+                .collect();
+            Clips::Host(clips)
+        } else {
+            Clips::Device(device_clips(&grads, self.runs, max_norm)?)
+        };
         let lr = self.config.learning_rate * self.schedule(self.step);
         self.step += 1;
         let t = self.step as i32;
@@ -203,7 +208,21 @@ impl AdamW {
                 self.update_on_device(k, grad, &step)?;
             }
         }
-        Ok(norms)
+        Ok(())
+    }
+
+    /// The same optimizer with its moments as tensors on the parameters' device even on the CPU:
+    /// the device-resident route's update ([`crate::train::phase2`]), whole-buffer tensor ops
+    /// with nothing read back. Before any step only.
+    pub fn with_device_moments(mut self) -> Result<Self> {
+        anyhow::ensure!(self.step == 0, "moments moved after {} steps", self.step);
+        self.moments = Moments::Device(
+            self.params
+                .iter()
+                .map(|(_, v)| Ok((v.zeros_like()?, v.zeros_like()?)))
+                .collect::<candle_core::Result<_>>()?,
+        );
+        Ok(self)
     }
 
     /// Every parameter's gradient, zeros for one the loss did not reach.
@@ -219,6 +238,9 @@ impl AdamW {
             anyhow::bail!("host update of device moments");
         };
         let (m, v) = &mut moments[k];
+        let Clips::Host(clips) = &step.clips else {
+            anyhow::bail!("host update with clipping factors on a device");
+        };
         // The constants as candle's scalar ops round them (f64 → f32), so that both paths
         // compute the same f32 arithmetic.
         let (b1, b2) = (self.config.beta1, self.config.beta2);
@@ -227,7 +249,7 @@ impl AdamW {
             moments: std::sync::Mutex::new((m, v)),
             one_b1: (1.0 - b1) as f32,
             one_b2: (1.0 - b2) as f32,
-            clips: step.clips.iter().map(|&c| c as f32).collect(),
+            clips: clips.iter().map(|&c| c as f32).collect(),
             b1: b1 as f32,
             b2: b2 as f32,
             decay: (self.config.weight_decay != 0.0)
@@ -247,16 +269,14 @@ impl AdamW {
         let Moments::Device(moments) = &mut self.moments else {
             anyhow::bail!("device update of host moments");
         };
-        let g = match step.clips.as_slice() {
-            [clip] => (grad * *clip)?,
-            clips => {
-                // Each run's slice times its own factor.
-                let mut shape = vec![1; grad.rank()];
-                shape[0] = clips.len();
-                let clips: Vec<f32> = clips.iter().map(|&c| c as f32).collect();
-                grad.broadcast_mul(&Tensor::from_vec(clips, shape, grad.device())?)?
-            }
+        let Clips::Device(clips) = &step.clips else {
+            anyhow::bail!("device update with clipping factors on the host");
         };
+        // Each run's slice times its own factor (torch multiplies by min(1, coef) always, so
+        // that no norm is read back to decide).
+        let mut shape = vec![1; grad.rank().max(1)];
+        shape[0] = clips.elem_count();
+        let g = grad.broadcast_mul(&clips.reshape(shape)?)?;
         let m = ((&moments[k].0 * b1)? + (&g * (1.0 - b1))?)?;
         let v = ((&moments[k].1 * b2)? + (g.sqr()? * (1.0 - b2))?)?;
         let mut theta = var.as_tensor().clone();
@@ -390,8 +410,9 @@ impl AdamW {
             match &mut self.moments {
                 Moments::Host(moments) => {
                     let len: usize = dims.iter().product();
-                    let host =
-                        |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+                    let host = |t: &Tensor| -> Result<Vec<f32>> {
+                        Ok(crate::kernels::host_reads::flat::<f32>(t)?)
+                    };
                     moments[k].0[run * len..(run + 1) * len].copy_from_slice(&host(&m)?);
                     moments[k].1[run * len..(run + 1) * len].copy_from_slice(&host(&v)?);
                 }
@@ -553,10 +574,16 @@ pub fn gradients_of<'a>(
     .collect()
 }
 
+/// Each run's gradient clipping factor (≤ 1), where the update runs.
+enum Clips {
+    Host(Vec<f64>),
+    /// (runs,) f32 on the parameters' device.
+    Device(Tensor),
+}
+
 /// One step's scalars, shared by every parameter's update.
 struct StepConstants {
-    /// Each run's gradient clipping factor (≤ 1).
-    clips: Vec<f64>,
+    clips: Clips,
     /// The scheduled learning rate.
     lr: f64,
     /// lr / (1 − β₁ᵗ).
@@ -567,39 +594,22 @@ struct StepConstants {
 
 /// Each run's global L2 norm of its gradients (what torch's `clip_grad_norm_` clips): run r's
 /// part of every gradient is its r-th equal part along the first axis. Summed in f64 on the host.
-fn run_norms(grads: &[Tensor], runs: usize, on_host: bool) -> Result<Vec<f64>> {
-    // On the host, each gradient's per-run sums on a thread of the current pool (phase 2's
-    // query and key on one each), then each run's sums added in order: the same sum wherever
-    // each was taken, and a run's the same as when it is alone.
-    let sums: Vec<Vec<f64>> = if on_host {
-        use rayon::prelude::*;
-        grads
-            .par_iter()
-            .map(|g| {
-                crate::kernels::with_host_f32(g, |values| {
-                    let len = values.len() / runs.max(1);
-                    (0..runs)
-                        .map(|r| crate::kernels::squared_norm(&values[r * len..(r + 1) * len]))
-                        .collect()
-                })
-            })
-            .collect::<candle_core::Result<_>>()?
-    } else {
-        grads
-            .iter()
-            .map(|g| {
+fn run_norms(grads: &[Tensor], runs: usize) -> Result<Vec<f64>> {
+    // Each gradient's per-run sums on a thread of the current pool (phase 2's query and key on
+    // one each), then each run's sums added in order: the same sum wherever each was taken, and
+    // a run's the same as when it is alone.
+    use rayon::prelude::*;
+    let sums: Vec<Vec<f64>> = grads
+        .par_iter()
+        .map(|g| {
+            crate::kernels::with_host_f32(g, |values| {
+                let len = values.len() / runs.max(1);
                 (0..runs)
-                    .map(|r| {
-                        let part = if runs == 1 { g.clone() } else { g.get(r)? };
-                        part.sqr()?
-                            .sum_all()?
-                            .to_dtype(candle_core::DType::F64)?
-                            .to_scalar::<f64>()
-                    })
+                    .map(|r| crate::kernels::squared_norm(&values[r * len..(r + 1) * len]))
                     .collect()
             })
-            .collect::<candle_core::Result<_>>()?
-    };
+        })
+        .collect::<candle_core::Result<_>>()?;
     Ok((0..runs)
         .map(|r| {
             let mut squared = 0f64;
@@ -609,6 +619,27 @@ fn run_norms(grads: &[Tensor], runs: usize, on_host: bool) -> Result<Vec<f64>> {
             squared.sqrt()
         })
         .collect())
+}
+
+/// Each run's clipping factor min(1, max_norm / (‖g_r‖ + 1e-6)) as a (runs,) f32 tensor on the
+/// gradients' device, the norms summed in f64 there: nothing read back.
+fn device_clips(grads: &[Tensor], runs: usize, max_norm: f64) -> Result<Tensor> {
+    let first = grads.first().context("a step of no parameters")?;
+    let device = first.device();
+    if max_norm <= 0.0 {
+        return Ok(Tensor::ones(runs, candle_core::DType::F32, device)?);
+    }
+    let mut squared = Tensor::zeros(runs, candle_core::DType::F64, device)?;
+    for g in grads {
+        let per_run = g
+            .to_dtype(candle_core::DType::F64)?
+            .sqr()?
+            .reshape((runs, ()))?
+            .sum(1)?;
+        squared = (squared + per_run)?;
+    }
+    let coef = Tensor::full(max_norm, runs, device)?.div(&(squared.sqrt()? + 1e-6)?)?;
+    Ok(coef.minimum(1.0)?.to_dtype(candle_core::DType::F32)?)
 }
 
 #[cfg(test)]
@@ -635,8 +666,7 @@ mod tests {
             .unwrap()
             .backward()
             .unwrap();
-        let norm = opt.step(&grads).unwrap();
-        assert!((norm - 20f64.sqrt()).abs() < 1e-5);
+        opt.step(&grads).unwrap();
         let after: Vec<f32> = x.as_tensor().to_vec1().unwrap();
         assert!(
             (after[0] - 0.9).abs() < 1e-6 && (after[1] + 1.9).abs() < 1e-6,
@@ -739,5 +769,40 @@ mod tests {
             x.as_tensor().to_vec1::<f32>().unwrap()
         );
         assert_eq!(other.step, 1);
+    }
+
+    /// The device route (moments as tensors, norms and clipping on the device) steps a stack as
+    /// the host route does: run 0's gradients far above the clipping norm, run 1's below it.
+    #[test]
+    fn device_moments_step_a_stack_as_host_moments_do() {
+        let start = [[3f32, -4.0, 0.5], [0.01, 0.02, -0.03]];
+        let train = |device_moments: bool| -> Vec<f32> {
+            let x = Var::new(&start, &Device::Cpu).unwrap();
+            let config = OptimizerConfig {
+                learning_rate: 0.1,
+                weight_decay: 0.01,
+                ..Default::default()
+            };
+            let mut opt = AdamW::stacked(vec![("x".into(), x.clone())], 2, config, 10).unwrap();
+            if device_moments {
+                opt = opt.with_device_moments().unwrap();
+            }
+            for _ in 0..5 {
+                let loss = (x.as_tensor().sqr().unwrap() * 10.0)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap();
+                opt.step(&loss.backward().unwrap()).unwrap();
+            }
+            x.as_tensor().flatten_all().unwrap().to_vec1().unwrap()
+        };
+        let (host, device) = (train(false), train(true));
+        for (h, d) in host.iter().zip(&device) {
+            assert!((h - d).abs() <= 1e-6, "{host:?} vs {device:?}");
+        }
+        assert!(
+            (host[0] - start[0][0]).abs() > 0.4,
+            "the first run moved: {host:?}"
+        );
     }
 }

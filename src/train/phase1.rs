@@ -60,10 +60,8 @@ pub(super) fn tensors_sha256(tensors: &[&Tensor]) -> Result<String> {
     use sha2::Digest;
     let mut hasher = sha2::Sha256::new();
     for t in tensors {
-        let values: Vec<f32> = t
-            .flatten_all()?
-            .to_dtype(candle_core::DType::F32)?
-            .to_vec1()?;
+        let values: Vec<f32> =
+            crate::kernels::host_reads::flat(&t.to_dtype(candle_core::DType::F32)?)?;
         for v in values {
             hasher.update(v.to_le_bytes());
         }

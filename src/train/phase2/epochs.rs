@@ -91,18 +91,19 @@ pub fn train(trainee: &mut dyn Trainee, plan: &EpochPlan, record: &mut dyn Recor
         let batches = plan.batches(epoch);
         // The steps fork and join dozens of times each: the pool's other threads stay awake
         // through them, and sleep again for the evaluation.
-        let epoch_losses = crate::runtime::with_workers_awake(|| {
-            let mut epoch_losses = vec![Vec::with_capacity(batches.len()); plan.shuffles.len()];
+        let step_losses = crate::runtime::with_workers_awake(|| {
+            let mut step_losses = Vec::with_capacity(batches.len());
             for batch in &batches {
                 let rows: Vec<&[usize]> = batch.iter().map(Vec::as_slice).collect();
                 let Gradients { losses, gradients } = trainee.gradients(&rows)?;
                 trainee.optimizer_mut().apply(gradients)?;
-                for (run, loss) in epoch_losses.iter_mut().zip(losses) {
-                    run.push(loss);
-                }
+                step_losses.push(losses);
             }
-            anyhow::Ok(epoch_losses)
+            anyhow::Ok(step_losses)
         })?;
+        // Every run's batch losses of the epoch, (runs, steps), in one read.
+        let epoch_losses =
+            crate::kernels::host_reads::rows::<f64>(&candle_core::Tensor::stack(&step_losses, 1)?)?;
         losses.waiting.push((epoch + 1, epoch_losses));
         end_epoch(trainee, &plan.end_of(epoch + 1), &mut losses, record)?;
     }

@@ -5,6 +5,8 @@
 //! p (S, D), every run's query Wᵀp from one batched product, and one attention op per distinct
 //! fine-tune set over the rows of every run that reads it. Each run's loss is its own batch's
 //! mean, and the stack's objective is their sum, so each run's gradient is that of its own loss.
+//! On the resident route ([`Route::Resident`]) the fine-tune tokens stay a tensor on the device,
+//! gathered per step, and the optimizer's moments are there too: a step reads nothing back.
 
 use std::sync::Arc;
 
@@ -12,7 +14,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 
 use super::objective::{self, Gradients};
-use super::runs::{RunData, Shared, copies};
+use super::runs::{Route, RunData, Shared, copies};
 use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Trainee, eval_chunks};
 use super::{QkShape, qk_spectrum, stacked_optimizer};
 use crate::encoder::layer_rows::LayerRows;
@@ -66,7 +68,19 @@ impl<'a> HeadTrainee<'a> {
                 let tokens = final_tokens(model, &run.finetune.resident()?, device, None)?;
                 let all: Vec<usize> = (0..tokens.len()).collect();
                 finetune_len = tokens.len();
-                finetune.push(as_keys(&tokens, &all, device)?);
+                finetune.push(match shared.route {
+                    Route::Host => as_keys(&tokens, &all, device)?,
+                    Route::Resident => {
+                        // Kept where they are, gathered per step by the generic ops.
+                        let batch = tokens.batch(&all, device)?;
+                        Arc::new(KeyValues::kept(
+                            &batch.inputs,
+                            1,
+                            Some(&batch.lengths),
+                            1.0,
+                        )?)
+                    }
+                });
             }
             if test_copies[k] == k {
                 test.push(final_tokens(
@@ -83,7 +97,7 @@ impl<'a> HeadTrainee<'a> {
             .collect::<Result<Vec<_>>>()?;
         let named: Vec<_> = heads.iter().map(TokenSelectionHead::named).collect();
         let config = first.config;
-        let optimizer = stacked_optimizer(config, &named)?;
+        let optimizer = stacked_optimizer(config, &named, shared.route)?;
         Ok(Self {
             classifiers: runs.iter().map(|r| r.classifier).collect(),
             finetune,

@@ -66,8 +66,8 @@ impl Pending {
                 "look-ahead: batches of different shapes"
             );
         }
-        let logits = output.logits.flatten_all()?.to_vec1::<f32>()?;
-        let attention = output.cls_attention.flatten_all()?.to_vec1::<f32>()?;
+        let logits = crate::kernels::host_reads::flat::<f32>(&output.logits)?;
+        let attention = crate::kernels::host_reads::flat::<f32>(&output.cls_attention)?;
         for (k, &row) in rows.iter().enumerate() {
             own.logits[row * classes..(row + 1) * classes]
                 .copy_from_slice(&logits[k * classes..(k + 1) * classes]);

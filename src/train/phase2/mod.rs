@@ -233,13 +233,21 @@ impl QkShape {
 
 /// The stack's optimizer over each run's freshly initialised parameters (`runs`, each run's named
 /// parameters in one order), for all of `config`'s epochs.
-pub fn stacked_optimizer(config: &RunConfig, runs: &[Vec<(String, Var)>]) -> Result<AdamW> {
-    AdamW::stacked(
+pub fn stacked_optimizer(
+    config: &RunConfig,
+    runs: &[Vec<(String, Var)>],
+    route: runs::Route,
+) -> Result<AdamW> {
+    let optimizer = AdamW::stacked(
         stacked_parameters(runs)?,
         runs.len(),
         config.optimizer.clone(),
         config.epochs * epochs::steps_per_epoch(config.n, config.batch_size),
-    )
+    )?;
+    match route {
+        runs::Route::Host => Ok(optimizer),
+        runs::Route::Resident => optimizer.with_device_moments(),
+    }
 }
 
 /// Each named parameter of every run stacked along a new first axis, as one variable per name
@@ -267,7 +275,9 @@ pub fn stacked_parameters(runs: &[Vec<(String, Var)>]) -> Result<Vec<(String, Va
 /// last-layer mode; in head mode W itself, whose query is p, as in the synthetic model.
 pub fn qk_spectrum(opt: &AdamW, run: usize, shape: QkShape) -> Result<Spectrum> {
     let host = |name: &str| -> Result<Vec<f32>> {
-        Ok(opt.param_of_run(name, run)?.flatten_all()?.to_vec1()?)
+        Ok(crate::kernels::host_reads::flat(
+            &opt.param_of_run(name, run)?,
+        )?)
     };
     Ok(match shape.mode {
         Mode::LastLayer => {

@@ -16,7 +16,9 @@ use crate::train::run::Mode;
 /// Each run's loss on its batch, and the gradient of the stack's objective with respect to
 /// each stacked parameter (of the parameters' shapes): what the optimizer takes.
 pub struct Gradients {
-    pub losses: Vec<f64>,
+    /// (runs,) f64, where the step computed them: the loop reads an epoch's at its end, so that
+    /// a step on a device reads nothing back ([`crate::kernels::host_reads`]).
+    pub losses: Tensor,
     pub gradients: Vec<Tensor>,
 }
 
@@ -33,13 +35,14 @@ pub fn cross_entropy(
     logits: &[Tensor],
     targets: &[Tensor],
 ) -> Result<Gradients> {
-    let mut losses = Vec::with_capacity(logits.len());
     let mut terms = Vec::with_capacity(logits.len());
     for (logits, targets) in logits.iter().zip(targets) {
-        let loss = candle_nn::loss::cross_entropy(logits, targets)?;
-        losses.push(f64::from(loss.to_scalar::<f32>()?));
-        terms.push(loss);
+        terms.push(candle_nn::loss::cross_entropy(logits, targets)?);
     }
+    let losses = Tensor::stack(&terms, 0)
+        .context("a step of no runs")?
+        .detach()
+        .to_dtype(candle_core::DType::F64)?;
     Ok(Gradients {
         losses,
         gradients: gradients_of_sum(params, terms).context("a step of no runs")?,

@@ -3,9 +3,10 @@
 //!
 //! On the CPU a step is the host pass over the whole stack ([`LastLayer::host_step_stack`]): each
 //! frozen weight and each shared token read once for every run, and with the look-ahead
-//! ([`super::look_ahead`]) the last epoch's evaluation riding along. Elsewhere (a GPU, or a layer
-//! the host pass does not cover) each run's loss goes through candle's autograd, one run after
-//! another in the same step.
+//! ([`super::look_ahead`]) the last epoch's evaluation riding along. On the resident route (a
+//! GPU, or asked for on the CPU) every run's fine-tune tokens are one tensor on the device and a
+//! step is one batched forward of the whole stack ([`LastLayer::forward_stack`]) through candle's
+//! autograd, with nothing read back.
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use candle_core::Tensor;
 
 use super::look_ahead::Pending;
 use super::objective::{self, Gradients};
-use super::runs::{RunData, Shared, copies};
+use super::runs::{Route, RunData, Shared, copies};
 use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Trainee, eval_chunks};
 use super::{QkShape, qk_spectrum, stacked_optimizer};
 use crate::diagnostics::Spectrum;
@@ -75,9 +76,13 @@ struct Probe {
 pub struct LastLayerTrainee<'a> {
     /// Each run's layer: one frozen layer, each run's classifier.
     layers: Vec<LastLayer<'a>>,
-    /// The distinct fine-tune sets, normed once, and the one each run reads.
+    /// The distinct fine-tune sets, normed once, and the one each run reads, from its row
+    /// `run_offset[k]` on (the resident route holds every set as one, one after another).
     finetune: Vec<ResidentSet>,
     run_finetune: Vec<usize>,
+    run_offset: Vec<usize>,
+    /// Fine-tune samples of each run.
+    n: usize,
     /// The distinct test sets (with their rank-collapse probes), and the one each run reads.
     test: Vec<(TestRows<'a>, Probe)>,
     run_test: Vec<usize>,
@@ -100,21 +105,37 @@ impl<'a> LastLayerTrainee<'a> {
         pool: Arc<rayon::ThreadPool>,
     ) -> Result<Self> {
         let first = runs.first().context("a stack of no runs")?;
-        let layer = LastLayer::new(shared.model, first.classifier)?;
+        let mut layer = LastLayer::new(shared.model, first.classifier)?;
+        let resident = shared.route == Route::Resident || !layer.has_host_pass();
+        if resident {
+            layer = layer.without_host_pass();
+        }
         let mut layers = Vec::with_capacity(runs.len());
         for run in &runs[1..] {
             layers.push(layer.with_classifier(run.classifier)?);
         }
         layers.insert(0, layer);
-        let run_finetune = copies(&runs.iter().map(|r| r.finetune_samples).collect::<Vec<_>>());
-        let mut finetune = Vec::new();
+        let first_copies = copies(&runs.iter().map(|r| r.finetune_samples).collect::<Vec<_>>());
+        // The n ≤ 1000 fine-tune samples of each distinct set are read into memory once.
+        let mut distinct = Vec::new();
         for (k, run) in runs.iter().enumerate() {
-            if run_finetune[k] == k {
-                // The n ≤ 1000 fine-tune samples are read into memory once.
-                finetune.push(layers[0].resident(&run.finetune.resident()?, shared.device)?);
+            if first_copies[k] == k {
+                distinct.push(run.finetune.resident()?);
             }
         }
-        let run_finetune = index_of_copies(&run_finetune);
+        let copy_of = index_of_copies(&first_copies);
+        let (finetune, run_finetune, run_offset) = if resident {
+            let sets: Vec<&LayerRows> = distinct.iter().collect();
+            let (set, offsets) = layers[0].resident_stack(&sets, shared.device)?;
+            let run_offset = copy_of.iter().map(|&c| offsets[c]).collect();
+            (vec![set], vec![0; runs.len()], run_offset)
+        } else {
+            let sets = distinct
+                .iter()
+                .map(|rows| layers[0].resident(rows, shared.device))
+                .collect::<Result<Vec<_>>>()?;
+            (sets, copy_of, vec![0; runs.len()])
+        };
         let run_test = copies(&runs.iter().map(|r| r.test_samples).collect::<Vec<_>>());
         let mut test = Vec::new();
         for (k, run) in runs.iter().enumerate() {
@@ -135,7 +156,7 @@ impl<'a> LastLayerTrainee<'a> {
             .map(QueryKey::named)
             .collect::<Result<Vec<_>>>()?;
         let config = first.config;
-        let optimizer = stacked_optimizer(config, &named)?;
+        let optimizer = stacked_optimizer(config, &named, shared.route)?;
         Ok(Self {
             shape: QkShape::of(shared.model, config.mode, shared.hidden),
             locater: config.locater,
@@ -143,6 +164,8 @@ impl<'a> LastLayerTrainee<'a> {
             layers,
             finetune,
             run_finetune,
+            run_offset,
+            n: first.finetune.len(),
             test,
             run_test,
             optimizer,
@@ -187,25 +210,35 @@ impl<'a> LastLayerTrainee<'a> {
                 pending.record(k, batches[k], evaluated)?;
             }
         }
+        let runs = step.losses.len();
         Ok(Gradients {
-            losses: step.losses,
+            losses: Tensor::from_vec(step.losses, runs, &candle_core::Device::Cpu)?,
             gradients: step.gradients,
         })
     }
 
-    /// Every run's step through autograd ([`objective::cross_entropy`]).
-    fn autograd_step(&self, batches: &[&[usize]]) -> Result<Gradients> {
+    /// Every run's step on the resident route: one batched forward of the stack
+    /// ([`LastLayer::forward_stack`]) and the gradients through autograd
+    /// ([`objective::cross_entropy`]); nothing is read back.
+    fn resident_step(&self, batches: &[&[usize]]) -> Result<Gradients> {
         let params = self.params();
-        let mut logits = Vec::with_capacity(batches.len());
-        let mut targets = Vec::with_capacity(batches.len());
-        for (k, rows) in batches.iter().enumerate() {
-            let qk = QueryKey::of_run(&params, k)?;
-            let set = &self.finetune[self.run_finetune[k]];
-            let out = self.layers[k].forward_resident(&qk, set, rows)?.logits;
-            targets.push(objective::targets(self.labels[k], rows, out.device())?);
-            logits.push(out);
-        }
+        let rows: Vec<Vec<usize>> = (0..batches.len())
+            .map(|k| self.set_rows(k, batches[k]))
+            .collect();
+        let rows: Vec<&[usize]> = rows.iter().map(Vec::as_slice).collect();
+        let layers: Vec<&LastLayer> = self.layers.iter().collect();
+        let logits = LastLayer::forward_stack(&layers, &params, &self.finetune[0], &rows)?;
+        let targets = batches
+            .iter()
+            .enumerate()
+            .map(|(k, rows)| objective::targets(self.labels[k], rows, logits[k].device()))
+            .collect::<Result<Vec<_>>>()?;
         objective::cross_entropy(&params, &logits, &targets)
+    }
+
+    /// Run `run`'s fine-tune rows `rows` as rows of the set it reads.
+    fn set_rows(&self, run: usize, rows: &[usize]) -> Vec<usize> {
+        rows.iter().map(|&i| self.run_offset[run] + i).collect()
     }
 
     /// Run `run`'s query-key eigenspectrum now (docs/protocol.md §5).
@@ -225,7 +258,7 @@ impl<'a> LastLayerTrainee<'a> {
         let params = self.params();
         let runs = self.runs();
         let mut finetune: Vec<Vec<SetOutput>> = (0..runs).map(|_| Vec::new()).collect();
-        for chunk in eval_chunks(self.finetune[0].len()) {
+        for chunk in eval_chunks(self.n) {
             for (k, out) in self
                 .evaluate_finetune(&params, &chunk)?
                 .into_iter()
@@ -255,11 +288,12 @@ impl<'a> LastLayerTrainee<'a> {
 
     /// Rows `rows` of every run's fine-tune set at `params`.
     fn evaluate_finetune(&self, params: &[Tensor], rows: &[usize]) -> Result<Vec<SetOutput>> {
+        let own_rows: Vec<Vec<usize>> = (0..self.runs()).map(|k| self.set_rows(k, rows)).collect();
         let evals: Vec<StackEval> = (0..self.runs())
             .map(|k| StackEval {
                 layer: &self.layers[k],
                 source: HostSource::Resident(&self.finetune[self.run_finetune[k]]),
-                rows,
+                rows: &own_rows[k],
             })
             .collect();
         let outputs = match self
@@ -272,7 +306,7 @@ impl<'a> LastLayerTrainee<'a> {
                     let qk = QueryKey::of_run(params, k)?;
                     let set = &self.finetune[self.run_finetune[k]];
                     self.pool
-                        .install(|| self.layers[k].evaluate_resident(&qk, set, rows))
+                        .install(|| self.layers[k].evaluate_resident(&qk, set, &own_rows[k]))
                 })
                 .collect::<Result<_>>()?,
         };
@@ -396,7 +430,7 @@ impl Trainee for LastLayerTrainee<'_> {
             let pool = Arc::clone(&self.pool);
             pool.install(|| self.host_step(batches))?
         } else {
-            self.autograd_step(batches)?
+            self.resident_step(batches)?
         };
         objective::add_locater_penalty(&mut gradients, &self.params(), self.shape, self.locater)?;
         Ok(gradients)
@@ -413,7 +447,7 @@ impl Trainee for LastLayerTrainee<'_> {
             .collect();
         if self.has_host_pass() && !end.kept && !end.score_test && end.epoch > 0 {
             // This one rides along the next epoch's steps.
-            let n = self.finetune[0].len();
+            let n = self.n;
             let params = self.optimizer.snapshot()?;
             self.pending = Some(Pending::new(end.epoch, params, self.runs(), n));
         } else {
@@ -433,9 +467,10 @@ impl Trainee for LastLayerTrainee<'_> {
     fn pictured(&self, run: usize, rows: &[usize]) -> Result<SetOutput> {
         let qk = QueryKey::of_run(&self.params(), run)?;
         let set = &self.finetune[self.run_finetune[run]];
+        let rows = self.set_rows(run, rows);
         let out = self
             .pool
-            .install(|| self.layers[run].evaluate_resident(&qk, set, rows))?;
+            .install(|| self.layers[run].evaluate_resident(&qk, set, &rows))?;
         Ok(SetOutput {
             logits: out.logits,
             attention: out.cls_attention,

@@ -76,13 +76,38 @@ pub(in crate::train) struct RunContext<'a> {
     pub(in crate::train) progress: &'a dyn Progress,
 }
 
-/// What every run of a stack reads alike: the frozen backbone, the device, and where the test
-/// set's final tokens may spill (head mode).
+/// What every run of a stack reads alike: the frozen backbone, the device and the route a step
+/// takes there, and where the test set's final tokens may spill (head mode).
 pub struct Shared<'a> {
     pub model: &'a Model,
     pub device: &'a Device,
+    pub route: Route,
     pub hidden: usize,
     pub spill_dir: &'a std::path::Path,
+}
+
+/// How a stack steps (docs/design.md, "Where each phase runs").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The CPU's own: the tokens in host memory, the last layer's host pass or the fused
+    /// attention op, the optimizer's fused update over moments in host memory.
+    Host,
+    /// candle's generic ops where the tokens are (any device, the CPU's too): every fine-tune
+    /// set resident and gathered per step, the runs batched over a run axis, the losses, the
+    /// clipping and the moments on the device; nothing is read back inside a step
+    /// ([`crate::kernels::host_reads`]).
+    Resident,
+}
+
+impl Route {
+    /// The route a stack on `device` takes: the host's on the CPU, the resident one elsewhere.
+    pub fn of(device: &Device) -> Self {
+        if device.is_cpu() {
+            Self::Host
+        } else {
+            Self::Resident
+        }
+    }
 }
 
 /// For each run, the first run with the same samples: the index of the copy it reads.
