@@ -27,7 +27,6 @@ use benign_attention::encoder::dense::{Dense, Then, activate};
 use benign_attention::encoder::layers::{SelfAttention, additive_mask};
 use benign_attention::encoder::vit::{Vit, VitConfig, VitLayer};
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
-use benign_attention::runtime::DeviceKind;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Module, VarBuilder, VarMap};
 
@@ -94,7 +93,7 @@ fn main() {
     // As the binary starts: its thread and allocator settings (src/runtime.rs).
     // SAFETY: first statement of main, no other thread exists yet.
     unsafe { benign_attention::runtime::configure_process() };
-    let device = bench_device();
+    let device = common::bench_device();
     // The machine's limit in this process (and thread pool), the baseline of the rate column.
     let limit = common::large_product_rate_on(&device);
     let runs_on = match &device {
@@ -175,19 +174,6 @@ fn main() {
     } else {
         println!("\n(the per-op profile times the CPU kernels; it runs only on the CPU)");
     }
-}
-
-/// The device of `BENIGN_BENCH_DEVICE` (`cpu`, the default, or `cuda`: GPU 0 of a `--features
-/// cuda` build, as `--device cuda` picks it).
-fn bench_device() -> Device {
-    // Parsed as `--device` parses its value.
-    let kind = match std::env::var("BENIGN_BENCH_DEVICE") {
-        Err(_) => DeviceKind::Cpu,
-        Ok(value) => <DeviceKind as clap::ValueEnum>::from_str(&value, false)
-            .unwrap_or_else(|e| panic!("BENIGN_BENCH_DEVICE={value}: {e}")),
-    };
-    kind.device()
-        .unwrap_or_else(|e| panic!("BENIGN_BENCH_DEVICE: {e}"))
 }
 
 /// ViT-B/16 (HF ViTConfig defaults) with candle's random initial weights, as plain tensors: a

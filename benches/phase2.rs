@@ -99,6 +99,7 @@ fn main() {
         noisy_mask: &noisy_mask,
         config: &config,
         route: benign_attention::train::phase2::runs::Route::Host,
+        device: &candle_core::Device::Cpu,
     };
     let block = 10;
     // As `finetune` trains: the host pass on the CPU, its samples on `threads` threads, each

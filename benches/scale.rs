@@ -189,6 +189,7 @@ fn phase2_child(size: Size, dir: &Path, threads: usize) {
         noisy_mask: &noisy_mask,
         config: &config,
         route: benign_attention::train::phase2::runs::Route::Host,
+        device: &candle_core::Device::Cpu,
     };
     let epochs = 5;
     // Each epoch's fine-tune evaluation rides along the next epoch's steps, as in `finetune`, so

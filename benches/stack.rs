@@ -9,20 +9,23 @@
 //!   200 fine-tune and 200 test samples.
 //!
 //! Each workload runs in child processes, so that each one's peak RSS is its own: one child
-//! trains the five runs alone one after another, another trains them as one stack, alternately,
-//! three times each; every epoch evaluates the fine-tune set (as `finetune` does) and the last
+//! trains the five runs alone one after another, another trains them as one stack (the host
+//! pass), a third as one stack on the resident route (phase 2's generic route, docs/design.md
+//! "Two routes", on `BENIGN_BENCH_DEVICE`: the CPU by default, `cuda` in a `--features cuda`
+//! build, as scripts/gpu-bench.sh runs it), in turn, three times each; every epoch evaluates the fine-tune set (as `finetune` does) and the last
 //! scores the test set. The classifiers are freshly initialised, not trained (the cost does not
 //! depend on their values). Reported: each way's epochs of all five runs per second (median of
 //! the children), the ratio, the share of the large product's rate timed in the same child after
 //! the epochs, and each child's peak RSS.
 //!
-//! `cargo bench --bench stack`.
+//! `cargo bench --bench stack` (`BENIGN_STACK_ONLY=vit-ti` or `vit-b` times one workload).
 
 mod common;
 
 use std::path::Path;
 use std::time::Instant;
 
+use benign_attention::train::phase2::runs::Route;
 use common::median;
 use common::random_checkpoint::{Size, write_checkpoint};
 use common::stack::{Sets, train_stack};
@@ -88,14 +91,43 @@ impl Workload {
     }
 }
 
-/// The workload's backbone and its fine-tune and test sets' layer inputs.
-fn load(workload: Workload, scratch: &Path) -> (Backbone, LayerRows, LayerRows) {
+/// How a child trains the five runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// One after another, each alone (the host pass).
+    Alone,
+    /// As one stack through the host pass.
+    Stack,
+    /// As one stack on the resident route, on `BENIGN_BENCH_DEVICE`.
+    Resident,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Alone => "alone",
+            Self::Stack => "stack",
+            Self::Resident => "resident",
+        }
+    }
+
+    fn parse(name: &str) -> Self {
+        match name {
+            "alone" => Self::Alone,
+            "stack" => Self::Stack,
+            _ => Self::Resident,
+        }
+    }
+}
+
+/// The workload's backbone (on `device`) and its fine-tune and test sets' layer inputs.
+fn load(workload: Workload, scratch: &Path, device: &Device) -> (Backbone, LayerRows, LayerRows) {
     match workload {
         Workload::VitTi => {
             let backbone = Backbone::load(
                 resolve("timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", None)
                     .expect("set BENIGN_MODELS_DIR"),
-                &Device::Cpu,
+                device,
                 TextOptions::default(),
             )
             .unwrap();
@@ -141,7 +173,7 @@ fn load(workload: Workload, scratch: &Path) -> (Backbone, LayerRows, LayerRows) 
             }
             let backbone = Backbone::load(
                 resolve(dir.to_str().unwrap(), None).unwrap(),
-                &Device::Cpu,
+                device,
                 TextOptions::default(),
             )
             .unwrap();
@@ -161,15 +193,23 @@ fn load(workload: Workload, scratch: &Path) -> (Backbone, LayerRows, LayerRows) 
     }
 }
 
-/// The child: the workload's five runs, alone one after another or as one stack, on every core;
-/// prints "seconds peak_rss_bytes large_product_rate".
-fn child(workload: Workload, together: bool, scratch: &Path) {
-    let (backbone, finetune, test) = load(workload, scratch);
+/// The child: the workload's five runs as `kind` says, on every core; prints "seconds
+/// peak_rss_bytes large_product_rate".
+fn child(workload: Workload, kind: Kind, scratch: &Path) {
+    let device = match kind {
+        Kind::Resident => common::bench_device(),
+        Kind::Alone | Kind::Stack => Device::Cpu,
+    };
+    let route = match kind {
+        Kind::Resident => Route::Resident,
+        Kind::Alone | Kind::Stack => Route::Host,
+    };
+    let (backbone, finetune, test) = load(workload, scratch, &device);
     let (hidden, _, _, _) = workload.shape();
     let classes = 10;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let classifiers: Vec<Classifier> = (0..RUNS)
-        .map(|_| Classifier::new(hidden, classes, None, &mut rng, &Device::Cpu).unwrap())
+        .map(|_| Classifier::new(hidden, classes, None, &mut rng, &device).unwrap())
         .collect();
     // Fig. 8's η of the grid's five: each run its own flips of the same samples.
     let labels: Vec<Vec<u32>> = (0..RUNS)
@@ -189,7 +229,7 @@ fn child(workload: Workload, together: bool, scratch: &Path) {
     let threads = rayon::current_num_threads();
     let epochs = workload.epochs();
     let started = Instant::now();
-    if together {
+    if kind != Kind::Alone {
         let sets = Sets {
             model: &backbone.model,
             finetune: &finetune,
@@ -199,7 +239,8 @@ fn child(workload: Workload, together: bool, scratch: &Path) {
             labels: &labels,
             noisy_mask: &noisy_mask,
             config: &config,
-            route: benign_attention::train::phase2::runs::Route::Host,
+            route,
+            device: &device,
         };
         train_stack(&sets, RUNS, epochs, threads, &mut |_| {});
     } else {
@@ -213,7 +254,8 @@ fn child(workload: Workload, together: bool, scratch: &Path) {
                 labels: &labels[k..k + 1],
                 noisy_mask: &noisy_mask,
                 config: &config,
-                route: benign_attention::train::phase2::runs::Route::Host,
+                route,
+                device: &device,
             };
             train_stack(&sets, 1, epochs, threads, &mut |_| {});
         }
@@ -230,9 +272,9 @@ struct ChildRun {
     limit: f64,
 }
 
-fn spawn(workload: Workload, together: bool, scratch: &Path) -> ChildRun {
+fn spawn(workload: Workload, kind: Kind, scratch: &Path) -> ChildRun {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env(CHILD, format!("{} {together}", workload.name()))
+        .env(CHILD, format!("{} {}", workload.name(), kind.name()))
         .env("BENIGN_STACK_SCRATCH", scratch)
         .output()
         .unwrap();
@@ -259,28 +301,35 @@ fn main() {
     if let Ok(spec) = std::env::var(CHILD) {
         let mut parts = spec.split_whitespace();
         let workload = Workload::parse(parts.next().unwrap());
-        let together = parts.next() == Some("true");
+        let kind = Kind::parse(parts.next().unwrap());
         let scratch = std::env::var("BENIGN_STACK_SCRATCH").unwrap();
-        child(workload, together, Path::new(&scratch));
+        child(workload, kind, Path::new(&scratch));
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
     let cores = rayon::current_num_threads();
+    let device = std::env::var("BENIGN_BENCH_DEVICE").unwrap_or_else(|_| "cpu".into());
     println!(
-        "| five runs (Fig. 8's η, n = {N}), {cores} threads | alone, one after another | one stack | ratio |"
+        "| five runs (Fig. 8's η, n = {N}), {cores} threads | alone, one after another | one stack | ratio | one stack, resident route on {device} | resident / host stack |"
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
+    let only = std::env::var("BENIGN_STACK_ONLY").ok();
     for workload in [Workload::VitTi, Workload::VitB] {
+        if only.as_deref().is_some_and(|o| o != workload.name()) {
+            continue;
+        }
         // Fill the caches and write the checkpoint before anything is timed.
-        let _ = spawn(workload, true, scratch.path());
-        let (mut alone, mut together) = (Vec::new(), Vec::new());
+        let _ = spawn(workload, Kind::Stack, scratch.path());
+        let _ = spawn(workload, Kind::Resident, scratch.path());
+        let (mut alone, mut together, mut resident) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..CHILDREN {
-            alone.push(spawn(workload, false, scratch.path()));
-            together.push(spawn(workload, true, scratch.path()));
+            alone.push(spawn(workload, Kind::Alone, scratch.path()));
+            together.push(spawn(workload, Kind::Stack, scratch.path()));
+            resident.push(spawn(workload, Kind::Resident, scratch.path()));
         }
         let epochs = (RUNS * workload.epochs()) as f64;
         let rate = |runs: &[ChildRun]| median(runs.iter().map(|r| epochs / r.seconds).collect());
-        let (a, t) = (rate(&alone), rate(&together));
+        let (a, t, r) = (rate(&alone), rate(&together), rate(&resident));
         let (d, m, h, tokens) = workload.shape();
         let macs = common::phase2_epoch_macs(N, d, m, h, tokens);
         let limit = alone
@@ -292,7 +341,7 @@ fn main() {
             runs.iter().map(|r| r.peak).fold(0f64, f64::max) / f64::from(1u32 << 20)
         };
         println!(
-            "| {} | {a:.1} run-epochs/s ({}; peak {:.0} MiB) | {t:.1} run-epochs/s ({}; peak {:.0} MiB) | **{:.2}×** throughput, {:.2}× peak |",
+            "| {} | {a:.1} run-epochs/s ({}; peak {:.0} MiB) | {t:.1} run-epochs/s ({}; peak {:.0} MiB) | **{:.2}×** throughput, {:.2}× peak | {r:.1} run-epochs/s (peak {:.0} MiB host) | **{:.2}×** |",
             match workload {
                 Workload::VitTi => "ViT-Ti/16, CIFAR-10",
                 Workload::VitB => "ViT-B/16 size, random weights",
@@ -303,14 +352,20 @@ fn main() {
             peak(&together),
             t / a,
             peak(&together) / peak(&alone),
+            peak(&resident),
+            r / t,
         );
         println!(
-            "|  | children: alone {:?} s; together {:?} s |  |  |",
+            "|  | children: alone {:?} s; together {:?} s; resident {:?} s |  |  |  |  |",
             alone
                 .iter()
                 .map(|r| (r.seconds * 100.0).round() / 100.0)
                 .collect::<Vec<_>>(),
             together
+                .iter()
+                .map(|r| (r.seconds * 100.0).round() / 100.0)
+                .collect::<Vec<_>>(),
+            resident
                 .iter()
                 .map(|r| (r.seconds * 100.0).round() / 100.0)
                 .collect::<Vec<_>>()

@@ -100,7 +100,7 @@ cargo build "${cargo_args[@]}" || die "cargo build --features cuda failed"
 # The device-parameterised tests and the encoder bench, as binaries (the GPU machines have no
 # Rust toolchain).
 tests=(encoder_parity last_layer_equivalence fused_attention phase2)
-benches=(encoder)
+benches=(encoder stack)
 test_flags=()
 for t in "${tests[@]}"; do test_flags+=(--test "$t"); done
 for b in "${benches[@]}"; do test_flags+=(--bench "$b"); done

@@ -4,17 +4,18 @@
 # then README's main command with `--device cuda` (the backbone on GPU 0, the phases on the host's
 # cores) from a cold feature cache and again warm, the same machine's CPU-only run cold and warm
 # (issue 64's ratios: cuda cold ≤ ¼ of CPU cold, cuda warm ≤ CPU warm), and a warm run with
-# `--train-device cuda` (the phases on the GPU too). Needs
+# `--train-device cuda` (the phases on the GPU too); then the stack bench: five runs as one stack
+# on the GPU's resident route against the host pass on this machine's cores. Needs
 # BENIGN_DATA_DIR (cifar10/) and BENIGN_MODELS_DIR (the ViT-Ti; all-MiniLM-L6-v2 for the bench's
-# last row). Usage: scripts/gpu-bench.sh OUT_DIR [encoder] [main]   (logs and summaries land in
+# last row). Usage: scripts/gpu-bench.sh OUT_DIR [encoder] [main] [stack]   (logs and summaries land in
 # OUT_DIR; the parts named run, both when none is named)
 # Each step has its own time limit (STEP_LIMIT_S, default 240 s), so that one slow step leaves
 # the others their turn on a lease of minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu-bench.sh OUT_DIR [encoder] [main]}
+out=${1:?usage: scripts/gpu-bench.sh OUT_DIR [encoder] [main] [stack]}
 shift
-parts=" ${*:-encoder main} "
+parts=" ${*:-encoder main stack} "
 mkdir -p "$out"
 . scripts/gpu-env.sh
 limit=${STEP_LIMIT_S:-240}
@@ -57,4 +58,8 @@ if [[ $parts == *" main "* ]]; then
       echo "$label: the CPU run's metrics.jsonl, byte for byte" ||
       echo "$label: metrics.jsonl differs from the CPU run's (summary.json: final and baseline beside each other)"
   done
+fi
+if [[ $parts == *" stack "* ]]; then
+  echo "== stack bench: the resident route on cuda against the host pass (ViT-Ti, ViT-B size with random weights)"
+  BENIGN_BENCH_DEVICE=cuda timeout "$limit" "$unpacked/bin/stack" | tee "$out/stack.md"
 fi

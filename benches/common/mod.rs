@@ -116,8 +116,10 @@ pub mod stack {
         pub noisy_mask: &'a [bool],
         /// The runs' configuration (n, batch size, epochs, η's and seeds aside).
         pub config: &'a RunConfig,
-        /// How a step runs: the host pass, or the device-resident route on the CPU.
+        /// How a step runs: the host pass, or the device-resident route.
         pub route: Route,
+        /// Where the stack trains (the model's and the classifiers' device).
+        pub device: &'a Device,
     }
 
     /// Times each evaluated epoch from the last one's end, after the metrics are computed.
@@ -178,7 +180,7 @@ pub mod stack {
         let spill = tempfile::tempdir().unwrap();
         let shared = Shared {
             model: sets.model,
-            device: &Device::Cpu,
+            device: sets.device,
             route: sets.route,
             hidden: sets.classifiers[0].weight.dims()[1],
             spill_dir: spill.path(),
@@ -209,6 +211,21 @@ pub mod stack {
         pool.install(|| train(&mut trainee, &plan, &mut record))
             .unwrap();
     }
+}
+
+/// The device of `BENIGN_BENCH_DEVICE` (`cpu`, the default, or `cuda`: GPU 0 of a `--features
+/// cuda` build, as `--device cuda` picks it).
+pub fn bench_device() -> candle_core::Device {
+    // Parsed as `--device` parses its value.
+    let kind = match std::env::var("BENIGN_BENCH_DEVICE") {
+        Err(_) => benign_attention::runtime::DeviceKind::Cpu,
+        Ok(value) => {
+            <benign_attention::runtime::DeviceKind as clap::ValueEnum>::from_str(&value, false)
+                .unwrap_or_else(|e| panic!("BENIGN_BENCH_DEVICE={value}: {e}"))
+        }
+    };
+    kind.device()
+        .unwrap_or_else(|e| panic!("BENIGN_BENCH_DEVICE: {e}"))
 }
 
 pub mod random_checkpoint {
