@@ -31,7 +31,8 @@ pub enum DataCommand {
 pub struct DatasetsArgs {
     #[command(flatten)]
     pub root: DataDirArg,
-    /// Datasets (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, cifar10n) [default: all]
+    /// Datasets (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, cifar10n, or a task of
+    /// the MedMNIST 2D family such as dermamnist_224) [default: all]
     pub datasets: Vec<String>,
 }
 
@@ -39,7 +40,7 @@ pub struct DatasetsArgs {
 pub struct SplitArgs {
     #[command(flatten)]
     pub root: DataDirArg,
-    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, or another 2D MedMNIST task)
+    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, or a task of the MedMNIST 2D family such as dermamnist_224)
     #[arg(long)]
     pub dataset: DatasetName,
     /// Clean phase-1 samples
@@ -88,15 +89,13 @@ fn manifests(requested: &[String]) -> Result<Vec<(String, data::catalog::Manifes
     names
         .iter()
         .map(|name| {
-            let id = if name == "cifar10n" {
-                name.clone()
+            let (id, manifest) = if name == "cifar10n" {
+                (name.clone(), data::catalog::manifest(name))
             } else {
-                name.parse::<DatasetName>()
-                    .map_err(anyhow::Error::msg)?
-                    .id()
-                    .to_string()
+                let dataset = name.parse::<DatasetName>().map_err(anyhow::Error::msg)?;
+                (dataset.id().to_string(), dataset.manifest())
             };
-            match data::catalog::manifest(&id) {
+            match manifest {
                 Some(manifest) => Ok((id, manifest)),
                 None => anyhow::bail!(
                     "{name}: no manifest in datasets/ (known: {})",
@@ -122,7 +121,7 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
 fn list(args: DataDirArg) -> Result<ExitCode> {
     let root = data::data_root(args.data_dir.as_deref());
     println!("data root: {}", root.display());
-    for name in DatasetName::all() {
+    for name in DatasetName::all().into_iter().chain(other_medmnist(&root)) {
         match data::load(&name, &root) {
             Ok(dataset) => println!("{}", data::catalog::Completeness::of(&dataset).line()),
             Err(err) => println!("{name}: unavailable: {err}"),
@@ -138,6 +137,30 @@ fn list(args: DataDirArg) -> Result<ExitCode> {
         Err(err) => println!("cifar10n: unavailable: {err}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The files of the MedMNIST family beyond the paper's two under `root`'s medmnist/, by name.
+fn other_medmnist(root: &std::path::Path) -> Vec<DatasetName> {
+    let Ok(entries) = std::fs::read_dir(root.join("medmnist")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<DatasetName> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry
+                .file_name()
+                .to_str()?
+                .strip_suffix(".npz")?
+                .to_string();
+            data::medmnist_family::release(&name).ok()?;
+            match name.parse().ok()? {
+                DatasetName::OtherMedMnist(name) => Some(DatasetName::OtherMedMnist(name)),
+                _ => None,
+            }
+        })
+        .collect();
+    names.sort_by(|a, b| a.id().cmp(b.id()));
+    names
 }
 
 /// `data verify`: every file of the datasets against the official releases' digests.

@@ -38,7 +38,9 @@ pub enum DatasetName {
     Stl10,
     /// In the authors' code and their Table 6, not in the paper's Table 2.
     Sst2,
-    /// Any other 2D MedMNIST task, by its file name (`dermamnist` → medmnist/dermamnist.npz).
+    /// Any other 2D MedMNIST task or size, by its release file's name (`dermamnist` →
+    /// medmnist/dermamnist.npz, `dermamnist_224` → medmnist/dermamnist_224.npz), checked against
+    /// the family's catalog ([`super::medmnist_family`]).
     OtherMedMnist(String),
 }
 
@@ -91,9 +93,14 @@ impl DatasetName {
         }
     }
 
-    /// The manifest of the official release (none for other MedMNIST tasks).
+    /// The manifest of the official release (for the MedMNIST family, from its catalog).
     pub fn manifest(&self) -> Option<Manifest> {
-        manifest(self.id())
+        manifest(self.id()).or_else(|| match self {
+            DatasetName::OtherMedMnist(name) => super::medmnist_family::release(name)
+                .ok()
+                .map(|release| release.manifest()),
+            _ => None,
+        })
     }
 
     fn is_medmnist(&self) -> bool {
@@ -124,16 +131,17 @@ impl FromStr for DatasetName {
             "trec" => DatasetName::Trec,
             "stl10" | "stl-10" => DatasetName::Stl10,
             "sst2" | "sst-2" => DatasetName::Sst2,
-            task if task.ends_with("mnist")
-                && task.len() > 5
-                && task.chars().all(|c| c.is_ascii_alphanumeric()) =>
+            task if task.contains("mnist")
+                && task.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
             {
+                // The catalog knows the task and its sizes, or says why not.
+                super::medmnist_family::release(task)?;
                 DatasetName::OtherMedMnist(task.to_string())
             }
             _ => {
                 return Err(format!(
                     "unknown dataset {s:?}: expected mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2, or another \
-                     2D MedMNIST task by name (e.g. dermamnist)"
+                     2D MedMNIST task by name, at 28 px or at MedMNIST+'s 64, 128 or 224 (e.g. dermamnist, dermamnist_224)"
                 ));
             }
         })
@@ -391,6 +399,11 @@ fn load_medmnist(name: &DatasetName, dir: &Path) -> Result<Dataset> {
     let train = medmnist::read_split(&path, "train", num_classes)?;
     let val = medmnist::read_split(&path, "val", num_classes)?;
     let test = medmnist::read_split(&path, "test", num_classes)?;
+    if let Ok(release) = super::medmnist_family::release(name.id()) {
+        for split in [&train, &val, &test] {
+            medmnist::check_size(&path, split, release.pixels)?;
+        }
+    }
     let class_names = match known {
         Some(classes) => classes,
         // Tasks without a manifest: classes named by index.

@@ -76,6 +76,24 @@ pub fn read_split(path: &Path, split: &str, num_classes: Option<usize>) -> Resul
     })
 }
 
+/// Refuses a split whose images are not `pixels` × `pixels` (a file of another size under this
+/// size's name).
+pub fn check_size(path: &Path, split: &Split, pixels: usize) -> Result<()> {
+    if let Inputs::Images(images) = &split.inputs
+        && (images.height != pixels || images.width != pixels)
+    {
+        return Err(DataError::format(
+            path,
+            format!(
+                "holds {}×{} images, expected {pixels}×{pixels} for this release (the name says \
+                 the size: task for 28 px, task_64, task_128, task_224)",
+                images.height, images.width
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// (N, HW, C) → (N, C, HW).
 fn channels_first(pixels: &[u8], count: usize, plane: usize, channels: usize) -> Vec<u8> {
     let mut out = vec![0; pixels.len()];

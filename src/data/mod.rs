@@ -13,6 +13,7 @@ pub mod download;
 pub mod fetch;
 pub mod files;
 pub mod medmnist;
+pub mod medmnist_family;
 pub mod mnist;
 pub mod noise;
 pub mod npz;

@@ -40,8 +40,20 @@ const CONFIGS: [(&str, &str); 8] = [
     ("sst2", include_str!("../../configs/sst2.toml")),
 ];
 
+/// The MedMNIST family's tasks besides the paper's two (configs/medmnist.toml).
+const MEDMNIST_FAMILY: &str = include_str!("../../configs/medmnist.toml");
+
 /// The defaults of `dataset`; an error for datasets without a paper config.
 pub fn dataset_config(dataset: &DatasetName) -> Result<DatasetConfig> {
+    if let DatasetName::OtherMedMnist(name) = dataset {
+        let release = crate::data::medmnist_family::release(name).map_err(anyhow::Error::msg)?;
+        let mut config: DatasetConfig =
+            toml::from_str(MEDMNIST_FAMILY).context("configs/medmnist.toml is invalid")?;
+        let train = release.task.samples.get("train").copied().unwrap_or(0);
+        config.pretrain_n = config.pretrain_n.min(train.saturating_sub(config.n));
+        config.dataset = name.clone();
+        return Ok(config);
+    }
     let (_, text) = CONFIGS
         .iter()
         .find(|(name, _)| *name == dataset.id())
