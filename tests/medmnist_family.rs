@@ -5,7 +5,7 @@
 //! another size under a size's name are refused in one line.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use benign_attention::data::medmnist_family::{release, task_names};
 use benign_attention::data::{self, DatasetName, Inputs};
@@ -52,11 +52,7 @@ fn every_task_loads_with_its_release_classes_channels_and_size() {
 }
 
 fn benign(args: &[&str], cache: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_benign-attention"))
-        .args(args)
-        .env("BENIGN_CACHE_DIR", cache)
-        .output()
-        .unwrap()
+    common::benign_cached(args, cache)
 }
 
 fn one_error_line(out: &Output) -> String {

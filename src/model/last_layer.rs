@@ -288,78 +288,64 @@ impl<'a> LastLayer<'a> {
     }
 
     /// The normed tokens and CLS rows of a set held in memory (the fine-tune set), derived once
-    /// so that a step reads them in place.
+    /// so that a step reads them in place: in host memory for the host pass and the fused
+    /// attention (on the CPU), as tensors elsewhere.
     pub fn resident(&self, rows: &LayerRows, device: &Device) -> Result<ResidentSet> {
-        let all: Vec<usize> = (0..rows.len()).collect();
-        let width = rows.lengths().iter().copied().max().unwrap_or(0);
-        let (mut cls_inputs, mut cls_normed, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
-        for chunk in all.chunks(64) {
-            let batch = rows.batch(chunk, device)?;
-            let normed = self.normed(&batch.inputs)?;
-            cls_inputs.push(first_token(&batch.inputs)?);
-            cls_normed.push(first_token(&normed)?);
-            // Every chunk padded to the set's longest sample (padding is never attended).
-            let pad = width - normed.dim(1)?;
-            tokens.push(normed.pad_with_zeros(1, 0, pad)?);
-        }
-        let (cls_inputs, cls_normed) = (
-            Tensor::cat(&cls_inputs, 0)?.contiguous()?,
-            Tensor::cat(&cls_normed, 0)?.contiguous()?,
-        );
-        Ok(ResidentSet {
-            cls_inputs_host: crate::kernels::host_reads::flat(&cls_inputs)?,
-            cls_normed_host: crate::kernels::host_reads::flat(&cls_normed)?,
-            cls_inputs,
-            cls_normed,
-            tokens: Arc::new(KeyValues::new(
-                &Tensor::cat(&tokens, 0)?,
-                self.attention().num_heads,
-                Some(rows.lengths()),
-                self.scale(),
-            )?),
-        })
+        Ok(self.held(&[rows], device, false)?.0)
     }
 
     /// The sets `sets` held as one on the layer's device, for the device-resident route: their
     /// CLS rows and normed tokens (padded to the longest sample of any) one after another, kept as
-    /// tensors (nothing on the host), with where each set's first sample is.
+    /// tensors (nothing on the host, on the CPU too), with where each set's first sample is.
     pub fn resident_stack(
         &self,
         sets: &[&LayerRows],
         device: &Device,
+    ) -> Result<(ResidentSet, Vec<usize>)> {
+        self.held(sets, device, true)
+    }
+
+    /// [`Self::resident`] and [`Self::resident_stack`]: the sets one after another, `kept` as
+    /// tensors or also read into host memory.
+    fn held(
+        &self,
+        sets: &[&LayerRows],
+        device: &Device,
+        kept: bool,
     ) -> Result<(ResidentSet, Vec<usize>)> {
         let width = sets
             .iter()
             .flat_map(|rows| rows.lengths().iter().copied())
             .max()
             .unwrap_or(0);
-        let (mut cls_inputs, mut cls_normed, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+        let mut parts = SetParts::default();
         let (mut lengths, mut offsets) = (Vec::new(), Vec::with_capacity(sets.len()));
         for rows in sets {
             offsets.push(lengths.len());
             lengths.extend_from_slice(rows.lengths());
-            let all: Vec<usize> = (0..rows.len()).collect();
-            for chunk in all.chunks(64) {
-                let batch = rows.batch(chunk, device)?;
-                let normed = self.normed(&batch.inputs)?;
-                cls_inputs.push(first_token(&batch.inputs)?);
-                cls_normed.push(first_token(&normed)?);
-                let pad = width - normed.dim(1)?;
-                tokens.push(normed.pad_with_zeros(1, 0, pad)?);
-            }
+            parts.add(self, rows, width, device)?;
         }
-        ensure!(!tokens.is_empty(), "a stack of no fine-tune samples");
-        let set = ResidentSet {
-            cls_inputs: Tensor::cat(&cls_inputs, 0)?.contiguous()?,
-            cls_normed: Tensor::cat(&cls_normed, 0)?.contiguous()?,
-            cls_inputs_host: Vec::new(),
-            cls_normed_host: Vec::new(),
-            tokens: Arc::new(KeyValues::kept(
-                &Tensor::cat(&tokens, 0)?,
-                self.attention().num_heads,
-                Some(&lengths),
-                self.scale(),
-            )?),
+        ensure!(!parts.tokens.is_empty(), "a set of no samples");
+        let cls_inputs = Tensor::cat(&parts.cls_inputs, 0)?.contiguous()?;
+        let cls_normed = Tensor::cat(&parts.cls_normed, 0)?.contiguous()?;
+        let tokens = Tensor::cat(&parts.tokens, 0)?;
+        let (heads, scale) = (self.attention().num_heads, self.scale());
+        let set = if kept {
+            ResidentSet {
+                cls_inputs_host: Vec::new(),
+                cls_normed_host: Vec::new(),
+                tokens: Arc::new(KeyValues::kept(&tokens, heads, Some(&lengths), scale)?),
+                cls_inputs,
+                cls_normed,
+            }
+        } else {
+            ResidentSet {
+                cls_inputs_host: crate::kernels::host_reads::flat(&cls_inputs)?,
+                cls_normed_host: crate::kernels::host_reads::flat(&cls_normed)?,
+                tokens: Arc::new(KeyValues::new(&tokens, heads, Some(&lengths), scale)?),
+                cls_inputs,
+                cls_normed,
+            }
         };
         Ok((set, offsets))
     }
@@ -565,6 +551,37 @@ impl ResidentSet {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A set's CLS rows, normed CLS rows and normed tokens, a chunk of samples at a time.
+#[derive(Default)]
+struct SetParts {
+    cls_inputs: Vec<Tensor>,
+    cls_normed: Vec<Tensor>,
+    tokens: Vec<Tensor>,
+}
+
+impl SetParts {
+    /// The chunks of `rows`, through `layer`'s norm, their tokens padded to `width` (padding is
+    /// never attended).
+    fn add(
+        &mut self,
+        layer: &LastLayer,
+        rows: &LayerRows,
+        width: usize,
+        device: &Device,
+    ) -> Result<()> {
+        let all: Vec<usize> = (0..rows.len()).collect();
+        for chunk in all.chunks(64) {
+            let batch = rows.batch(chunk, device)?;
+            let normed = layer.normed(&batch.inputs)?;
+            self.cls_inputs.push(first_token(&batch.inputs)?);
+            self.cls_normed.push(first_token(&normed)?);
+            let pad = width - normed.dim(1)?;
+            self.tokens.push(normed.pad_with_zeros(1, 0, pad)?);
+        }
+        Ok(())
     }
 }
 

@@ -126,6 +126,15 @@ pub fn test_device() -> Device {
     }
 }
 
+/// The binary under test with `args`, its feature cache in `cache`.
+pub fn benign_cached(args: &[&str], cache: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_benign-attention"))
+        .args(args)
+        .env("BENIGN_CACHE_DIR", cache)
+        .output()
+        .unwrap()
+}
+
 /// tests/fixtures of the source tree: `CARGO_MANIFEST_DIR` as cargo sets it when it runs the
 /// tests, else where the tests were built (a test binary carried elsewhere, as
 /// scripts/gpu-tests.sh does, is run with the variable set to its checkout).
