@@ -2,12 +2,9 @@
 //! releases contain (the manifests of `datasets/*.toml`, compiled in), and how complete a local
 //! copy is.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-
-use serde::Deserialize;
 
 use super::files::{DataError, Result};
 use super::{Dataset, agnews, cifar, medmnist, mnist, sst2, stl10, trec};
@@ -148,46 +145,7 @@ impl FromStr for DatasetName {
     }
 }
 
-/// One `datasets/<name>.toml`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Manifest {
-    pub name: String,
-    /// Folder under the data root.
-    pub folder: String,
-    pub title: String,
-    pub homepage: String,
-    #[serde(default)]
-    pub classes: Vec<String>,
-    /// Records per split in the official release.
-    pub expected: BTreeMap<String, usize>,
-    #[serde(default)]
-    pub archive: Option<Archive>,
-    pub files: Vec<ManifestFile>,
-}
-
-/// A release shipped as one archive (CIFAR-10 and STL-10 as .tar.gz, SST-2 as .zip).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Archive {
-    pub url: String,
-    pub md5: String,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ManifestFile {
-    /// Relative to the dataset folder.
-    pub path: String,
-    #[serde(default)]
-    pub urls: Vec<String>,
-    pub md5: Option<String>,
-    pub sha256: Option<String>,
-    pub bytes: Option<u64>,
-    /// Made from another file of the release, not downloadable itself.
-    #[serde(default)]
-    pub derived: bool,
-}
+pub use super::manifest::{Archive, Manifest, ManifestFile};
 
 const MANIFESTS: [(&str, &str); 9] = [
     ("mnist", include_str!("../../datasets/mnist.toml")),

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 
-use super::catalog::{Manifest, ManifestFile};
+use super::manifest::{Manifest, ManifestFile};
 
 /// MedMNIST+'s sizes besides the original 28 px.
 pub const SIZES: [usize; 4] = [28, 64, 128, 224];
