@@ -99,6 +99,12 @@ mod tests {
             };
             assert_eq!(c.backbones[0], paper);
         }
-        assert!(dataset_config(&"dermamnist".parse().unwrap()).is_err());
+        // The rest of the MedMNIST family: PneumoniaMNIST's defaults, phase 1 capped at the
+        // training images the n fine-tune samples leave (RetinaMNIST has 1080).
+        let family = |name: &str| dataset_config(&name.parse().unwrap()).unwrap();
+        let derma = family("dermamnist_224");
+        assert_eq!((derma.pretrain_n, derma.n, derma.epochs), (3000, 200, 2000));
+        assert_eq!(derma.dataset, "dermamnist_224");
+        assert_eq!(family("retinamnist").pretrain_n, 1080 - 200);
     }
 }
