@@ -377,6 +377,16 @@ fn backbone_configs_the_forward_cannot_run_are_refused_naming_file_and_field() {
     }
 }
 
+/// A tiny BreastMNIST under `dir/data` and a copy of the tiny ViT under `dir/ok`.
+fn tiny_data_and_model(dir: &Path) -> (PathBuf, PathBuf) {
+    let data = dir.join("data");
+    tiny_breastmnist(&data);
+    (
+        data,
+        model_copy(&dir.join("ok"), "tiny_vit", |_| {}, |_| {}),
+    )
+}
+
 /// `extract --device cuda` from a CPU-only build: one line saying how to build with CUDA.
 #[test]
 fn extract_on_cuda_from_a_cpu_build_is_one_error_line() {
@@ -384,9 +394,7 @@ fn extract_on_cuda_from_a_cpu_build_is_one_error_line() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    tiny_breastmnist(&data);
-    let model = model_copy(&dir.path().join("ok"), "tiny_vit", |_| {}, |_| {});
+    let (data, model) = tiny_data_and_model(dir.path());
     let cache = dir.path().join("cache");
     let out = benign(&[
         "extract",
@@ -416,9 +424,7 @@ fn finetune_on_cuda_from_a_cpu_build_is_one_error_line() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    tiny_breastmnist(&data);
-    let model = model_copy(&dir.path().join("ok"), "tiny_vit", |_| {}, |_| {});
+    let (data, model) = tiny_data_and_model(dir.path());
     for flag in ["--device", "--train-device"] {
         let out_dir = dir.path().join(flag.trim_start_matches('-'));
         let out = benign(&[

@@ -232,25 +232,13 @@ pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()>
                     .iter()
                     .flat_map(|s| s.points.iter().map(|p| p.0)),
             );
-            let mut chart = ChartBuilder::on(area)
-                .caption(&panel.title, (FONT, 18))
-                .margin(12)
-                .x_label_area_size(42)
-                .y_label_area_size(56)
-                .build_cartesian_2d(x0..x1, panel.y_range.0..panel.y_range.1)
-                .map_err(plot_err)?;
-            let (x_tick, y_tick) = (ticks_for((x0, x1)), ticks_for(panel.y_range));
-            chart
-                .configure_mesh()
-                .x_desc(&panel.x_label)
-                .y_desc(&panel.y_label)
-                .x_label_formatter(&x_tick)
-                .y_label_formatter(&y_tick)
-                .label_style((FONT, 14))
-                .axis_desc_style((FONT, 15))
-                .light_line_style(WHITE.mix(0.0))
-                .draw()
-                .map_err(plot_err)?;
+            let mut chart = scatter_chart(
+                area,
+                &panel.title,
+                (&panel.x_label, &panel.y_label),
+                (x0, x1),
+                panel.y_range,
+            )?;
             for series in &panel.series {
                 let style = series.color.stroke_width(series.width);
                 if series.markers {
@@ -331,7 +319,8 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
     })
 }
 
-/// A panel's axes at spans `xs` and `ys`, with its title and axis labels, for points.
+/// A panel's axes at spans `xs` and `ys`, with its title and axis labels: every panel's (lines,
+/// points, error bars).
 pub(super) fn scatter_chart<'a, 'b>(
     area: &'a DrawingArea<BitMapBackend<'b>, Shift>,
     title: &str,
