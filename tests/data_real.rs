@@ -259,7 +259,7 @@ fn census(name: &DatasetName, root: &Path) -> Option<Vec<(&'static str, usize)>>
             };
             vec![("train", rows("train.tsv")?), ("test", rows("dev.tsv")?)]
         }
-        DatasetName::OtherMedMnist(_) => unreachable!(),
+        DatasetName::OtherMedMnist(_) | DatasetName::Own(_) => unreachable!(),
     })
 }
 

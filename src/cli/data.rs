@@ -16,15 +16,24 @@ use crate::rng::RngChoice;
 
 #[derive(Subcommand, Debug)]
 pub enum DataCommand {
-    /// What each dataset folder holds against the official release ("cifar10: 8068/50000 train, …").
-    List(DataDirArg),
+    /// What each dataset folder holds against the official release ("cifar10: 8068/50000 train, …"),
+    /// and what datasets you bring hold.
+    List(ListArgs),
     /// Checksums of the files against the official releases (datasets/*.toml); exit 1 if a present
     /// file differs.
     Verify(DatasetsArgs),
     /// Download the canonical release files, checking their checksums.
     Fetch(DatasetsArgs),
     /// Draw the paper's split and label noise and print its summary as JSON.
-    Split(SplitArgs),
+    Split(Box<SplitArgs>),
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub root: DataDirArg,
+    /// Datasets you bring, listed after the data root's (folder:PATH, csv:PATH, jsonl:PATH)
+    pub datasets: Vec<DatasetName>,
 }
 
 #[derive(Args, Debug)]
@@ -32,7 +41,8 @@ pub struct DatasetsArgs {
     #[command(flatten)]
     pub root: DataDirArg,
     /// Datasets (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, cifar10n, or a task of
-    /// the MedMNIST 2D family such as dermamnist_224) [default: all]
+    /// the MedMNIST 2D family such as dermamnist_224; `verify` also takes datasets you bring,
+    /// folder:PATH, csv:PATH, jsonl:PATH, and reads every sample) [default: all]
     pub datasets: Vec<String>,
 }
 
@@ -40,9 +50,16 @@ pub struct DatasetsArgs {
 pub struct SplitArgs {
     #[command(flatten)]
     pub root: DataDirArg,
-    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, or a task of the MedMNIST 2D family such as dermamnist_224)
+    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, or a task of the
+    /// MedMNIST 2D family such as dermamnist_224), or your own files: folder:PATH, csv:PATH, jsonl:PATH
     #[arg(long)]
     pub dataset: DatasetName,
+    /// csv:/jsonl: datasets: the text column [default: text]
+    #[arg(long, value_name = "COLUMN")]
+    pub text_column: Option<String>,
+    /// csv:/jsonl: datasets: the label column [default: label]
+    #[arg(long, value_name = "COLUMN")]
+    pub label_column: Option<String>,
     /// Clean phase-1 samples
     #[arg(long, value_name = "N")]
     pub pretrain_n: usize,
@@ -118,8 +135,8 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
 }
 
 /// `data list`: every dataset's completeness under the data root.
-fn list(args: DataDirArg) -> Result<ExitCode> {
-    let root = data::data_root(args.data_dir.as_deref());
+fn list(args: ListArgs) -> Result<ExitCode> {
+    let root = data::data_root(args.root.data_dir.as_deref());
     println!("data root: {}", root.display());
     for name in DatasetName::all().into_iter().chain(other_medmnist(&root)) {
         match data::load(&name, &root) {
@@ -127,6 +144,7 @@ fn list(args: DataDirArg) -> Result<ExitCode> {
             Err(err) => println!("{name}: unavailable: {err}"),
         }
     }
+
     let annotations = root.join("cifar10n").join(data::cifar10n::FILE_NAME);
     match data::cifar10n::load(&annotations, data::cifar10n::HumanLabels::Aggre) {
         Ok(a) => println!(
@@ -135,6 +153,12 @@ fn list(args: DataDirArg) -> Result<ExitCode> {
             data::cifar10n::TRAIN_IMAGES
         ),
         Err(err) => println!("cifar10n: unavailable: {err}"),
+    }
+    for name in &args.datasets {
+        match own_line(name, &root) {
+            Ok(line) => println!("{line}"),
+            Err(err) => println!("{name}: unavailable: {err}"),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -163,11 +187,53 @@ fn other_medmnist(root: &std::path::Path) -> Vec<DatasetName> {
     names
 }
 
-/// `data verify`: every file of the datasets against the official releases' digests.
+/// A dataset's samples per split, its classes in label order and, for files you bring, their
+/// content digest: "folder:pets: 400 train, 100 test, complete; 2 classes (cat, dog); digest …".
+fn own_line(name: &DatasetName, root: &std::path::Path) -> Result<String> {
+    let dataset = data::load(name, root)?;
+    let digest = match name {
+        DatasetName::Own(source) => format!("; digest {}", source.content_digest()?),
+        _ => String::new(),
+    };
+    Ok(format!(
+        "{}; {} classes ({}){digest}",
+        data::catalog::Completeness::of(&dataset).line(),
+        dataset.num_classes(),
+        dataset.class_names.join(", ")
+    ))
+}
+
+/// `data verify`: every file of the datasets against the official releases' digests; a dataset
+/// you bring is read whole (every image decoded, every row parsed).
 fn verify(args: DatasetsArgs) -> Result<ExitCode> {
     let root = data::data_root(args.root.data_dir.as_deref());
     let mut failures = 0;
-    for (name, manifest) in manifests(&args.datasets)? {
+    let (own, released): (Vec<String>, Vec<String>) = args
+        .datasets
+        .iter()
+        .cloned()
+        .partition(|name| data::own::OwnSource::parse(name).is_some());
+    for spec in &own {
+        let checked = spec
+            .parse::<DatasetName>()
+            .map_err(anyhow::Error::msg)
+            .and_then(|name| own_line(&name, &root));
+        match checked {
+            Ok(line) => println!("{line}: ok"),
+            Err(err) => {
+                println!("{spec}: {}", crate::errors::one_line(&err));
+                failures += 1;
+            }
+        }
+    }
+    if released.is_empty() && !own.is_empty() {
+        return Ok(if failures > 0 {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        });
+    }
+    for (name, manifest) in manifests(&released)? {
         for (path, status) in data::catalog::verify(&manifest, &root)? {
             let shown = path.strip_prefix(&root).unwrap_or(&path);
             println!("{name}: {}: {status}", shown.display());
@@ -197,9 +263,12 @@ fn fetch(args: DatasetsArgs) -> Result<ExitCode> {
 }
 
 /// `data split`: one run's split and labels, summarised (and written with --out).
-fn split(args: SplitArgs) -> Result<ExitCode> {
+fn split(args: Box<SplitArgs>) -> Result<ExitCode> {
     let root = data::data_root(args.root.data_dir.as_deref());
-    let dataset = data::load(&args.dataset, &root)?;
+    let name = (args.dataset.clone())
+        .with_columns(args.text_column.as_deref(), args.label_column.as_deref())
+        .map_err(anyhow::Error::msg)?;
+    let dataset = data::load(&name, &root)?;
     for warning in &dataset.warnings {
         eprintln!("warning: {warning}");
     }

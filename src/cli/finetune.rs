@@ -20,10 +20,19 @@ pub struct FinetuneArgs {
     /// (docs/usage.md, "Settings in a file")
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2)
+    /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2, a
+    /// MedMNIST 2D task), or your own files: folder:PATH, csv:PATH, jsonl:PATH (docs/data.md)
     /// [default: the --config file's]
     #[arg(long)]
     pub dataset: Option<DatasetName>,
+    /// csv:/jsonl: datasets: the column holding the text, by header name or 0-based index (CSV),
+    /// or key (JSONL) [default: text]
+    #[arg(long, value_name = "COLUMN")]
+    pub text_column: Option<String>,
+    /// csv:/jsonl: datasets: the column holding the label (integers in numeric order, else
+    /// words in byte order, become the classes) [default: label]
+    #[arg(long, value_name = "COLUMN")]
+    pub label_column: Option<String>,
     /// Label-noise rate η ∈ [0, 1) on the fine-tune set; several, comma-separated, train together
     /// in one pass, one run folder each under --out/runs/ (named as `reproduce` names them)
     /// [default: the --config file's]
@@ -163,6 +172,9 @@ impl FinetuneArgs {
         let Some(dataset) = self.dataset.clone().or(from_file) else {
             bail!("--dataset: required (or give `dataset` in a --config file)");
         };
+        let dataset = dataset
+            .with_columns(self.text_column.as_deref(), self.label_column.as_deref())
+            .map_err(anyhow::Error::msg)?;
         let paper = RunConfig::paper(&dataset)?;
         match file {
             Some(file) => Ok((file.overlay(&paper)?, file.sets("eta"))),

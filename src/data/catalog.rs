@@ -39,6 +39,8 @@ pub enum DatasetName {
     /// medmnist/dermamnist.npz, `dermamnist_224` → medmnist/dermamnist_224.npz), checked against
     /// the family's catalog ([`super::medmnist_family`]).
     OtherMedMnist(String),
+    /// A dataset the user brings: `folder:PATH`, `csv:PATH` or `jsonl:PATH` ([`super::own`]).
+    Own(super::own::OwnSource),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,24 +82,41 @@ impl DatasetName {
             DatasetName::Stl10 => "stl10",
             DatasetName::Sst2 => "sst2",
             DatasetName::OtherMedMnist(task) => task,
+            DatasetName::Own(source) => source.id(),
         }
     }
 
     pub fn modality(&self) -> Modality {
         match self {
             DatasetName::AgNews | DatasetName::Trec | DatasetName::Sst2 => Modality::Text,
+            DatasetName::Own(source) => source.modality(),
             _ => Modality::Image,
         }
     }
 
     /// The manifest of the official release (for the MedMNIST family, from its catalog).
     pub fn manifest(&self) -> Option<Manifest> {
+        if let DatasetName::Own(_) = self {
+            return None;
+        }
         manifest(self.id()).or_else(|| match self {
             DatasetName::OtherMedMnist(name) => super::medmnist_family::release(name)
                 .ok()
                 .map(|release| release.manifest()),
             _ => None,
         })
+    }
+
+    /// This dataset with the text and label columns `--text-column` / `--label-column` name;
+    /// an error for a dataset without columns to choose.
+    pub fn with_columns(self, text: Option<&str>, label: Option<&str>) -> Result<Self, String> {
+        match self {
+            _ if text.is_none() && label.is_none() => Ok(self),
+            DatasetName::Own(source) => source.with_columns(text, label).map(DatasetName::Own),
+            other => Err(format!(
+                "--text-column / --label-column: {other} has its own columns; they apply to csv: and jsonl: datasets"
+            )),
+        }
     }
 
     fn is_medmnist(&self) -> bool {
@@ -110,7 +129,10 @@ impl DatasetName {
 
 impl fmt::Display for DatasetName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.id())
+        match self {
+            DatasetName::Own(source) => source.fmt(f),
+            _ => f.write_str(self.id()),
+        }
     }
 }
 
@@ -118,6 +140,10 @@ impl FromStr for DatasetName {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
+        // A path keeps its case: a source is parsed before the names are lowercased.
+        if let Some(source) = super::own::OwnSource::parse(s.trim()) {
+            return source.map(DatasetName::Own);
+        }
         let key = s.trim().to_ascii_lowercase();
         Ok(match key.as_str() {
             "mnist" => DatasetName::Mnist,
@@ -138,7 +164,8 @@ impl FromStr for DatasetName {
             _ => {
                 return Err(format!(
                     "unknown dataset {s:?}: expected mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2, or another \
-                     2D MedMNIST task by name, at 28 px or at MedMNIST+'s 64, 128 or 224 (e.g. dermamnist, dermamnist_224)"
+                     2D MedMNIST task by name, at 28 px or at MedMNIST+'s 64, 128 or 224 (e.g. dermamnist, dermamnist_224), \
+                     or your own files: folder:PATH, csv:PATH, jsonl:PATH (docs/data.md)"
                 ));
             }
         })
@@ -252,12 +279,25 @@ pub fn verify(manifest: &Manifest, root: &Path) -> Result<Vec<(PathBuf, FileStat
         .collect()
 }
 
-/// The dataset's folder under `root`.
+/// The dataset's folder under `root` (for a dataset the user brings, its own path).
 pub fn dataset_dir(name: &DatasetName, root: &Path) -> PathBuf {
+    if let DatasetName::Own(source) = name {
+        return source.path().to_path_buf();
+    }
     if name.is_medmnist() {
         return root.join("medmnist");
     }
     root.join(name.id())
+}
+
+/// Whether `name` has files to read: its folder under `root`, or the path of a dataset the user
+/// brings.
+pub fn has_files(name: &DatasetName, root: &Path) -> bool {
+    let path = dataset_dir(name, root);
+    match name {
+        DatasetName::Own(_) => path.exists(),
+        _ => path.is_dir(),
+    }
 }
 
 /// Class names from a list of literals.
@@ -269,7 +309,8 @@ fn names(names: &[&str]) -> Vec<String> {
 /// a missing test split is an error.
 pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
     let dir = dataset_dir(name, root);
-    if !dir.is_dir() {
+    // A source the user brings names its own files.
+    if !matches!(name, DatasetName::Own(_)) && !dir.is_dir() {
         return Err(DataError::Unavailable {
             dataset: name.to_string(),
             problem: format!(
@@ -294,6 +335,7 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
             load_medmnist(name, &dir)?
         }
         DatasetName::AgNews => load_agnews(name, &dir)?,
+        DatasetName::Own(source) => source.load(name)?,
         DatasetName::Trec => Dataset {
             name: name.clone(),
             class_names: names(&trec::CLASS_NAMES),
@@ -459,6 +501,10 @@ fn check_splits(dataset: &Dataset) -> Result<()> {
 /// from the release is another file (the mirror's PneumoniaMNIST), whose row positions are not
 /// release indices. The error says why, for a message about `--rng authors`.
 pub fn official_train_size(dataset: &Dataset) -> std::result::Result<usize, String> {
+    // A source the user brings is its own release: its training split in the documented order.
+    if let (DatasetName::Own(_), Some(train)) = (&dataset.name, &dataset.train) {
+        return Ok(train.len());
+    }
     let official = dataset
         .name
         .manifest()

@@ -18,6 +18,7 @@ pub mod medmnist_family;
 pub mod mnist;
 pub mod noise;
 pub mod npz;
+pub mod own;
 pub mod prepare;
 pub mod split;
 pub mod sst2;
@@ -47,6 +48,19 @@ impl ImageSet {
     pub fn image(&self, i: usize) -> &[u8] {
         let len = self.image_len();
         &self.pixels[i * len..(i + 1) * len]
+    }
+
+    /// The images at `indices`, in that order.
+    pub fn subset(&self, indices: &[usize]) -> ImageSet {
+        let mut pixels = Vec::with_capacity(indices.len() * self.image_len());
+        indices
+            .iter()
+            .for_each(|&i| pixels.extend_from_slice(self.image(i)));
+        ImageSet {
+            count: indices.len(),
+            pixels,
+            ..*self
+        }
     }
 }
 
@@ -131,17 +145,7 @@ impl Split {
     /// The samples at `indices`, in that order.
     pub fn subset(&self, indices: &[usize]) -> Split {
         let inputs = match &self.inputs {
-            Inputs::Images(set) => {
-                let mut pixels = Vec::with_capacity(indices.len() * set.image_len());
-                indices
-                    .iter()
-                    .for_each(|&i| pixels.extend_from_slice(set.image(i)));
-                Inputs::Images(ImageSet {
-                    count: indices.len(),
-                    pixels,
-                    ..*set
-                })
-            }
+            Inputs::Images(set) => Inputs::Images(set.subset(indices)),
             Inputs::Texts(texts) => {
                 Inputs::Texts(indices.iter().map(|&i| texts[i].clone()).collect())
             }

@@ -328,6 +328,7 @@ pub(super) mod tests {
                     splits: vec![],
                     complete: true,
                 },
+                class_names: Vec::new(),
                 float_kernels: "x86_64 avx2+fma".into(),
                 placement: None,
             },

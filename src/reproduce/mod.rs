@@ -358,7 +358,7 @@ fn with_present_datasets(options: &DriverOptions) -> (DriverOptions, Vec<Dataset
         .datasets
         .iter()
         .cloned()
-        .partition(|d| data::catalog::dataset_dir(d, &root).is_dir());
+        .partition(|d| data::catalog::has_files(d, &root));
     let options = DriverOptions {
         grid: Grid {
             datasets: present,
@@ -384,10 +384,14 @@ fn planned_runs(
     left_out.splice(
         0..0,
         absent.iter().map(|d| {
-            format!(
-                "{d}: no data (no folder {}; `benign-attention data fetch {d}` downloads it)",
-                data::catalog::dataset_dir(d, &root).display()
-            )
+            let path = data::catalog::dataset_dir(d, &root);
+            match d {
+                DatasetName::Own(_) => format!("{d}: no data (nothing at {})", path.display()),
+                _ => format!(
+                    "{d}: no data (no folder {}; `benign-attention data fetch {d}` downloads it)",
+                    path.display()
+                ),
+            }
         }),
     );
     if all.is_empty() {

@@ -43,8 +43,24 @@ const CONFIGS: [(&str, &str); 8] = [
 /// The MedMNIST family's tasks besides the paper's two (configs/medmnist.toml).
 const MEDMNIST_FAMILY: &str = include_str!("../../configs/medmnist.toml");
 
+/// Defaults for the datasets a user brings, by modality (configs/own_*.toml).
+const OWN_IMAGES: &str = include_str!("../../configs/own_images.toml");
+const OWN_TEXTS: &str = include_str!("../../configs/own_texts.toml");
+
 /// The defaults of `dataset`; an error for datasets without a paper config.
 pub fn dataset_config(dataset: &DatasetName) -> Result<DatasetConfig> {
+    if let DatasetName::Own(source) = dataset {
+        let (file, text) = match source.modality() {
+            crate::data::catalog::Modality::Image => ("own_images", OWN_IMAGES),
+            crate::data::catalog::Modality::Text => ("own_texts", OWN_TEXTS),
+        };
+        let config: DatasetConfig =
+            toml::from_str(text).with_context(|| format!("configs/{file}.toml is invalid"))?;
+        return Ok(DatasetConfig {
+            dataset: dataset.to_string(),
+            ..config
+        });
+    }
     if let DatasetName::OtherMedMnist(name) = dataset {
         let release = crate::data::medmnist_family::release(name).map_err(anyhow::Error::msg)?;
         let mut config: DatasetConfig =

@@ -131,6 +131,7 @@ fn known_keys() -> Result<Value> {
         carve_train_from_test: Some(0.5),
         authors_noise_draw: Some(crate::rng::AuthorsNoiseDraw::CURRENT),
         train_device: Some(crate::runtime::DeviceKind::Cpu),
+        data_digest: Some(String::new()),
         ..RunConfig::paper(&DatasetName::BreastMnist)?
     };
     Ok(serde_json::to_value(full)?)

@@ -45,6 +45,10 @@ pub struct Resolved {
     /// Share of fine-tune labels the noise flipped.
     pub realised_eta: f64,
     pub dataset_completeness: Completeness,
+    /// The classes, by label index: for a dataset the user brings, the documented order its
+    /// labels were mapped in (docs/data.md). Absent in summaries written before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub class_names: Vec<String>,
     /// The float kernels the run ran with ([`crate::runtime::float_kernels`]); a run resumed
     /// on another kind of CPU lists each sitting's ("x86_64 avx512f, then x86_64 avx2+fma").
     /// Empty (and not written back) in summaries written before it was recorded.
@@ -472,6 +476,7 @@ fn summarize(
             test_n: prepared.test.len(),
             realised_eta: prepared.labels.rate(),
             dataset_completeness: setup.completeness,
+            class_names: setup.dataset.class_names.clone(),
             float_kernels: setup.float_kernels,
             placement: Some(setup.placement),
         },

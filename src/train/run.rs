@@ -99,6 +99,12 @@ impl HeadClassifier {
 pub struct RunConfig {
     #[serde(with = "crate::io::as_string")]
     pub dataset: DatasetName,
+    /// For a dataset given by its files (`folder:`, `csv:`, `jsonl:`), their content digest
+    /// ([`crate::data::own::OwnSource::content_digest`]): a run on other files is another run,
+    /// and a run folder is refused on files that changed. Absent for the built-in datasets, whose
+    /// files the manifests check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_digest: Option<String>,
     pub mode: Mode,
     /// Head mode: what the phase-1 classifier is trained on; absent in last-layer mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -159,8 +165,13 @@ impl RunConfig {
     /// they change with struct update syntax.
     pub fn paper(dataset: &DatasetName) -> Result<Self> {
         let defaults = dataset_config(dataset)?;
+        let data_digest = match dataset {
+            DatasetName::Own(source) => Some(source.content_digest()?),
+            _ => None,
+        };
         Ok(Self {
             dataset: dataset.clone(),
+            data_digest,
             mode: Mode::default(),
             head_classifier: None,
             noise: NoiseModel::Symmetric,
@@ -250,6 +261,17 @@ impl RunConfig {
         if self.backbones.is_empty() {
             bail!("--backbone: no backbone to try");
         }
+        match (&self.dataset, &self.data_digest) {
+            (DatasetName::Own(_), None) => bail!(
+                "data_digest: a run on {} records its files' content digest; none is given",
+                self.dataset
+            ),
+            (DatasetName::Own(_), Some(_)) | (_, None) => {}
+            (_, Some(_)) => bail!(
+                "data_digest applies to datasets given by their files (folder:, csv:, jsonl:), not to {}",
+                self.dataset
+            ),
+        }
         match (self.mode, self.head_classifier) {
             (Mode::Head, None) => {
                 bail!("--mode head needs --head-classifier (mean, cls or tokens)")
@@ -295,13 +317,22 @@ impl RunConfig {
     pub fn run_name(&self) -> Result<String> {
         Ok(format!(
             "{}_{}_n{}_eta{}_seed{}_{}",
-            self.dataset.id(),
+            self.dataset_key(),
             self.mode_label(),
             self.n,
             self.eta,
             self.seed,
             &crate::io::json_digest(self)?[..10]
         ))
+    }
+
+    /// The dataset as run names and feature caches file it: its id, and for a dataset given by
+    /// its files the start of their digest (`folder-pets-1a2b3c4d`).
+    pub fn dataset_key(&self) -> String {
+        match &self.data_digest {
+            Some(digest) => format!("{}-{}", self.dataset.id(), &digest[..digest.len().min(8)]),
+            None => self.dataset.id().to_string(),
+        }
     }
 
     /// What runs that train together in one stack agree on: everything but η and the seed (and

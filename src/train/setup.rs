@@ -49,6 +49,24 @@ pub(super) fn write_config(out: &Path, config: &RunConfig) -> Result<()> {
     crate::io::write_json(&RunFolder(out.to_path_buf()).config(), config)
 }
 
+/// A run on files the user brings reads the files it was configured with: their content digest
+/// now is the one its configuration records (config.json, and so the run's name).
+fn check_data_digest(config: &RunConfig) -> Result<()> {
+    let DatasetName::Own(source) = &config.dataset else {
+        return Ok(());
+    };
+    let now = source.content_digest()?;
+    if config.data_digest.as_deref() != Some(now.as_str()) {
+        bail!(
+            "{}: the files changed since this run was configured (their content digest is {now}, the run records {}); \
+             run again without --resume, into a new folder",
+            config.dataset,
+            config.data_digest.as_deref().unwrap_or("none")
+        );
+    }
+    Ok(())
+}
+
 /// What a run needs before any feature: its data, backbone and split. The runs of a stack share
 /// one dataset and one backbone in memory ([`setup_sibling`]).
 pub(super) struct Setup {
@@ -82,6 +100,7 @@ pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
     // An unwritable cache is found now, not after the backbone work.
     let cache = FeatureCache::open(cache_root(job.places.cache_dir.as_deref()))?;
     let root = data::data_root(job.places.data_dir.as_deref());
+    check_data_digest(config)?;
     let dataset =
         data::fetch::load_or_fetch(&config.dataset, &root, job.places.data_mirror.as_deref())?;
     let completeness = Completeness::of(&dataset);
@@ -101,7 +120,11 @@ pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
         Arc::clone(&backbone)
     };
     let (plan, notes) = split_plan(config, &dataset, &completeness)?;
-    let file_notes = unofficial_files(&config.dataset, &root)?;
+    let mut file_notes = unofficial_files(&config.dataset, &root)?;
+    if let DatasetName::Own(_) = config.dataset {
+        // How the source's files became splits (a pool held out, images resized).
+        file_notes.extend(dataset.warnings.iter().cloned());
+    }
     let deviations = [backbone_notes.clone(), notes, file_notes.clone()].concat();
     let float_kernels = float_kernels(&device, placement);
     Ok(Setup {

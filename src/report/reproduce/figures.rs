@@ -349,9 +349,20 @@ pub(super) fn memorization_scatter(
     Ok(true)
 }
 
-/// The file one dataset's attention maps are copied to in the report folder.
+/// The file one dataset's attention maps are copied to in the report folder; a dataset given by
+/// its path (`folder:data/pets`) with every character a file name should not hold as `_`.
 pub fn attention_file(dataset: &str) -> String {
-    format!("attention_{dataset}.png")
+    let safe: String = dataset
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("attention_{safe}.png")
 }
 
 /// Which run's attention maps stand for its dataset, lowest first: the closest to the paper's

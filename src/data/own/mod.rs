@@ -1,0 +1,323 @@
+//! Datasets a user brings (docs/data.md, "Your own data"): `folder:PATH` (one sub-folder of
+//! images per class), `csv:PATH` and `jsonl:PATH` (a text column and a label column). Each is
+//! read into the same [`Dataset`] the built-in loaders make, so the split, the label noise, the
+//! cache and both phases treat it as they treat MNIST.
+//!
+//! Read in order: the source's spec (`KIND:LOCATION#key=value#…`, its id and content digest) →
+//! `classes` (labels to class indices, in the documented order) → `pool` (one pool split into
+//! train and test) → `folder`, `table`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::catalog::Modality;
+use super::files::{DataError, Result};
+use super::{Dataset, DatasetName};
+
+pub mod classes;
+pub mod folder;
+pub mod pool;
+pub mod table;
+
+/// What kind of files a source is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OwnKind {
+    /// One sub-folder of images per class, or `train/` and `test/` holding such sub-folders.
+    Folder,
+    /// A CSV file with a header row, or a folder holding train.csv and test.csv.
+    Csv,
+    /// One JSON object per line, or a folder holding train.jsonl and test.jsonl.
+    Jsonl,
+}
+
+impl OwnKind {
+    const ALL: [OwnKind; 3] = [OwnKind::Folder, OwnKind::Csv, OwnKind::Jsonl];
+
+    pub fn prefix(self) -> &'static str {
+        match self {
+            OwnKind::Folder => "folder",
+            OwnKind::Csv => "csv",
+            OwnKind::Jsonl => "jsonl",
+        }
+    }
+}
+
+/// The column options a spec may carry (`#text=…#label=…`), as keys. Options are set apart by
+/// `#`, not by commas, so that a spec stays one item of a comma-separated `--datasets` list.
+const TEXT_KEY: &str = "text";
+const LABEL_KEY: &str = "label";
+
+/// A dataset given by its files: the kind, where they are, and for tables which columns hold
+/// the text and the label. Its string form (`csv:reviews.csv#text=review#label=stars`) is what
+/// config.json, grid files and summaries record.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnSource {
+    pub kind: OwnKind,
+    /// The path as given.
+    pub location: String,
+    /// A table's text column: a name, or a 0-based index (CSV) [default: `text`].
+    pub text_column: Option<String>,
+    /// A table's label column: a name, or a 0-based index (CSV) [default: `label`].
+    pub label_column: Option<String>,
+    /// `<kind>-<the location's last component>`, filesystem-safe: run names and cache folders.
+    id: String,
+}
+
+impl OwnSource {
+    /// The source a `KIND:LOCATION[#key=value…]` spec names; `None` when `spec` starts with no
+    /// kind this module reads (so it is some other dataset name).
+    pub fn parse(spec: &str) -> Option<std::result::Result<Self, String>> {
+        let (prefix, rest) = spec.split_once(':')?;
+        let kind = OwnKind::ALL
+            .into_iter()
+            .find(|k| k.prefix() == prefix.trim().to_ascii_lowercase())?;
+        Some(Self::parse_rest(kind, rest))
+    }
+
+    fn parse_rest(kind: OwnKind, rest: &str) -> std::result::Result<Self, String> {
+        let (location, options) = match rest.split_once('#') {
+            Some((location, options)) => (location, Some(options)),
+            None => (rest, None),
+        };
+        if location.is_empty() {
+            return Err(format!(
+                "{}: expected a path after `{}:`",
+                kind.prefix(),
+                kind.prefix()
+            ));
+        }
+        let mut source = Self {
+            kind,
+            location: location.to_string(),
+            text_column: None,
+            label_column: None,
+            id: String::new(),
+        };
+        for option in options.into_iter().flat_map(|o| o.split('#')) {
+            let Some((key, value)) = option.split_once('=').filter(|(_, v)| !v.is_empty()) else {
+                return Err(format!(
+                    "{}:{location}: option {option:?}: expected key=value (text=COLUMN or label=COLUMN)",
+                    kind.prefix()
+                ));
+            };
+            match key {
+                TEXT_KEY => source.text_column = Some(value.to_string()),
+                LABEL_KEY => source.label_column = Some(value.to_string()),
+                _ => {
+                    return Err(format!(
+                        "{}:{location}: unknown option {key:?} (expected text or label)",
+                        kind.prefix()
+                    ));
+                }
+            }
+        }
+        source.check_columns()?;
+        source.id = format!("{}-{}", kind.prefix(), slug(last_component(location)));
+        Ok(source)
+    }
+
+    /// This source with the columns `--text-column` / `--label-column` name (flags win over the
+    /// spec's options); an error for a folder of images, which has no columns.
+    pub fn with_columns(
+        mut self,
+        text: Option<&str>,
+        label: Option<&str>,
+    ) -> std::result::Result<Self, String> {
+        if let Some(text) = text {
+            self.text_column = Some(text.to_string());
+        }
+        if let Some(label) = label {
+            self.label_column = Some(label.to_string());
+        }
+        self.check_columns()?;
+        Ok(self)
+    }
+
+    fn check_columns(&self) -> std::result::Result<(), String> {
+        if self.kind == OwnKind::Folder
+            && (self.text_column.is_some() || self.label_column.is_some())
+        {
+            return Err(format!(
+                "folder:{}: a folder of images has no columns (its classes are its sub-folders); \
+                 --text-column and --label-column apply to csv: and jsonl: sources",
+                self.location
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn path(&self) -> &Path {
+        Path::new(&self.location)
+    }
+
+    pub fn modality(&self) -> Modality {
+        match self.kind {
+            OwnKind::Folder => Modality::Image,
+            OwnKind::Csv | OwnKind::Jsonl => Modality::Text,
+        }
+    }
+
+    /// The files this source reads, in the order their bytes enter [`Self::content_digest`].
+    pub fn files(&self) -> Result<Vec<PathBuf>> {
+        match self.kind {
+            OwnKind::Folder => folder::files(self.path()),
+            OwnKind::Csv | OwnKind::Jsonl => {
+                Ok(table::files(self.path(), self.kind)?.into_iter().collect())
+            }
+        }
+    }
+
+    /// SHA-256 (first 16 hex digits) over every file the source reads: its path relative to the
+    /// location, its length and its bytes, in [`Self::files`]' order. A run records it, so a
+    /// run folder, a resumed run or a replayed config.json is refused when the files changed.
+    pub fn content_digest(&self) -> Result<String> {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        for path in self.files()? {
+            let bytes = super::files::read_data(&path)?;
+            let relative = path.strip_prefix(self.path()).unwrap_or(&path);
+            hasher.update(relative.to_string_lossy().as_bytes());
+            hasher.update([0]);
+            hasher.update((bytes.len() as u64).to_le_bytes());
+            hasher.update(&bytes);
+        }
+        Ok(crate::io::hex(&hasher.finalize()[..8]))
+    }
+
+    /// The dataset in memory: its classes in the documented order, its train and test splits.
+    pub fn load(&self, name: &DatasetName) -> Result<Dataset> {
+        let loaded = match self.kind {
+            OwnKind::Folder => folder::load(self.path())?,
+            OwnKind::Csv | OwnKind::Jsonl => table::load(
+                self.path(),
+                self.kind,
+                &table::Columns {
+                    text: self.text_column.as_deref().unwrap_or(TEXT_KEY),
+                    label: self.label_column.as_deref().unwrap_or(LABEL_KEY),
+                },
+            )?,
+        };
+        if loaded.class_names.len() < 2 {
+            return Err(DataError::Unavailable {
+                dataset: self.to_string(),
+                problem: format!(
+                    "one class only ({}): a classifier needs two or more",
+                    loaded.class_names.join(", ")
+                ),
+            });
+        }
+        let (train, test, warnings) = match loaded.splits {
+            pool::Splits::Given { train, test } => (train, test, Vec::new()),
+            pool::Splits::Pool(samples) => {
+                let (train, test) = pool::hold_out(&samples, loaded.class_names.len());
+                (train, test, vec![pool::HOLD_OUT_NOTE.to_string()])
+            }
+        };
+        Ok(Dataset {
+            name: name.clone(),
+            class_names: loaded.class_names,
+            train: Some(train),
+            val: None,
+            test,
+            warnings: [warnings, loaded.warnings].concat(),
+        })
+    }
+}
+
+impl fmt::Display for OwnSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind.prefix(), self.location)?;
+        let options: Vec<String> = [
+            (TEXT_KEY, &self.text_column),
+            (LABEL_KEY, &self.label_column),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| value.as_ref().map(|v| format!("{key}={v}")))
+        .collect();
+        if !options.is_empty() {
+            write!(f, "#{}", options.join("#"))?;
+        }
+        Ok(())
+    }
+}
+
+/// What a loader read: the classes in order and the samples, split or as one pool.
+pub struct Loaded {
+    pub class_names: Vec<String>,
+    pub splits: pool::Splits,
+    pub warnings: Vec<String>,
+}
+
+/// The last non-empty component of a path, without its extension (`data/reviews.csv` →
+/// `reviews`).
+fn last_component(location: &str) -> &str {
+    let trimmed = location.trim_end_matches(['/', '\\']);
+    let name = trimmed.rsplit(['/', '\\']).next().unwrap_or(trimmed);
+    match name.rsplit_once('.') {
+        Some((stem, _)) if !stem.is_empty() => stem,
+        _ => name,
+    }
+}
+
+/// `text` with anything but ASCII letters, digits, `-` and `.` as `_`; at most 40 characters.
+fn slug(text: &str) -> String {
+    let slug: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    if slug.is_empty() || slug.chars().all(|c| c == '.') {
+        "data".to_string()
+    } else {
+        slug
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_print_back() {
+        let source = OwnSource::parse("csv:data/My Reviews.csv#text=review#label=3")
+            .unwrap()
+            .unwrap();
+        assert_eq!(source.kind, OwnKind::Csv);
+        assert_eq!(source.location, "data/My Reviews.csv");
+        assert_eq!(source.text_column.as_deref(), Some("review"));
+        assert_eq!(source.label_column.as_deref(), Some("3"));
+        assert_eq!(source.id(), "csv-My_Reviews");
+        assert_eq!(
+            source.to_string(),
+            "csv:data/My Reviews.csv#text=review#label=3"
+        );
+        let folder = OwnSource::parse("folder:/x/pets/").unwrap().unwrap();
+        assert_eq!(
+            (folder.id(), folder.to_string().as_str()),
+            ("folder-pets", "folder:/x/pets/")
+        );
+        assert!(OwnSource::parse("mnist").is_none());
+        assert!(OwnSource::parse("dermamnist_64").is_none());
+    }
+
+    #[test]
+    fn bad_specs_are_one_line() {
+        let err = |spec: &str| OwnSource::parse(spec).unwrap().unwrap_err();
+        assert_eq!(err("csv:"), "csv: expected a path after `csv:`");
+        assert!(err("csv:a.csv#colour=red").contains("unknown option \"colour\""));
+        assert!(err("jsonl:a.jsonl#text").contains("expected key=value"));
+        assert!(err("folder:pets#label=x").contains("a folder of images has no columns"));
+        let folder = OwnSource::parse("folder:pets").unwrap().unwrap();
+        assert!(folder.with_columns(Some("t"), None).is_err());
+    }
+}
