@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Writes tests/fixtures/own/: small datasets in the layouts `folder:`, `csv:` and `jsonl:` read
-(docs/data.md, "Your own data"), each made by the tool a user would make it with (Pillow for the
-images, Python's csv and json modules for the tables), and the numpy draw the authors' split makes
+"""Writes tests/fixtures/own/: small datasets in the layouts `folder:`, `csv:`, `jsonl:` and `hf:`
+read (docs/data.md, "Your own data"), each made by the tool a user would make it with (Pillow for
+the images, Python's csv and json modules for the tables, the `datasets` library's
+`Dataset.to_parquet` for the hub's Parquet layout), and the numpy draw the authors' split makes
 over the folder pool's documented order (tests/own_data.rs).
 
-    python3 scripts/make_own_fixtures.py   # needs numpy and Pillow
+    python3 scripts/make_own_fixtures.py   # needs numpy, Pillow and datasets
 """
 import csv
 import json
@@ -105,6 +106,30 @@ def topics_jsonl(root):
                 f.write(json.dumps({"text": " ".join(words), "label": label, "id": i}) + "\n")
 
 
+def hf_images(root):
+    """The hub's Parquet layout (<config>/<split>/0000.parquet) of a dataset with an Image and a
+    ClassLabel feature, written by `datasets` itself: 16x16 RGB images, PNG-encoded by the Image
+    feature, classes ant and bee."""
+    import datasets
+
+    rng = np.random.default_rng(3)
+    features = datasets.Features(
+        {"img": datasets.Image(), "label": datasets.ClassLabel(names=["ant", "bee"])}
+    )
+    for split, count in (("train", 12), ("test", 4)):
+        images, labels = [], []
+        for i in range(count):
+            label = i % 2
+            base = np.full((16, 16, 3), 50 + 150 * label, dtype=np.int16)
+            pixels = np.clip(base + rng.integers(-30, 30, (16, 16, 3)), 0, 255).astype(np.uint8)
+            images.append(Image.fromarray(pixels, "RGB"))
+            labels.append(label)
+        folder = os.path.join(root, "default", split)
+        os.makedirs(folder)
+        dataset = datasets.Dataset.from_dict({"img": images, "label": labels}, features=features)
+        dataset.to_parquet(os.path.join(folder, "0000.parquet"))
+
+
 def main():
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
@@ -112,6 +137,7 @@ def main():
     images_pool(os.path.join(OUT, "images_pool"))
     reviews_csv(os.path.join(OUT, "reviews.csv"))
     topics_jsonl(os.path.join(OUT, "topics"))
+    hf_images(os.path.join(OUT, "hf_images"))
 
 
 if __name__ == "__main__":

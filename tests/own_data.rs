@@ -1,8 +1,9 @@
 //! Datasets a user brings (docs/data.md, "Your own data") on fixtures written by the tools a user
 //! would write them with (tests/fixtures/own/, scripts/make_own_fixtures.py: Pillow's PNG and
-//! JPEG files, Python's csv and json modules): each loads in its documented order and runs
-//! `finetune` end to end; `--rng authors` on a folder draws numpy's rows; bad input is one line
-//! and leaves nothing behind; a run on files that changed is refused.
+//! JPEG files, Python's csv and json modules, the `datasets` library's Parquet files): each loads
+//! in its documented order and runs `finetune` end to end; an `hf:` dataset comes from a loopback
+//! hub, is cached, and runs offline; `--rng authors` on a folder draws numpy's rows; bad input is
+//! one line and leaves nothing behind; a run on files that changed is refused.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -107,6 +108,21 @@ fn every_source_loads_in_its_documented_order() {
         (topics.train.as_ref().unwrap().len(), topics.test.len()),
         (40, 12)
     );
+
+    // `datasets`' Parquet files: classes from the ClassLabel feature, images decoded from the
+    // Image feature's bytes, alternating labels as the script wrote them.
+    let hf = load(&format!("{}#image=img", spec("hf", "hf_images")));
+    assert_eq!(hf.class_names, ["ant", "bee"]);
+    let train = hf.train.as_ref().unwrap();
+    assert_eq!((train.len(), hf.test.len()), (12, 4));
+    assert_eq!(train.labels, [0, 1].repeat(6));
+    let Inputs::Images(images) = &train.inputs else {
+        panic!("not images")
+    };
+    assert_eq!((images.channels, images.height, images.width), (3, 16, 16));
+    // Class 0 is dark (50 ± 30), class 1 light (200 ± 30): the bytes decoded are the pixels.
+    assert!(images.image(0).iter().all(|&p| (20..80).contains(&p)));
+    assert!(images.image(1).iter().all(|&p| (170..230).contains(&p)));
 }
 
 /// `data split --rng authors` on a folder: numpy's `default_rng(seed).choice(N, k,
@@ -158,7 +174,7 @@ fn quick_run(spec: &str, extra: &[&str], out: &Path, cache: &Path) -> serde_json
         "--n",
         "8",
         "--test-n",
-        "8",
+        "4",
         "--pretrain-epochs",
         "2",
         "--epochs",
@@ -184,7 +200,7 @@ fn every_source_runs_finetune_end_to_end() {
     }
     let cache = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
-    let sources: [(String, &[&str], &[&str]); 4] = [
+    let sources: [(String, &[&str], &[&str]); 5] = [
         (spec("folder", "images_split"), &[], &["cat", "dog"]),
         (spec("folder", "images_pool"), &[], &["2", "7", "10"]),
         (
@@ -193,6 +209,11 @@ fn every_source_runs_finetune_end_to_end() {
             &["1", "2", "3"],
         ),
         (spec("jsonl", "topics"), &[], &["sport", "tech"]),
+        (
+            format!("{}#image=img", spec("hf", "hf_images")),
+            &[],
+            &["ant", "bee"],
+        ),
     ];
     for (k, (source, extra, classes)) in sources.iter().enumerate() {
         let folder = out.path().join(k.to_string());
@@ -285,6 +306,11 @@ fn bad_sources_are_one_line_and_leave_nothing() {
     mkdir("undecodable/cat");
     mkdir("undecodable/dog");
     copy("undecodable/cat/a.png");
+    for split in ["train", "test"] {
+        let file = format!("hf_images/default/{split}/0000.parquet");
+        mkdir(&format!("hf_images/default/{split}"));
+        std::fs::copy(own(&file), root.join(&file)).unwrap();
+    }
     std::fs::write(root.join("undecodable/dog/b.png"), "not a png").unwrap();
     std::fs::write(root.join("no_text.csv"), "review,label\ngood,1\nbad,2\n").unwrap();
     std::fs::write(
@@ -302,6 +328,10 @@ fn bad_sources_are_one_line_and_leave_nothing() {
             "mixes integers (mixed.jsonl line 1: 1) and words (mixed.jsonl line 2: \"two\")",
         ),
         ("csv:absent.csv", "absent.csv: no such file"),
+        (
+            "hf:hf_images#image=picture",
+            "default/train/0000.parquet: no image column \"picture\" (its columns: img, label)",
+        ),
     ];
     for (source, expected) in cases {
         let (kind, path) = source.split_once(':').unwrap();
@@ -347,4 +377,213 @@ fn data_list_and_verify_show_a_source() {
         stdout.contains("40 train, 12 test, complete; 2 classes (sport, tech)"),
         "{stdout}"
     );
+}
+
+const COMMIT: &str = "89abcdef0123456789abcdef0123456789abcdef";
+const HUB_REPO: &str = "org/tiny-images";
+
+/// A loopback hub serving tests/fixtures/own/hf_images as the dataset `org/tiny-images` the way
+/// the hub serves a dataset's Parquet revision: the API's listing of `refs/convert/parquet`, and
+/// each file under `datasets/<id>/resolve/refs%2Fconvert%2Fparquet/` with its commit and etag.
+fn parquet_hub() -> (common::http::Server, tempfile::TempDir) {
+    use common::http::{Route, Server};
+    let scratch = tempfile::tempdir().unwrap();
+    let server = Server::start(scratch.path().join("empty"));
+    let files = ["default/train/0000.parquet", "default/test/0000.parquet"];
+    let listing = serde_json::json!({
+        "id": HUB_REPO,
+        "sha": COMMIT,
+        "siblings": [{"rfilename": ".gitattributes"}, {"rfilename": files[0]}, {"rfilename": files[1]}],
+    });
+    let listing_file = scratch.path().join("listing.json");
+    std::fs::write(&listing_file, listing.to_string()).unwrap();
+    server.route(
+        &format!("api/datasets/{HUB_REPO}/revision/refs%2Fconvert%2Fparquet"),
+        Route::File {
+            path: listing_file,
+            headers: Vec::new(),
+        },
+    );
+    for file in files {
+        let path = own("hf_images").join(file);
+        let sha = benign_attention::io::hex(&<sha2::Sha256 as sha2::Digest>::digest(
+            std::fs::read(&path).unwrap(),
+        ));
+        server.route(
+            &format!("datasets/{HUB_REPO}/resolve/refs%2Fconvert%2Fparquet/{file}"),
+            Route::File {
+                path,
+                headers: vec![
+                    ("x-repo-commit".into(), COMMIT.into()),
+                    ("ETag".into(), format!("\"{sha}\"")),
+                ],
+            },
+        );
+    }
+    (server, scratch)
+}
+
+/// The binary with `args`, its hub at `endpoint` (none: offline), its caches under `home`.
+fn benign_hub(args: &[&str], home: &Path, endpoint: Option<&str>) -> Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_benign-attention"));
+    command
+        .args(args)
+        .env("BENIGN_CACHE_DIR", home.join("features"))
+        .env("HF_HOME", home.join("hf"))
+        .env_remove("HF_HUB_OFFLINE");
+    match endpoint {
+        Some(url) => command.env("HF_ENDPOINT", url),
+        None => command.env("HF_HUB_OFFLINE", "1"),
+    };
+    command.output().unwrap()
+}
+
+/// `finetune`'s quick arguments for `source`, into `out`.
+fn quick_args(source: &str, out: &Path) -> Vec<String> {
+    [
+        "finetune",
+        "--dataset",
+        source,
+        "--pretrain-n",
+        "6",
+        "--n",
+        "4",
+        "--test-n",
+        "4",
+        "--pretrain-epochs",
+        "2",
+        "--epochs",
+        "2",
+        "--eval-every",
+        "1",
+        "--eta",
+        "0.25",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn summary_of(folder: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(folder.join("summary.json")).unwrap()).unwrap()
+}
+
+/// `finetune --dataset hf:org/name` downloads the Parquet files into the hub cache in hf-hub's
+/// layout and runs; offline, with the files in place, it runs without a request; an id the hub
+/// does not have is one line.
+#[test]
+fn a_hub_dataset_downloads_caches_and_runs_offline() {
+    let test = "a_hub_dataset_downloads_caches_and_runs_offline";
+    if common::models_root(test).is_none() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let (server, _scratch) = parquet_hub();
+    let source = format!("hf:{HUB_REPO}#image=img");
+    let run = |folder: &str, endpoint: Option<&str>| {
+        let args = quick_args(&source, &home.path().join(folder));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = benign_hub(&args, home.path(), endpoint);
+        assert!(out.status.success(), "{folder}: {}", stderr(&out));
+        summary_of(&home.path().join(folder))
+    };
+    let online = run("online", Some(&server.url));
+    let snapshot = home
+        .path()
+        .join("hf/hub/datasets--org--tiny-images/snapshots")
+        .join(COMMIT);
+    for file in ["default/train/0000.parquet", "default/test/0000.parquet"] {
+        assert_eq!(
+            std::fs::read(snapshot.join(file)).unwrap(),
+            std::fs::read(own("hf_images").join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    assert_eq!(online["config"]["dataset"], source.as_str());
+    assert_eq!(
+        online["resolved"]["class_names"],
+        serde_json::json!(["ant", "bee"])
+    );
+
+    let requests = server.requests().len();
+    let offline = run("offline", None);
+    assert_eq!(server.requests().len(), requests, "offline asked the hub");
+    // The same files, so the same run: equal digests and numbers.
+    assert_eq!(offline["config"], online["config"]);
+    assert_eq!(offline["final"], online["final"]);
+
+    let absent = benign_hub(
+        &[
+            "finetune",
+            "--dataset",
+            "hf:org/absent#image=img",
+            "--eta",
+            "0.2",
+        ],
+        home.path(),
+        Some(&server.url),
+    );
+    let err = stderr(&absent);
+    assert!(!absent.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("hf:org/absent#image=img: no such dataset on http://127.0.0.1"),
+        "{err}"
+    );
+}
+
+/// TREC written out as `jsonl:` files (each split in the release's order, labels as their class
+/// indices, so that the documented numeric order is TREC's own) runs as `--dataset trec` does:
+/// the same split, the same texts, the same numbers. What the `jsonl:` path adds (reading,
+/// classes, digest) changes nothing it should not.
+#[test]
+fn trec_as_jsonl_runs_as_trec_does() {
+    let test = "trec_as_jsonl_runs_as_trec_does";
+    let Some((root, _)) = common::data_and_models_roots(test, &["trec"]) else {
+        return;
+    };
+    let trec = data::load(&DatasetName::Trec, &root).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let copy = work.path().join("trec");
+    std::fs::create_dir(&copy).unwrap();
+    for (file, split) in [
+        ("train", trec.train.as_ref().unwrap()),
+        ("test", &trec.test),
+    ] {
+        let Inputs::Texts(texts) = &split.inputs else {
+            panic!("not texts")
+        };
+        let lines: Vec<String> = texts
+            .iter()
+            .zip(&split.labels)
+            .map(|(text, label)| serde_json::json!({"text": text, "label": label}).to_string())
+            .collect();
+        std::fs::write(copy.join(format!("{file}.jsonl")), lines.join("\n") + "\n").unwrap();
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let run = |dataset: &str, out: &str| {
+        let out = work.path().join(out);
+        let mut args = quick_args(dataset, &out);
+        args.extend(["--data-dir".into(), root.to_str().unwrap().into()]);
+        // Sizes above quick_args' own: the later flag would be refused, so they are replaced.
+        for (flag, value) in [("--n", "12"), ("--pretrain-n", "40"), ("--test-n", "40")] {
+            let at = args.iter().position(|a| a == flag).unwrap();
+            args[at + 1] = value.into();
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = benign(&args, cache.path());
+        assert!(output.status.success(), "{dataset}: {}", stderr(&output));
+        summary_of(&out)
+    };
+    let built_in = run("trec", "built_in");
+    let own = run(&format!("jsonl:{}", copy.display()), "own");
+    assert_eq!(
+        own["resolved"]["class_names"],
+        serde_json::json!(["0", "1", "2", "3", "4", "5"])
+    );
+    for key in ["baseline_test_acc", "reset_test_acc", "final", "snr"] {
+        assert!(!built_in[key].is_null(), "{key}: {built_in}");
+        assert_eq!(own[key], built_in[key], "{key}");
+    }
 }

@@ -12,6 +12,7 @@ pub mod cifar10n;
 pub mod download;
 pub mod fetch;
 pub mod files;
+pub mod hub;
 pub mod manifest;
 pub mod medmnist;
 pub mod medmnist_family;

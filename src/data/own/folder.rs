@@ -168,8 +168,13 @@ pub fn load(root: &Path) -> Result<Loaded> {
     })
 }
 
+/// The image in file `path`.
 fn decode(path: &Path) -> Result<DynamicImage> {
-    let bytes = crate::data::files::read_data(path)?;
+    decode_bytes(path, crate::data::files::read_data(path)?)
+}
+
+/// The image in `bytes`, read from `path` (named in the error).
+pub(super) fn decode_bytes(path: &Path, bytes: Vec<u8>) -> Result<DynamicImage> {
     image::io::Reader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| DataError::io(path, e))?
@@ -184,7 +189,7 @@ fn decode(path: &Path) -> Result<DynamicImage> {
 
 /// The images as one [`ImageSet`]: one channel when all are grayscale, else RGB; their common
 /// size, else [`COMMON_SIZE`]² (with the deviation said).
-fn uniform(images: Vec<DynamicImage>) -> (ImageSet, Vec<String>) {
+pub(super) fn uniform(images: Vec<DynamicImage>) -> (ImageSet, Vec<String>) {
     let gray = images.iter().all(|i| !i.color().has_color());
     let first = images.first().map_or((1, 1), |i| (i.width(), i.height()));
     let one_size = images.iter().all(|i| (i.width(), i.height()) == first);

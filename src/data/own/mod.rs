@@ -1,11 +1,12 @@
 //! Datasets a user brings (docs/data.md, "Your own data"): `folder:PATH` (one sub-folder of
-//! images per class), `csv:PATH` and `jsonl:PATH` (a text column and a label column). Each is
+//! images per class), `csv:PATH` and `jsonl:PATH` (a text column and a label column), and
+//! `hf:ORG/NAME` (a Hugging Face dataset's Parquet files, from the hub or a local copy). Each is
 //! read into the same [`Dataset`] the built-in loaders make, so the split, the label noise, the
 //! cache and both phases treat it as they treat MNIST.
 //!
 //! Read in order: the source's spec (`KIND:LOCATION#key=value#…`, its id and content digest) →
 //! `classes` (labels to class indices, in the documented order) → `pool` (one pool split into
-//! train and test) → `folder`, `table`.
+//! train and test) → `folder`, `table`, `parquet` (with `hf`, where its files come from).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,8 @@ use super::{Dataset, DatasetName};
 
 pub mod classes;
 pub mod folder;
+pub mod hf;
+pub mod parquet;
 pub mod pool;
 pub mod table;
 
@@ -28,16 +31,20 @@ pub enum OwnKind {
     Csv,
     /// One JSON object per line, or a folder holding train.jsonl and test.jsonl.
     Jsonl,
+    /// A Hugging Face dataset's Parquet files (`<config>/<split>/*.parquet`): a hub id, or a
+    /// folder laid out as the hub's Parquet revision.
+    Hf,
 }
 
 impl OwnKind {
-    const ALL: [OwnKind; 3] = [OwnKind::Folder, OwnKind::Csv, OwnKind::Jsonl];
+    const ALL: [OwnKind; 4] = [OwnKind::Folder, OwnKind::Csv, OwnKind::Jsonl, OwnKind::Hf];
 
     pub fn prefix(self) -> &'static str {
         match self {
             OwnKind::Folder => "folder",
             OwnKind::Csv => "csv",
             OwnKind::Jsonl => "jsonl",
+            OwnKind::Hf => "hf",
         }
     }
 }
@@ -46,6 +53,9 @@ impl OwnKind {
 /// `#`, not by commas, so that a spec stays one item of a comma-separated `--datasets` list.
 const TEXT_KEY: &str = "text";
 const LABEL_KEY: &str = "label";
+/// `hf:` only: the image column (an `Image` feature), and the dataset's configuration.
+const IMAGE_KEY: &str = "image";
+const CONFIG_KEY: &str = "config";
 
 /// A dataset given by its files: the kind, where they are, and for tables which columns hold
 /// the text and the label. Its string form (`csv:reviews.csv#text=review#label=stars`) is what
@@ -59,6 +69,10 @@ pub struct OwnSource {
     pub text_column: Option<String>,
     /// A table's label column: a name, or a 0-based index (CSV) [default: `label`].
     pub label_column: Option<String>,
+    /// `hf:` only: the column of encoded images; set, the dataset is one of images.
+    pub image_column: Option<String>,
+    /// `hf:` only: the dataset's configuration (subset) [default: `default`].
+    pub config: Option<String>,
     /// `<kind>-<the location's last component>`, filesystem-safe: run names and cache folders.
     id: String,
 }
@@ -91,6 +105,8 @@ impl OwnSource {
             location: location.to_string(),
             text_column: None,
             label_column: None,
+            image_column: None,
+            config: None,
             id: String::new(),
         };
         for option in options.into_iter().flat_map(|o| o.split('#')) {
@@ -103,16 +119,28 @@ impl OwnSource {
             match key {
                 TEXT_KEY => source.text_column = Some(value.to_string()),
                 LABEL_KEY => source.label_column = Some(value.to_string()),
+                IMAGE_KEY if kind == OwnKind::Hf => source.image_column = Some(value.to_string()),
+                CONFIG_KEY if kind == OwnKind::Hf => source.config = Some(value.to_string()),
                 _ => {
+                    let known = match kind {
+                        OwnKind::Hf => "text, image, label or config",
+                        _ => "text or label",
+                    };
                     return Err(format!(
-                        "{}:{location}: unknown option {key:?} (expected text or label)",
+                        "{}:{location}: unknown option {key:?} (expected {known})",
                         kind.prefix()
                     ));
                 }
             }
         }
         source.check_columns()?;
-        source.id = format!("{}-{}", kind.prefix(), slug(last_component(location)));
+        source.id = match kind {
+            // `org/name` names a hub dataset: both parts say which.
+            OwnKind::Hf if !Path::new(location).is_dir() => {
+                format!("hf-{}", slug(&location.replace('/', "-")))
+            }
+            _ => format!("{}-{}", kind.prefix(), slug(last_component(location))),
+        };
         Ok(source)
     }
 
@@ -139,8 +167,13 @@ impl OwnSource {
         {
             return Err(format!(
                 "folder:{}: a folder of images has no columns (its classes are its sub-folders); \
-                 --text-column and --label-column apply to csv: and jsonl: sources",
+                 --text-column and --label-column apply to csv:, jsonl: and hf: sources",
                 self.location
+            ));
+        }
+        if self.text_column.is_some() && self.image_column.is_some() {
+            return Err(format!(
+                "{self}: give a text column or an image column, not both"
             ));
         }
         Ok(())
@@ -154,33 +187,42 @@ impl OwnSource {
         Path::new(&self.location)
     }
 
+    /// An `hf:` source is of images when its image column is named, else of texts.
     pub fn modality(&self) -> Modality {
         match self.kind {
             OwnKind::Folder => Modality::Image,
-            OwnKind::Csv | OwnKind::Jsonl => Modality::Text,
+            OwnKind::Hf if self.image_column.is_some() => Modality::Image,
+            OwnKind::Csv | OwnKind::Jsonl | OwnKind::Hf => Modality::Text,
         }
     }
 
-    /// The files this source reads, in the order their bytes enter [`Self::content_digest`].
-    pub fn files(&self) -> Result<Vec<PathBuf>> {
-        match self.kind {
-            OwnKind::Folder => folder::files(self.path()),
-            OwnKind::Csv | OwnKind::Jsonl => {
-                Ok(table::files(self.path(), self.kind)?.into_iter().collect())
-            }
-        }
+    /// The files this source reads, each with its name relative to the source (what enters the
+    /// digest, so that it does not depend on where a hub cache lies), in the order their bytes
+    /// enter [`Self::content_digest`]. An `hf:` source's files are downloaded here if needed.
+    pub fn files(&self) -> Result<Vec<(String, PathBuf)>> {
+        let paths = match self.kind {
+            OwnKind::Folder => folder::files(self.path())?,
+            OwnKind::Csv | OwnKind::Jsonl => table::files(self.path(), self.kind)?,
+            OwnKind::Hf => return hf::files(self),
+        };
+        Ok(paths
+            .into_iter()
+            .map(|path| {
+                let relative = path.strip_prefix(self.path()).unwrap_or(&path);
+                (relative.to_string_lossy().into_owned(), path)
+            })
+            .collect())
     }
 
-    /// SHA-256 (first 16 hex digits) over every file the source reads: its path relative to the
-    /// location, its length and its bytes, in [`Self::files`]' order. A run records it, so a
+    /// SHA-256 (first 16 hex digits) over every file the source reads: its name relative to the
+    /// source, its length and its bytes, in [`Self::files`]' order. A run records it, so a
     /// run folder, a resumed run or a replayed config.json is refused when the files changed.
     pub fn content_digest(&self) -> Result<String> {
         use sha2::Digest;
         let mut hasher = sha2::Sha256::new();
-        for path in self.files()? {
+        for (relative, path) in self.files()? {
             let bytes = super::files::read_data(&path)?;
-            let relative = path.strip_prefix(self.path()).unwrap_or(&path);
-            hasher.update(relative.to_string_lossy().as_bytes());
+            hasher.update(relative.as_bytes());
             hasher.update([0]);
             hasher.update((bytes.len() as u64).to_le_bytes());
             hasher.update(&bytes);
@@ -200,6 +242,14 @@ impl OwnSource {
                     label: self.label_column.as_deref().unwrap_or(LABEL_KEY),
                 },
             )?,
+            OwnKind::Hf => {
+                let input = match &self.image_column {
+                    Some(column) => parquet::Input::Image(column),
+                    None => parquet::Input::Text(self.text_column.as_deref().unwrap_or(TEXT_KEY)),
+                };
+                let label = self.label_column.as_deref().unwrap_or(LABEL_KEY);
+                parquet::load(&hf::files(self)?, input, label)?
+            }
         };
         if loaded.class_names.len() < 2 {
             return Err(DataError::Unavailable {
@@ -233,7 +283,9 @@ impl fmt::Display for OwnSource {
         write!(f, "{}:{}", self.kind.prefix(), self.location)?;
         let options: Vec<String> = [
             (TEXT_KEY, &self.text_column),
+            (IMAGE_KEY, &self.image_column),
             (LABEL_KEY, &self.label_column),
+            (CONFIG_KEY, &self.config),
         ]
         .into_iter()
         .filter_map(|(key, value)| value.as_ref().map(|v| format!("{key}={v}")))
