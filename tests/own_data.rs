@@ -587,3 +587,64 @@ fn trec_as_jsonl_runs_as_trec_does() {
         assert_eq!(own[key], built_in[key], "{key}");
     }
 }
+
+/// `reproduce` takes sources in its `--datasets` list (a spec's options are set apart by `#`, so
+/// it stays one item): the grid runs and its report names each source.
+#[test]
+fn a_grid_of_sources_runs_and_reports() {
+    let test = "a_grid_of_sources_runs_and_reports";
+    if common::models_root(test).is_none() {
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let images = spec("folder", "images_split");
+    let reviews = format!("{}#text=review#label=stars", spec("csv", "reviews.csv"));
+    let datasets = format!("{images},{reviews}");
+    let grid = benign(
+        &[
+            "reproduce",
+            "table2",
+            "--datasets",
+            &datasets,
+            "--budget",
+            "quick",
+            "--seeds",
+            "42",
+            "--ns",
+            "8",
+            "--etas",
+            "0,0.2",
+            "--out",
+            out.path().to_str().unwrap(),
+        ],
+        cache.path(),
+    );
+    let stdout = String::from_utf8_lossy(&grid.stdout);
+    assert!(grid.status.success(), "{stdout}{}", stderr(&grid));
+    let said = stderr(&grid);
+    assert!(
+        said.contains("4 runs done, 0 were already finished, 0 failed"),
+        "{said}"
+    );
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    for source in [&images, &reviews] {
+        assert!(report.contains(&format!("| {source} |")), "{source}");
+    }
+    let runs: Vec<String> = std::fs::read_dir(out.path().join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        runs.iter()
+            .filter(|r| r.starts_with("csv-reviews-"))
+            .count()
+            == 2
+            && runs
+                .iter()
+                .filter(|r| r.starts_with("folder-images_split-"))
+                .count()
+                == 2,
+        "{runs:?}"
+    );
+}
