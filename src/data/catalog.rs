@@ -43,11 +43,7 @@ pub enum DatasetName {
     Own(super::own::OwnSource),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Modality {
-    Image,
-    Text,
-}
+pub use super::Modality;
 
 impl DatasetName {
     /// The six datasets of the paper's Table 2.
@@ -172,7 +168,7 @@ impl FromStr for DatasetName {
     }
 }
 
-pub use super::manifest::{Archive, Manifest, ManifestFile};
+pub use super::manifest::{Archive, FileStatus, Manifest, ManifestFile, check_file};
 
 const MANIFESTS: [(&str, &str); 9] = [
     ("mnist", include_str!("../../datasets/mnist.toml")),
@@ -201,69 +197,6 @@ pub fn manifest(name: &str) -> Option<Manifest> {
 /// Names of every manifest, the eight datasets first.
 pub fn manifest_names() -> impl Iterator<Item = &'static str> {
     MANIFESTS.iter().map(|(n, _)| *n)
-}
-
-/// How a local file compares with the official release.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FileStatus {
-    /// Matches every checksum and size the manifest gives.
-    Ok,
-    Missing,
-    /// Shorter than the release: leading records only.
-    Partial {
-        bytes: u64,
-        expected: u64,
-    },
-    /// Differs from the release.
-    Mismatch(String),
-}
-
-impl FileStatus {
-    pub fn is_ok(&self) -> bool {
-        *self == FileStatus::Ok
-    }
-}
-
-impl fmt::Display for FileStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FileStatus::Ok => f.write_str("ok"),
-            FileStatus::Missing => f.write_str("missing"),
-            FileStatus::Partial { bytes, expected } => {
-                write!(f, "PARTIAL: {bytes} of {expected} bytes")
-            }
-            FileStatus::Mismatch(why) => write!(f, "MISMATCH: {why}"),
-        }
-    }
-}
-
-/// Checks `path` against the manifest's checksums and size for it.
-pub fn check_file(path: &Path, file: &ManifestFile) -> Result<FileStatus> {
-    if !crate::io::is_present(path) {
-        return Ok(FileStatus::Missing);
-    }
-    let d = super::files::digests(path)?;
-    if let Some(expected) = file.bytes.filter(|&b| d.bytes < b) {
-        return Ok(FileStatus::Partial {
-            bytes: d.bytes,
-            expected,
-        });
-    }
-    let mut problems = Vec::new();
-    if let Some(md5) = file.md5.as_ref().filter(|m| **m != d.md5) {
-        problems.push(format!("md5 {} is not the official {md5}", d.md5));
-    }
-    if let Some(sha) = file.sha256.as_ref().filter(|s| **s != d.sha256) {
-        problems.push(format!("sha256 {} is not the official {sha}", d.sha256));
-    }
-    if let Some(bytes) = file.bytes.filter(|&b| b != d.bytes) {
-        problems.push(format!("{} bytes, the release has {bytes}", d.bytes));
-    }
-    Ok(if problems.is_empty() {
-        FileStatus::Ok
-    } else {
-        FileStatus::Mismatch(problems.join("; "))
-    })
 }
 
 /// Every file of `manifest` under `root`, with its status.
@@ -335,7 +268,17 @@ pub fn load(name: &DatasetName, root: &Path) -> Result<Dataset> {
             load_medmnist(name, &dir)?
         }
         DatasetName::AgNews => load_agnews(name, &dir)?,
-        DatasetName::Own(source) => source.load(name)?,
+        DatasetName::Own(source) => {
+            let read = source.load()?;
+            Dataset {
+                name: name.clone(),
+                class_names: read.class_names,
+                train: Some(read.train),
+                val: None,
+                test: read.test,
+                warnings: read.warnings,
+            }
+        }
         DatasetName::Trec => Dataset {
             name: name.clone(),
             class_names: names(&trec::CLASS_NAMES),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 
-use super::catalog::{FileStatus, ManifestFile, check_file};
+use super::manifest::{FileStatus, ManifestFile, check_file};
 
 /// Seconds without a byte after which a request is given up: before the first byte (the URL is
 /// then abandoned) or between two (the transfer is resumed by another try) [default: 30].

@@ -120,7 +120,7 @@ pub fn hub_file(
     std::fs::create_dir_all(blob.parent().unwrap_or(Path::new("."))).map_err(failed)?;
     // LFS files' etag is their sha256: the download is checked against it.
     let is_sha256 = meta.etag.len() == 64 && meta.etag.bytes().all(|b| b.is_ascii_hexdigit());
-    let expected = super::catalog::ManifestFile {
+    let expected = super::manifest::ManifestFile {
         path: name.to_string(),
         urls: Vec::new(),
         md5: None,
@@ -128,7 +128,7 @@ pub fn hub_file(
         bytes: Some(meta.size),
         derived: false,
     };
-    if !super::catalog::check_file(&blob, &expected).is_ok_and(|s| s.is_ok()) {
+    if !super::manifest::check_file(&blob, &expected).is_ok_and(|s| s.is_ok()) {
         eprintln!(
             "{}: downloading {name} ({:.1} MB) from {}",
             repo.url(),

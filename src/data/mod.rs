@@ -2,8 +2,9 @@
 //! label-noised as the paper does (docs/protocol.md §3).
 //!
 //! Read in order: `files` (errors, gzip, checksums) → one loader per format (`mnist`, `cifar`,
-//! `medmnist`, `agnews`, `trec`, `stl10`, `sst2`, `cifar10n`) → `catalog` (dataset names, data root, manifests,
-//! completeness) → `split` → `noise` → `fetch`.
+//! `medmnist`, `agnews`, `trec`, `stl10`, `sst2`, `cifar10n`; `own/` for the folders, tables and
+//! hub Parquet files a user brings) → `catalog` (dataset names, data root, manifests,
+//! completeness) → `split` → `noise` → `fetch` (and `hub`, the Hugging Face hub's file protocol).
 
 pub mod agnews;
 pub mod catalog;
@@ -28,6 +29,13 @@ pub mod trec;
 
 pub use catalog::{DatasetName, data_root, load};
 pub use files::DataError;
+
+/// What a dataset's samples are, which decides the backbone that reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Modality {
+    Image,
+    Text,
+}
 
 /// Images as stored: u8, (count, channels, height, width) row-major. Grayscale stays one channel;
 /// channel replication, resizing and normalisation belong to the backbone's preprocessing.

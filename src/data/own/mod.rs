@@ -11,9 +11,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::catalog::Modality;
 use super::files::{DataError, Result};
-use super::{Dataset, DatasetName};
+use super::{Modality, Split};
 
 pub mod classes;
 pub mod folder;
@@ -230,8 +229,8 @@ impl OwnSource {
         Ok(crate::io::hex(&hasher.finalize()[..8]))
     }
 
-    /// The dataset in memory: its classes in the documented order, its train and test splits.
-    pub fn load(&self, name: &DatasetName) -> Result<Dataset> {
+    /// The samples in memory: the classes in the documented order, the train and test splits.
+    pub fn load(&self) -> Result<Read> {
         let loaded = match self.kind {
             OwnKind::Folder => folder::load(self.path())?,
             OwnKind::Csv | OwnKind::Jsonl => table::load(
@@ -267,11 +266,9 @@ impl OwnSource {
                 (train, test, vec![pool::HOLD_OUT_NOTE.to_string()])
             }
         };
-        Ok(Dataset {
-            name: name.clone(),
+        Ok(Read {
             class_names: loaded.class_names,
-            train: Some(train),
-            val: None,
+            train,
             test,
             warnings: [warnings, loaded.warnings].concat(),
         })
@@ -295,6 +292,15 @@ impl fmt::Display for OwnSource {
         }
         Ok(())
     }
+}
+
+/// A source as read: its classes in order, its training and test splits, and what the reading
+/// changed (a pool split, images resized), one line each.
+pub struct Read {
+    pub class_names: Vec<String>,
+    pub train: Split,
+    pub test: Split,
+    pub warnings: Vec<String>,
 }
 
 /// What a loader read: the classes in order and the samples, split or as one pool.
