@@ -123,6 +123,15 @@ fn every_source_loads_in_its_documented_order() {
     // Class 0 is dark (50 ± 30), class 1 light (200 ± 30): the bytes decoded are the pixels.
     assert!(images.image(0).iter().all(|&p| (20..80).contains(&p)));
     assert!(images.image(1).iter().all(|&p| (170..230).contains(&p)));
+    // Other splits by name: here the two swapped.
+    let swapped = load(&format!(
+        "{}#image=img#train=test#test=train",
+        spec("hf", "hf_images")
+    ));
+    assert_eq!(
+        (swapped.train.as_ref().unwrap().len(), swapped.test.len()),
+        (4, 12)
+    );
 }
 
 /// `data split --rng authors` on a folder: numpy's `default_rng(seed).choice(N, k,

@@ -4,7 +4,8 @@
 //! that layout from disk; `hf:ORG/NAME` asks the hub through the client the backbones use
 //! ([`crate::data::hub`]: `HF_ENDPOINT`, `HF_HOME`'s cache in hf-hub's layout, resumed and
 //! checked downloads), or with `HF_HUB_OFFLINE` reads only what the cache holds. A
-//! configuration's `train` and `test` splits are read; without `test`, `train` is one pool.
+//! configuration's `train` and `test` splits are read (`#train=`, `#test=` name others); without
+//! the test split, the training split is one pool.
 
 use std::path::{Path, PathBuf};
 
@@ -18,62 +19,92 @@ pub const PARQUET_REVISION: &str = "refs/convert/parquet";
 /// The configuration read when the source names none.
 pub const DEFAULT_CONFIG: &str = "default";
 
-/// The splits read, in this order.
+/// The splits read when the source names none: training, then test.
 pub const SPLITS: [&str; 2] = ["train", "test"];
 
-/// The split a file of the Parquet layout belongs to (`default/train/0000.parquet` → `train`),
-/// when it is one of [`SPLITS`] of `config`.
-pub fn split_of<'a>(name: &'a str, config: &str) -> Option<&'a str> {
-    let mut parts = name.split('/');
-    let (Some(c), Some(split), Some(file), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return None;
-    };
-    let split = split.strip_prefix("partial-").unwrap_or(split);
-    (c == config && file.ends_with(".parquet"))
-        .then(|| SPLITS.into_iter().find(|s| *s == split))
-        .flatten()
+/// Which files of the Parquet layout a source reads: its configuration's training and test
+/// splits (`#config=`, `#train=`, `#test=`; e.g. `#test=validation` where the test split is
+/// unlabelled).
+pub struct Layout<'a> {
+    pub config: &'a str,
+    pub splits: [&'a str; 2],
 }
 
-/// `names` of `config`'s splits, train's first, each split's files in name order.
-fn wanted(names: &[String], config: &str) -> Vec<String> {
-    let mut kept: Vec<&String> = names
-        .iter()
-        .filter(|n| split_of(n, config).is_some())
-        .collect();
-    kept.sort_by_key(|n| {
-        (
-            SPLITS.iter().position(|s| Some(*s) == split_of(n, config)),
-            *n,
-        )
-    });
-    kept.into_iter().cloned().collect()
-}
+impl<'a> Layout<'a> {
+    pub fn of(source: &'a OwnSource) -> Self {
+        Self {
+            config: source.config.as_deref().unwrap_or(DEFAULT_CONFIG),
+            splits: [
+                source.train_split.as_deref().unwrap_or(SPLITS[0]),
+                source.test_split.as_deref().unwrap_or(SPLITS[1]),
+            ],
+        }
+    }
 
-/// Whether `names` hold a training split (a test split alone is not a dataset to train on).
-fn has_train(names: &[String], config: &str) -> bool {
-    names.iter().any(|n| split_of(n, config) == Some("train"))
+    /// Which of the two splits a file of the layout belongs to (`default/train/0000.parquet` →
+    /// 0), if either.
+    pub fn split_of(&self, name: &str) -> Option<usize> {
+        let mut parts = name.split('/');
+        let (Some(config), Some(split), Some(file), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        let split = split.strip_prefix("partial-").unwrap_or(split);
+        (config == self.config && file.ends_with(".parquet"))
+            .then(|| self.splits.iter().position(|s| *s == split))
+            .flatten()
+    }
+
+    /// `names` of the two splits, the training split's first, each split's files in name order.
+    fn wanted(&self, names: &[String]) -> Vec<String> {
+        let mut kept: Vec<&String> = names
+            .iter()
+            .filter(|n| self.split_of(n).is_some())
+            .collect();
+        kept.sort_by_key(|n| (self.split_of(n), *n));
+        kept.into_iter().cloned().collect()
+    }
+
+    /// Whether `names` hold the training split (a test split alone is nothing to train on).
+    fn has_train(&self, names: &[String]) -> bool {
+        names.iter().any(|n| self.split_of(n) == Some(0))
+    }
+
+    /// `<config>/<train split>/*.parquet`, for messages.
+    fn train_files(&self) -> String {
+        format!("{}/{}/*.parquet", self.config, self.splits[0])
+    }
 }
 
 /// The Parquet files of `source`, each with its name in the hub's layout.
 pub fn files(source: &OwnSource) -> Result<Vec<(String, PathBuf)>> {
-    let config = source.config.as_deref().unwrap_or(DEFAULT_CONFIG);
-    if source.path().is_dir() {
-        return from_folder(source, source.path(), config, "the folder");
+    let layout = Layout::of(source);
+    if layout.splits[0] == layout.splits[1] {
+        return Err(unavailable(
+            source,
+            format!(
+                "the training and test splits are both {:?}",
+                layout.splits[0]
+            ),
+        ));
     }
-    from_hub(source, config, &HubSettings::from_env())
+    if source.path().is_dir() {
+        return from_folder(source, source.path(), &layout, "the folder");
+    }
+    from_hub(source, &layout, &HubSettings::from_env())
 }
 
 /// The layout's files under `root`.
 fn from_folder(
     source: &OwnSource,
     root: &Path,
-    config: &str,
+    layout: &Layout,
     what: &str,
 ) -> Result<Vec<(String, PathBuf)>> {
+    let config = layout.config;
     let mut names = Vec::new();
-    for split in SPLITS {
+    for split in layout.splits {
         for part in [split.to_string(), format!("partial-{split}")] {
             let dir = root.join(config).join(&part);
             let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -86,13 +117,14 @@ fn from_folder(
             }
         }
     }
-    let names = wanted(&names, config);
-    if !has_train(&names, config) {
+    let names = layout.wanted(&names);
+    if !layout.has_train(&names) {
         return Err(unavailable(
             source,
             format!(
-                "{what} {} holds no {config}/train/*.parquet (the layout of the hub's Parquet revision: <config>/<split>/NNNN.parquet)",
-                root.display()
+                "{what} {} holds no {} (the layout of the hub's Parquet revision: <config>/<split>/NNNN.parquet)",
+                root.display(),
+                layout.train_files()
             ),
         ));
     }
@@ -114,7 +146,11 @@ fn unavailable(source: &OwnSource, problem: String) -> DataError {
 
 /// The files from the hub, or from its cache alone when offline (or when the hub cannot be
 /// reached and the cache holds the dataset, said on stderr).
-fn from_hub(source: &OwnSource, config: &str, hub: &HubSettings) -> Result<Vec<(String, PathBuf)>> {
+fn from_hub(
+    source: &OwnSource,
+    layout: &Layout,
+    hub: &HubSettings,
+) -> Result<Vec<(String, PathBuf)>> {
     let repo = hf_hub::Repo::with_revision(
         source.location.clone(),
         hf_hub::RepoType::Dataset,
@@ -136,7 +172,7 @@ fn from_hub(source: &OwnSource, config: &str, hub: &HubSettings) -> Result<Vec<(
                 ),
             ));
         };
-        return from_folder(source, &snapshot, config, "the cached snapshot");
+        return from_folder(source, &snapshot, layout, "the cached snapshot");
     }
     let names = match list_files(hub, &repo) {
         Ok((_, names)) => names,
@@ -155,18 +191,19 @@ fn from_hub(source: &OwnSource, config: &str, hub: &HubSettings) -> Result<Vec<(
                     eprintln!(
                         "warning: {source}: the hub could not be asked ({why}); reading the cached snapshot"
                     );
-                    from_folder(source, &snapshot, config, "the cached snapshot")
+                    from_folder(source, &snapshot, layout, "the cached snapshot")
                 }
                 None => Err(unavailable(source, format!("download failed: {why}"))),
             };
         }
     };
-    let names = wanted(&names, config);
-    if !has_train(&names, config) {
+    let names = layout.wanted(&names);
+    if !layout.has_train(&names) {
         return Err(unavailable(
             source,
             format!(
-                "the hub's Parquet revision has no {config}/train/*.parquet (is the configuration {config:?} right? `#config=NAME` chooses another)"
+                "the hub's Parquet revision has no {} (`#config=NAME` and `#train=SPLIT` choose others)",
+                layout.train_files()
             ),
         ));
     }
@@ -192,17 +229,17 @@ mod tests {
 
     #[test]
     fn the_layout_names_config_and_split() {
+        let source = |spec: &str| OwnSource::parse(spec).unwrap().unwrap();
+        let plain = source("hf:org/name");
+        let layout = Layout::of(&plain);
+        assert_eq!(layout.split_of("default/train/0000.parquet"), Some(0));
         assert_eq!(
-            split_of("default/train/0000.parquet", "default"),
-            Some("train")
+            layout.split_of("default/partial-test/0001.parquet"),
+            Some(1)
         );
-        assert_eq!(
-            split_of("plain_text/partial-test/0001.parquet", "plain_text"),
-            Some("test")
-        );
-        assert_eq!(split_of("default/validation/0000.parquet", "default"), None);
-        assert_eq!(split_of("other/train/0000.parquet", "default"), None);
-        assert_eq!(split_of("README.md", "default"), None);
+        assert_eq!(layout.split_of("default/validation/0000.parquet"), None);
+        assert_eq!(layout.split_of("other/train/0000.parquet"), None);
+        assert_eq!(layout.split_of("README.md"), None);
         let names: Vec<String> = [
             "default/test/0000.parquet",
             "default/train/0001.parquet",
@@ -213,12 +250,16 @@ mod tests {
         .map(|s| s.to_string())
         .collect();
         assert_eq!(
-            wanted(&names, "default"),
+            layout.wanted(&names),
             [
                 "default/train/0000.parquet",
                 "default/train/0001.parquet",
                 "default/test/0000.parquet"
             ]
         );
+        let glue = source("hf:nyu-mll/glue#config=sst2#test=validation");
+        let layout = Layout::of(&glue);
+        assert_eq!(layout.split_of("sst2/validation/0000.parquet"), Some(1));
+        assert_eq!(layout.split_of("sst2/test/0000.parquet"), None);
     }
 }

@@ -52,9 +52,12 @@ impl OwnKind {
 /// `#`, not by commas, so that a spec stays one item of a comma-separated `--datasets` list.
 const TEXT_KEY: &str = "text";
 const LABEL_KEY: &str = "label";
-/// `hf:` only: the image column (an `Image` feature), and the dataset's configuration.
+/// `hf:` only: the image column (an `Image` feature), the dataset's configuration and the two
+/// splits read.
 const IMAGE_KEY: &str = "image";
 const CONFIG_KEY: &str = "config";
+const TRAIN_KEY: &str = "train";
+const TEST_KEY: &str = "test";
 
 /// A dataset given by its files: the kind, where they are, and for tables which columns hold
 /// the text and the label. Its string form (`csv:reviews.csv#text=review#label=stars`) is what
@@ -72,6 +75,10 @@ pub struct OwnSource {
     pub image_column: Option<String>,
     /// `hf:` only: the dataset's configuration (subset) [default: `default`].
     pub config: Option<String>,
+    /// `hf:` only: the split trained on [default: `train`].
+    pub train_split: Option<String>,
+    /// `hf:` only: the split scored [default: `test`].
+    pub test_split: Option<String>,
     /// `<kind>-<the location's last component>`, filesystem-safe: run names and cache folders.
     id: String,
 }
@@ -106,6 +113,8 @@ impl OwnSource {
             label_column: None,
             image_column: None,
             config: None,
+            train_split: None,
+            test_split: None,
             id: String::new(),
         };
         for option in options.into_iter().flat_map(|o| o.split('#')) {
@@ -120,9 +129,11 @@ impl OwnSource {
                 LABEL_KEY => source.label_column = Some(value.to_string()),
                 IMAGE_KEY if kind == OwnKind::Hf => source.image_column = Some(value.to_string()),
                 CONFIG_KEY if kind == OwnKind::Hf => source.config = Some(value.to_string()),
+                TRAIN_KEY if kind == OwnKind::Hf => source.train_split = Some(value.to_string()),
+                TEST_KEY if kind == OwnKind::Hf => source.test_split = Some(value.to_string()),
                 _ => {
                     let known = match kind {
-                        OwnKind::Hf => "text, image, label or config",
+                        OwnKind::Hf => "text, image, label, config, train or test",
                         _ => "text or label",
                     };
                     return Err(format!(
@@ -283,6 +294,8 @@ impl fmt::Display for OwnSource {
             (IMAGE_KEY, &self.image_column),
             (LABEL_KEY, &self.label_column),
             (CONFIG_KEY, &self.config),
+            (TRAIN_KEY, &self.train_split),
+            (TEST_KEY, &self.test_split),
         ]
         .into_iter()
         .filter_map(|(key, value)| value.as_ref().map(|v| format!("{key}={v}")))
