@@ -25,18 +25,6 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Exit status 2 and exactly one stderr line, `error: …`, holding every needle.
-fn assert_one_error_line(what: &str, out: &Output, needles: &[&str]) {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(2), "{what}: {err}");
-    let lines: Vec<&str> = err.trim_end().lines().collect();
-    assert_eq!(lines.len(), 1, "{what} printed more than one line:\n{err}");
-    assert!(lines[0].starts_with("error: "), "{what}: {err}");
-    for needle in needles {
-        assert!(lines[0].contains(needle), "{what}: no {needle:?} in: {err}");
-    }
-}
-
 fn path_str(path: &Path) -> &str {
     path.to_str().expect("temp paths are UTF-8")
 }
@@ -100,7 +88,7 @@ fn medmnist_labels_outside_the_classes_are_refused_at_load() {
         "--data-dir",
         path_str(dir.path()),
     ]);
-    assert_one_error_line(
+    common::assert_one_error_line(
         "label 7",
         &out,
         &[path_str(&npz), "train_labels[3] is 7", "2 classes"],
@@ -142,7 +130,7 @@ fn medmnist_label_count_mismatch_is_named_as_such() {
         "--data-dir",
         path_str(dir.path()),
     ]);
-    assert_one_error_line(
+    common::assert_one_error_line(
         "19 labels for 20 images",
         &out,
         &[
@@ -173,7 +161,7 @@ fn a_grid_no_run_of_which_fits_the_data_names_ns() {
         "--out",
         path_str(&out_dir),
     ]);
-    assert_one_error_line(
+    common::assert_one_error_line(
         "--ns 2000",
         &out,
         &[
@@ -228,7 +216,7 @@ fn empty_text_files_are_refused_at_load_naming_the_file() {
         "{}: no labelled questions",
         trec.join("TREC_10.label").display()
     );
-    assert_one_error_line("empty TREC_10.label", &split("trec", &[]), &[&expected]);
+    common::assert_one_error_line("empty TREC_10.label", &split("trec", &[]), &[&expected]);
 
     // AG-news offline: an empty test.csv, the only file a carved run reads.
     let ag = dir.path().join("ag_news");
@@ -236,7 +224,7 @@ fn empty_text_files_are_refused_at_load_naming_the_file() {
     std::fs::write(ag.join("test.csv"), "").unwrap();
     let expected = format!("{}: no rows", ag.join("test.csv").display());
     let out = split("ag_news", &["--carve-train-from-test", "0.5"]);
-    assert_one_error_line("empty test.csv", &out, &[&expected]);
+    common::assert_one_error_line("empty test.csv", &out, &[&expected]);
 }
 
 #[test]
@@ -262,7 +250,7 @@ fn empty_sets_of_a_split_are_refused_naming_the_flag() {
             "--data-dir",
             path_str(dir.path()),
         ]);
-        assert_one_error_line(flag, &out, &[&format!("{flag} must be at least 1, got 0")]);
+        common::assert_one_error_line(flag, &out, &[&format!("{flag} must be at least 1, got 0")]);
     }
 }
 
@@ -330,7 +318,7 @@ fn backbone_configs_the_forward_cannot_run_are_refused_naming_file_and_field() {
     let expect_refusal = |model: PathBuf, file: &str, field: &str| {
         let out = extract(&data, &model, &cache);
         let file = model.join(file);
-        assert_one_error_line(
+        common::assert_one_error_line(
             &format!("{} {field}", model.display()),
             &out,
             &[&format!("{}: ", file.display()), field],
@@ -409,7 +397,7 @@ fn extract_on_cuda_from_a_cpu_build_is_one_error_line() {
         "--device",
         "cuda",
     ]);
-    assert_one_error_line(
+    common::assert_one_error_line(
         "extract --device cuda",
         &out,
         &["--device cuda", "--features cuda"],
@@ -445,7 +433,7 @@ fn finetune_on_cuda_from_a_cpu_build_is_one_error_line() {
             "cuda",
         ]);
         let shown = format!("finetune {flag} cuda");
-        assert_one_error_line(&shown, &out, &[&format!("{flag} cuda"), "--features cuda"]);
+        common::assert_one_error_line(&shown, &out, &[&format!("{flag} cuda"), "--features cuda"]);
         assert!(!out_dir.exists(), "{shown} left {}", out_dir.display());
     }
 }
@@ -462,7 +450,7 @@ fn memory_implausible_synthetic_runs_are_refused_up_front() {
         "--out",
         path_str(&out_dir),
     ]);
-    assert_one_error_line(
+    common::assert_one_error_line(
         "--embed-dim 10000000",
         &out,
         &["--embed-dim 10000000", "GiB"],
@@ -562,6 +550,6 @@ fn a_run_refused_after_set_up_writes_no_run_folder() {
         "--out",
         path_str(&run),
     ]);
-    assert_one_error_line("--test-n", &out, &["--test-n"]);
+    common::assert_one_error_line("--test-n", &out, &["--test-n"]);
     assert!(!run.exists(), "a refused run left {}", run.display());
 }

@@ -55,13 +55,6 @@ fn benign(args: &[&str], cache: &Path) -> Output {
     common::benign_cached(args, cache)
 }
 
-fn one_error_line(out: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    stderr
-}
-
 #[test]
 fn chestmnist_and_a_file_of_another_size_are_refused_in_one_line() {
     let cache = tempfile::tempdir().unwrap();
@@ -76,7 +69,7 @@ fn chestmnist_and_a_file_of_another_size_are_refused_in_one_line() {
         ],
         cache.path(),
     );
-    assert!(one_error_line(&chest).contains("multi-label"));
+    common::assert_one_error_line("chestmnist", &chest, &["multi-label"]);
     // The 28 px file under the 64 px name.
     let other = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(other.path().join("medmnist")).unwrap();
@@ -106,32 +99,10 @@ fn every_task_runs_finetune_end_to_end() {
     let root = fixtures_root();
     for name in single_label_names() {
         let folder = out.path().join(&name);
-        let run = benign(
-            &[
-                "finetune",
-                "--dataset",
-                &name,
-                "--data-dir",
-                root.to_str().unwrap(),
-                "--pretrain-n",
-                "8",
-                "--n",
-                "8",
-                "--test-n",
-                "8",
-                "--pretrain-epochs",
-                "2",
-                "--epochs",
-                "2",
-                "--eval-every",
-                "1",
-                "--eta",
-                "0.25",
-                "--out",
-                folder.to_str().unwrap(),
-            ],
-            cache.path(),
-        );
+        let mut args = common::quick_finetune_args(&name, &folder);
+        args.extend(["--data-dir".into(), root.to_str().unwrap().into()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = benign(&args, cache.path());
         assert!(
             run.status.success(),
             "{name}: {}",

@@ -174,31 +174,12 @@ fn authors_split_on_a_folder_is_numpys_choice() {
 
 /// What a quick run of `spec` leaves: its summary.
 fn quick_run(spec: &str, extra: &[&str], out: &Path, cache: &Path) -> serde_json::Value {
-    let mut args = vec![
-        "finetune",
-        "--dataset",
-        spec,
-        "--pretrain-n",
-        "8",
-        "--n",
-        "8",
-        "--test-n",
-        "4",
-        "--pretrain-epochs",
-        "2",
-        "--epochs",
-        "2",
-        "--eval-every",
-        "1",
-        "--eta",
-        "0.25",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend(extra);
+    let mut args = common::quick_finetune_args(spec, out);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let run = benign(&args, cache);
     assert!(run.status.success(), "{spec}: {}", stderr(&run));
-    serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap()
+    summary_of(out)
 }
 
 #[test]
@@ -285,12 +266,10 @@ fn a_run_on_files_that_changed_is_refused() {
         ],
     ] {
         let out = benign(&args, cache.path());
-        let err = stderr(&out);
-        assert!(!out.status.success());
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(
-            err.contains("the files changed since this run was configured"),
-            "{err}"
+        common::assert_one_error_line(
+            "changed files",
+            &out,
+            &["the files changed since this run was configured"],
         );
     }
 }
@@ -358,10 +337,7 @@ fn bad_sources_are_one_line_and_leave_nothing() {
             ],
             cache.path(),
         );
-        let err = stderr(&out);
-        assert!(!out.status.success(), "{source}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(err.contains(expected), "{source}: {err}");
+        common::assert_one_error_line(&source, &out, &[expected]);
         assert!(!out_dir.exists(), "{source}: left {}", out_dir.display());
     }
 }
@@ -447,33 +423,6 @@ fn benign_hub(args: &[&str], home: &Path, endpoint: Option<&str>) -> Output {
     command.output().unwrap()
 }
 
-/// `finetune`'s quick arguments for `source`, into `out`.
-fn quick_args(source: &str, out: &Path) -> Vec<String> {
-    [
-        "finetune",
-        "--dataset",
-        source,
-        "--pretrain-n",
-        "6",
-        "--n",
-        "4",
-        "--test-n",
-        "4",
-        "--pretrain-epochs",
-        "2",
-        "--epochs",
-        "2",
-        "--eval-every",
-        "1",
-        "--eta",
-        "0.25",
-        "--out",
-        out.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
 fn summary_of(folder: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(folder.join("summary.json")).unwrap()).unwrap()
 }
@@ -491,7 +440,7 @@ fn a_hub_dataset_downloads_caches_and_runs_offline() {
     let (server, _scratch) = parquet_hub();
     let source = format!("hf:{HUB_REPO}#image=img");
     let run = |folder: &str, endpoint: Option<&str>| {
-        let args = quick_args(&source, &home.path().join(folder));
+        let args = common::quick_finetune_args(&source, &home.path().join(folder));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = benign_hub(&args, home.path(), endpoint);
         assert!(out.status.success(), "{folder}: {}", stderr(&out));
@@ -533,12 +482,10 @@ fn a_hub_dataset_downloads_caches_and_runs_offline() {
         home.path(),
         Some(&server.url),
     );
-    let err = stderr(&absent);
-    assert!(!absent.status.success());
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(
-        err.contains("hf:org/absent#image=img: no such dataset on http://127.0.0.1"),
-        "{err}"
+    common::assert_one_error_line(
+        "absent hub id",
+        &absent,
+        &["hf:org/absent#image=img: no such dataset on http://127.0.0.1"],
     );
 }
 
@@ -573,7 +520,7 @@ fn trec_as_jsonl_runs_as_trec_does() {
     let cache = tempfile::tempdir().unwrap();
     let run = |dataset: &str, out: &str| {
         let out = work.path().join(out);
-        let mut args = quick_args(dataset, &out);
+        let mut args = common::quick_finetune_args(dataset, &out);
         args.extend(["--data-dir".into(), root.to_str().unwrap().into()]);
         // Sizes above quick_args' own: the later flag would be refused, so they are replaced.
         for (flag, value) in [("--n", "12"), ("--pretrain-n", "40"), ("--test-n", "40")] {

@@ -256,3 +256,43 @@ pub fn png_size(path: &std::path::Path) -> (u32, u32) {
     );
     (width, height)
 }
+
+/// Exit status 2 and exactly one stderr line, `error: …`, holding every needle.
+pub fn assert_one_error_line(what: &str, out: &std::process::Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+    let lines: Vec<&str> = err.trim_end().lines().collect();
+    assert_eq!(lines.len(), 1, "{what} printed more than one line:\n{err}");
+    assert!(lines[0].starts_with("error: "), "{what}: {err}");
+    for needle in needles {
+        assert!(lines[0].contains(needle), "{what}: no {needle:?} in: {err}");
+    }
+}
+
+/// `finetune` on `dataset` at quick sizes (8 + 8 samples, 4 scored, two epochs of each phase,
+/// η 0.25), into `out`.
+pub fn quick_finetune_args(dataset: &str, out: &std::path::Path) -> Vec<String> {
+    [
+        "finetune",
+        "--dataset",
+        dataset,
+        "--pretrain-n",
+        "8",
+        "--n",
+        "8",
+        "--test-n",
+        "4",
+        "--pretrain-epochs",
+        "2",
+        "--epochs",
+        "2",
+        "--eval-every",
+        "1",
+        "--eta",
+        "0.25",
+        "--out",
+        out.to_str().expect("temp paths are UTF-8"),
+    ]
+    .map(String::from)
+    .to_vec()
+}

@@ -119,16 +119,7 @@ pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Lo
         ));
     }
     warnings.dedup();
-    let splits = match splits.len() {
-        1 => Splits::Pool(splits.remove(0)),
-        _ => {
-            let test = splits.pop().unwrap();
-            Splits::Given {
-                train: splits.pop().unwrap(),
-                test,
-            }
-        }
-    };
+    let splits = Splits::of(splits);
     Ok(Loaded {
         class_names,
         splits,

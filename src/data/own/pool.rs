@@ -20,6 +20,21 @@ pub enum Splits {
     Pool(Split),
 }
 
+impl Splits {
+    /// The splits a loader read, in file order: one is a pool, two are the training and test
+    /// splits.
+    pub fn of(mut parts: Vec<Split>) -> Splits {
+        match parts.len() {
+            1 => Splits::Pool(parts.remove(0)),
+            _ => {
+                let test = parts.pop().expect("two splits");
+                let train = parts.pop().expect("two splits");
+                Splits::Given { train, test }
+            }
+        }
+    }
+}
+
 /// The training and test splits of `pool`, each in the pool's order; each split's own positions
 /// are its release indices (the documented order is the release's).
 pub fn hold_out(pool: &Split, num_classes: usize) -> (Split, Split) {

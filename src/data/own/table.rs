@@ -79,7 +79,7 @@ pub fn load(path: &Path, kind: OwnKind, columns: &Columns) -> Result<Loaded> {
     let (class_names, indices) = classes::assign(&labels)
         .map_err(|why| DataError::format(path, format!("column {:?}: {why}", columns.label)))?;
     let mut indices = indices.into_iter();
-    let mut splits: Vec<Split> = parts
+    let splits: Vec<Split> = parts
         .into_iter()
         .map(|rows| {
             let labels = indices.by_ref().take(rows.len()).collect();
@@ -87,16 +87,7 @@ pub fn load(path: &Path, kind: OwnKind, columns: &Columns) -> Result<Loaded> {
             Split::complete(Inputs::Texts(texts), labels)
         })
         .collect();
-    let splits = match splits.len() {
-        1 => Splits::Pool(splits.remove(0)),
-        _ => {
-            let test = splits.pop().unwrap();
-            Splits::Given {
-                train: splits.pop().unwrap(),
-                test,
-            }
-        }
-    };
+    let splits = Splits::of(splits);
     Ok(Loaded {
         class_names,
         splits,
