@@ -261,17 +261,7 @@ impl RunConfig {
         if self.backbones.is_empty() {
             bail!("--backbone: no backbone to try");
         }
-        match (&self.dataset, &self.data_digest) {
-            (DatasetName::Own(_), None) => bail!(
-                "data_digest: a run on {} records its files' content digest; none is given",
-                self.dataset
-            ),
-            (DatasetName::Own(_), Some(_)) | (_, None) => {}
-            (_, Some(_)) => bail!(
-                "data_digest applies to datasets given by their files (folder:, csv:, jsonl:), not to {}",
-                self.dataset
-            ),
-        }
+        self.check_data_digest()?;
         match (self.mode, self.head_classifier) {
             (Mode::Head, None) => {
                 bail!("--mode head needs --head-classifier (mean, cls or tokens)")
@@ -302,6 +292,21 @@ impl RunConfig {
             );
         }
         Ok(())
+    }
+
+    /// A dataset given by its files records their digest; a built-in one records none.
+    fn check_data_digest(&self) -> Result<()> {
+        match (&self.dataset, &self.data_digest) {
+            (DatasetName::Own(_), None) => bail!(
+                "data_digest: a run on {} records its files' content digest; none is given",
+                self.dataset
+            ),
+            (DatasetName::Own(_), Some(_)) | (_, None) => Ok(()),
+            (_, Some(_)) => bail!(
+                "data_digest applies to datasets given by their files (folder:, csv:, jsonl:, hf:), not to {}",
+                self.dataset
+            ),
+        }
     }
 
     /// The mode as folder names and reports print it: `last-layer`, or `head-<classifier>`.

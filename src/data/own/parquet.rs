@@ -213,48 +213,56 @@ fn read_file(
     for (k, row) in iter.enumerate() {
         let row = row.map_err(|e| DataError::format(path, format!("row {k}: unreadable ({e})")))?;
         let at = format!("{file_name} row {k}");
-        let problem = |what: String| DataError::format(path, format!("row {k}: {what}"));
-        let value = |column: &str| {
-            field(&row, column).ok_or_else(|| problem(format!("no value in {column:?}")))
-        };
-        match (input, value(input.name())?) {
-            (Input::Text(_), Field::Str(text)) => rows.texts.push(text.clone()),
-            (Input::Image(_), Field::Group(image)) => match field(image, "bytes") {
-                Some(Field::Bytes(bytes)) => rows.images.push((
-                    PathBuf::from(format!("{} row {k}", path.display())),
-                    bytes.data().to_vec(),
-                )),
-                _ => {
-                    return Err(problem(format!(
-                        "the image in {:?} holds no encoded bytes (an image stored by path only cannot be read)",
-                        input.name()
-                    )));
-                }
-            },
-            (Input::Text(c), other) => {
-                return Err(problem(format!("{c:?} holds {other}, not a string")));
-            }
-            (Input::Image(c), other) => {
-                return Err(problem(format!(
-                    "{c:?} holds {other}, not an Image feature (a struct of bytes and path)"
-                )));
-            }
-        }
-        let label_value = match value(label)? {
-            Field::Long(v) => Label::Integer(*v),
-            Field::Int(v) => Label::Integer(i64::from(*v)),
-            Field::Short(v) => Label::Integer(i64::from(*v)),
-            Field::Byte(v) => Label::Integer(i64::from(*v)),
-            Field::Str(s) if !s.is_empty() => Label::Word(s.clone()),
-            other => {
-                return Err(problem(format!(
-                    "label {other} is neither an integer nor a non-empty string"
-                )));
-            }
-        };
-        rows.labels.push((label_value, at));
+        read_row(&row, (path, k, at), (input, label), rows)
+            .map_err(|what| DataError::format(path, format!("row {k}: {what}")))?;
     }
     Ok(names)
+}
+
+/// Row `k` of `path` (shown as `at`) into `rows`: its input and its label; the error is the
+/// reason alone.
+fn read_row(
+    row: &Row,
+    (path, k, at): (&Path, usize, String),
+    (input, label): (Input, &str),
+    rows: &mut Rows,
+) -> std::result::Result<(), String> {
+    let value = |column: &str| field(row, column).ok_or(format!("no value in {column:?}"));
+    match (input, value(input.name())?) {
+        (Input::Text(_), Field::Str(text)) => rows.texts.push(text.clone()),
+        (Input::Image(_), Field::Group(image)) => match field(image, "bytes") {
+            Some(Field::Bytes(bytes)) => rows.images.push((
+                PathBuf::from(format!("{} row {k}", path.display())),
+                bytes.data().to_vec(),
+            )),
+            _ => {
+                return Err(format!(
+                    "the image in {:?} holds no encoded bytes (an image stored by path only cannot be read)",
+                    input.name()
+                ));
+            }
+        },
+        (Input::Text(c), other) => return Err(format!("{c:?} holds {other}, not a string")),
+        (Input::Image(c), other) => {
+            return Err(format!(
+                "{c:?} holds {other}, not an Image feature (a struct of bytes and path)"
+            ));
+        }
+    }
+    let label_value = match value(label)? {
+        Field::Long(v) => Label::Integer(*v),
+        Field::Int(v) => Label::Integer(i64::from(*v)),
+        Field::Short(v) => Label::Integer(i64::from(*v)),
+        Field::Byte(v) => Label::Integer(i64::from(*v)),
+        Field::Str(s) if !s.is_empty() => Label::Word(s.clone()),
+        other => {
+            return Err(format!(
+                "label {other} is neither an integer nor a non-empty string"
+            ));
+        }
+    };
+    rows.labels.push((label_value, at));
+    Ok(())
 }
 
 /// The value of `column` in `row`.
