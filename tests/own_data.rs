@@ -356,6 +356,18 @@ fn data_list_and_verify_show_a_source() {
             && stdout.trim_end().ends_with(": ok"),
         "{stdout}"
     );
+    // A pool too small to hold a test sample out says why, once.
+    let small = cache.path().join("small.csv");
+    std::fs::write(&small, "text,label\na b,x\nc d,y\ne f,x\n").unwrap();
+    let small = format!("csv:{}", small.display());
+    let verify = benign(&["data", "verify", &small], cache.path());
+    let stdout = String::from_utf8_lossy(&verify.stdout);
+    assert_eq!(verify.status.code(), Some(1), "{stdout}");
+    assert_eq!(stdout.matches(small.as_str()).count(), 1, "{stdout}");
+    assert!(
+        stdout.contains("nothing is held out for a test split"),
+        "{stdout}"
+    );
     let list = benign(&["data", "list", &spec("jsonl", "topics")], cache.path());
     let stdout = String::from_utf8_lossy(&list.stdout);
     assert!(

@@ -221,7 +221,11 @@ fn verify(args: DatasetsArgs) -> Result<ExitCode> {
         match checked {
             Ok(line) => println!("{line}: ok"),
             Err(err) => {
-                println!("{spec}: {}", crate::errors::one_line(&err));
+                let line = crate::errors::one_line(&err);
+                match line.starts_with(spec.as_str()) {
+                    true => println!("{line}"),
+                    false => println!("{spec}: {line}"),
+                }
                 failures += 1;
             }
         }

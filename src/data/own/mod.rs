@@ -274,6 +274,18 @@ impl OwnSource {
             pool::Splits::Given { train, test } => (train, test, Vec::new()),
             pool::Splits::Pool(samples) => {
                 let (train, test) = pool::hold_out(&samples, loaded.class_names.len());
+                if test.is_empty() {
+                    return Err(DataError::Unavailable {
+                        dataset: self.to_string(),
+                        problem: format!(
+                            "one pool of {} samples with no class of {} or more: nothing is held out for a test split \
+                             (every {}th sample of each class is); give more samples, or a train and test pair",
+                            samples.len(),
+                            pool::HOLD_OUT_EVERY,
+                            pool::HOLD_OUT_EVERY
+                        ),
+                    });
+                }
                 (train, test, vec![pool::HOLD_OUT_NOTE.to_string()])
             }
         };
