@@ -476,6 +476,10 @@ fn a_hub_dataset_downloads_caches_and_runs_offline() {
         serde_json::json!(["ant", "bee"])
     );
 
+    // `data fetch` asks the hub again and finds both files present (nothing downloaded twice).
+    let fetch = benign_hub(&["data", "fetch", &source], home.path(), Some(&server.url));
+    assert!(fetch.status.success(), "{}", stderr(&fetch));
+    assert!(String::from_utf8_lossy(&fetch.stdout).contains(": 2 Parquet files present"));
     let requests = server.requests().len();
     let offline = run("offline", None);
     assert_eq!(server.requests().len(), requests, "offline asked the hub");

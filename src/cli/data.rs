@@ -42,7 +42,8 @@ pub struct DatasetsArgs {
     pub root: DataDirArg,
     /// Datasets (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, cifar10n, or a task of
     /// the MedMNIST 2D family such as dermamnist_224; `verify` also takes datasets you bring,
-    /// folder:PATH, csv:PATH, jsonl:PATH, and reads every sample) [default: all]
+    /// folder:PATH, csv:PATH, jsonl:PATH, hf:ORG/NAME, and reads every sample; `fetch` downloads
+    /// an hf: source's Parquet files) [default: all]
     pub datasets: Vec<String>,
 }
 
@@ -255,7 +256,24 @@ fn verify(args: DatasetsArgs) -> Result<ExitCode> {
 /// `data fetch`: the datasets' missing files downloaded.
 fn fetch(args: DatasetsArgs) -> Result<ExitCode> {
     let root = data::data_root(args.root.data_dir.as_deref());
-    for (name, manifest) in manifests(&args.datasets)? {
+    let (own, released): (Vec<String>, Vec<String>) = args
+        .datasets
+        .iter()
+        .cloned()
+        .partition(|name| data::own::OwnSource::parse(name).is_some());
+    for spec in &own {
+        // An hf: source's Parquet files into the hub cache; the other kinds are files already.
+        let source = match spec.parse::<DatasetName>().map_err(anyhow::Error::msg)? {
+            DatasetName::Own(source) if source.kind == data::own::OwnKind::Hf => source,
+            _ => anyhow::bail!("{spec}: nothing to fetch: the source is your own files"),
+        };
+        let files = source.files()?;
+        println!("{spec}: {} Parquet files present", files.len());
+    }
+    if released.is_empty() && !own.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (name, manifest) in manifests(&released)? {
         let report = data::fetch::fetch(&manifest, &root, args.root.mirror().as_deref())?;
         println!(
             "{name}: {} downloaded, {} already present",
