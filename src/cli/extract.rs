@@ -64,7 +64,8 @@ pub struct ExtractArgs {
     pub root: DataDirArg,
     #[command(flatten)]
     pub backbone: BackboneArgs,
-    /// Dataset name
+    /// Dataset name, or your own files (folder:PATH, csv:PATH#text=COL#label=COL, jsonl:PATH,
+    /// hf:ORG/NAME; docs/data.md)
     #[arg(long)]
     pub dataset: DatasetName,
     /// Which split(s)

@@ -33,7 +33,8 @@ pub enum ReproduceCommand {
 
 #[derive(Args, Debug, Clone)]
 pub struct GridArgs {
-    /// Datasets, comma-separated [default: all eight the toolkit loads: Table 2's six, STL-10 and SST-2]
+    /// Datasets, comma-separated, your own files among them (folder:PATH, csv:PATH#text=COL, …;
+    /// docs/data.md) [default: all eight the toolkit loads: Table 2's six, STL-10 and SST-2]
     #[arg(long, value_delimiter = ',')]
     pub datasets: Option<Vec<DatasetName>>,
     /// Seeds, comma-separated [default: the experiment's]
