@@ -227,11 +227,39 @@ impl OwnSource {
     /// SHA-256 (first 16 hex digits) over every file the source reads: its name relative to the
     /// source, its length and its bytes, in [`Self::files`]' order. A run records it, so a
     /// run folder, a resumed run or a replayed config.json is refused when the files changed.
+    ///
+    /// A process computes it once per state of the files: a grid asks for it once per run, and
+    /// the bytes are read again only when a file's name, length or modification time differs.
     pub fn content_digest(&self) -> Result<String> {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        type Stamps = Vec<(String, u64, Option<std::time::SystemTime>)>;
+        static DIGESTS: OnceLock<Mutex<HashMap<Stamps, String>>> = OnceLock::new();
+        let files = self.files()?;
+        let stamps: Stamps = files
+            .iter()
+            .map(|(name, path)| {
+                let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, e))?;
+                Ok((name.clone(), meta.len(), meta.modified().ok()))
+            })
+            .collect::<Result<_>>()?;
+        let memo = DIGESTS.get_or_init(Mutex::default);
+        if let Some(digest) = memo.lock().expect("digest memo").get(&stamps) {
+            return Ok(digest.clone());
+        }
+        let digest = Self::digest_of(&files)?;
+        memo.lock()
+            .expect("digest memo")
+            .insert(stamps, digest.clone());
+        Ok(digest)
+    }
+
+    /// SHA-256 (first 16 hex digits) of `files`' names, lengths and bytes, in order.
+    fn digest_of(files: &[(String, PathBuf)]) -> Result<String> {
         use sha2::Digest;
         let mut hasher = sha2::Sha256::new();
-        for (relative, path) in self.files()? {
-            let bytes = super::files::read_data(&path)?;
+        for (relative, path) in files {
+            let bytes = super::files::read_data(path)?;
             hasher.update(relative.as_bytes());
             hasher.update([0]);
             hasher.update((bytes.len() as u64).to_le_bytes());
@@ -391,6 +419,20 @@ mod tests {
         );
         assert!(OwnSource::parse("mnist").is_none());
         assert!(OwnSource::parse("dermamnist_64").is_none());
+    }
+
+    #[test]
+    fn the_digest_follows_the_files_within_a_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.jsonl");
+        std::fs::write(&file, "{\"text\": \"a\", \"label\": 1}\n").unwrap();
+        let source = OwnSource::parse(&format!("jsonl:{}", file.display()))
+            .unwrap()
+            .unwrap();
+        let first = source.content_digest().unwrap();
+        assert_eq!(source.content_digest().unwrap(), first);
+        std::fs::write(&file, "{\"text\": \"b\", \"label\": 22}\n").unwrap();
+        assert_ne!(source.content_digest().unwrap(), first);
     }
 
     #[test]
