@@ -204,16 +204,20 @@ fn own_line(name: &DatasetName, root: &std::path::Path) -> Result<String> {
     ))
 }
 
+/// The names given, sources you bring (`folder:…`, `hf:…`) apart from released datasets.
+fn sources_apart(names: &[String]) -> (Vec<String>, Vec<String>) {
+    names
+        .iter()
+        .cloned()
+        .partition(|name| data::own::OwnSource::parse(name).is_some())
+}
+
 /// `data verify`: every file of the datasets against the official releases' digests; a dataset
 /// you bring is read whole (every image decoded, every row parsed).
 fn verify(args: DatasetsArgs) -> Result<ExitCode> {
     let root = data::data_root(args.root.data_dir.as_deref());
     let mut failures = 0;
-    let (own, released): (Vec<String>, Vec<String>) = args
-        .datasets
-        .iter()
-        .cloned()
-        .partition(|name| data::own::OwnSource::parse(name).is_some());
+    let (own, released) = sources_apart(&args.datasets);
     for spec in &own {
         let checked = spec
             .parse::<DatasetName>()
@@ -256,11 +260,7 @@ fn verify(args: DatasetsArgs) -> Result<ExitCode> {
 /// `data fetch`: the datasets' missing files downloaded.
 fn fetch(args: DatasetsArgs) -> Result<ExitCode> {
     let root = data::data_root(args.root.data_dir.as_deref());
-    let (own, released): (Vec<String>, Vec<String>) = args
-        .datasets
-        .iter()
-        .cloned()
-        .partition(|name| data::own::OwnSource::parse(name).is_some());
+    let (own, released) = sources_apart(&args.datasets);
     for spec in &own {
         // An hf: source's Parquet files into the hub cache; the other kinds are files already.
         let source = match spec.parse::<DatasetName>().map_err(anyhow::Error::msg)? {
