@@ -459,6 +459,13 @@ fn a_hub_dataset_downloads_caches_and_runs_offline() {
         summary_of(&home.path().join(folder))
     };
     let online = run("online", Some(&server.url));
+    // Configuration, set-up and load resolve the files; the hub is listed once.
+    let listings = server
+        .requests()
+        .iter()
+        .filter(|r| r.path.starts_with("api/"))
+        .count();
+    assert_eq!(listings, 1);
     let snapshot = home
         .path()
         .join("hf/hub/datasets--org--tiny-images/snapshots")
@@ -619,4 +626,63 @@ fn a_grid_of_sources_runs_and_reports() {
                 == 2,
         "{runs:?}"
     );
+}
+
+/// The emulator of `parquet_hub` read by hf-hub's own client (its repository listing and its
+/// download of a dataset revision), and the cache this program fills read back by hf-hub's own
+/// cache reader: both sides of the protocol are checked against the reference client, not only
+/// against this program's reading of it.
+#[test]
+fn hf_hubs_own_client_reads_the_dataset_emulator_and_our_cache() {
+    let (server, _scratch) = parquet_hub();
+    let repo = || {
+        hf_hub::Repo::with_revision(
+            HUB_REPO.into(),
+            hf_hub::RepoType::Dataset,
+            "refs/convert/parquet".into(),
+        )
+    };
+    let theirs = tempfile::tempdir().unwrap();
+    let api = hf_hub::api::sync::ApiBuilder::from_cache(hf_hub::Cache::new(theirs.path().into()))
+        .with_endpoint(server.url.clone())
+        .with_progress(false)
+        .build()
+        .unwrap();
+    let listed: Vec<String> = api
+        .repo(repo())
+        .info()
+        .unwrap()
+        .siblings
+        .into_iter()
+        .map(|s| s.rfilename)
+        .collect();
+    assert!(
+        listed.contains(&"default/train/0000.parquet".to_string()),
+        "{listed:?}"
+    );
+    let file = api.repo(repo()).get("default/train/0000.parquet").unwrap();
+    assert_eq!(
+        std::fs::read(file).unwrap(),
+        std::fs::read(own("hf_images/default/train/0000.parquet")).unwrap()
+    );
+
+    // This program's download, read back through hf-hub's cache.
+    let home = tempfile::tempdir().unwrap();
+    let fetch = benign_hub(
+        &["data", "fetch", &format!("hf:{HUB_REPO}#image=img")],
+        home.path(),
+        Some(&server.url),
+    );
+    assert!(fetch.status.success(), "{}", stderr(&fetch));
+    let cache = hf_hub::Cache::new(home.path().join("hf/hub"));
+    for name in ["default/train/0000.parquet", "default/test/0000.parquet"] {
+        let cached = cache
+            .repo(repo())
+            .get(name)
+            .unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(
+            std::fs::read(cached).unwrap(),
+            std::fs::read(own("hf_images").join(name)).unwrap()
+        );
+    }
 }

@@ -138,7 +138,12 @@ pub fn load(root: &Path) -> Result<Loaded> {
     let mut samples = Vec::new();
     for (part, classes) in &parts {
         for (name, files) in classes {
-            let class = class_names.iter().position(|c| c == name).unwrap() as u32;
+            let class = class_names.iter().position(|c| c == name).ok_or_else(|| {
+                DataError::format(
+                    root,
+                    format!("class folder {name:?} is not one of train/'s"),
+                )
+            })? as u32;
             samples.extend(files.iter().map(|f| (*part, class, f.clone())));
         }
     }

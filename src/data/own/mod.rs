@@ -244,12 +244,16 @@ impl OwnSource {
             })
             .collect::<Result<_>>()?;
         let memo = DIGESTS.get_or_init(Mutex::default);
-        if let Some(digest) = memo.lock().expect("digest memo").get(&stamps) {
+        if let Some(digest) = memo
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&stamps)
+        {
             return Ok(digest.clone());
         }
         let digest = Self::digest_of(&files)?;
         memo.lock()
-            .expect("digest memo")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(stamps, digest.clone());
         Ok(digest)
     }
