@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 
 use crate::encoder::dense::FrozenLinear;
@@ -61,6 +62,35 @@ impl Classifier {
             .broadcast_add(&self.bias)?)
     }
 
+    /// The mean cross-entropy of `features` (B, D) against `targets` (B), and its gradients with
+    /// respect to the parameters, as `loss.backward()` gives them. Without a pooler the chain
+    /// through z = x Wᵀ is taken by hand: autograd would also form ∂L/∂x, a (B, D) tensor of the
+    /// fixed features that nothing reads, at every step (half of a head-mode phase-1 step, whose
+    /// B is every token of the batch). ∂L/∂W is autograd's own product, added to zeros as
+    /// autograd adds it, so the step is the same to the bit.
+    pub fn cross_entropy_gradients(
+        &self,
+        features: &Tensor,
+        targets: &Tensor,
+    ) -> Result<(Tensor, GradStore)> {
+        if self.pooler.is_some() {
+            let loss = candle_nn::loss::cross_entropy(&self.forward(features)?, targets)?;
+            let grads = loss.backward()?;
+            return Ok((loss, grads));
+        }
+        let weight = self.weight.as_tensor();
+        let products = Var::from_tensor(&features.matmul(&weight.detach().t()?)?)?;
+        let logits = products.as_tensor().broadcast_add(&self.bias)?;
+        let loss = candle_nn::loss::cross_entropy(&logits, targets)?;
+        let mut grads = loss.backward()?;
+        let product_grads = grads
+            .remove(products.as_tensor())
+            .context("no gradient reached the logits")?;
+        let weight_grads = features.t()?.matmul(&product_grads)?.t()?;
+        grads.insert(weight, weight.zeros_like()?.add(&weight_grads)?);
+        Ok((loss, grads))
+    }
+
     /// The classifier as phase 2 reads it: its parameters at this moment, frozen, differentiated
     /// with respect to the features only.
     pub fn frozen(&self) -> Result<FrozenClassifier> {
@@ -105,5 +135,56 @@ impl FrozenClassifier {
             None => features.clone(),
         };
         Ok(self.classifier.forward(&features)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    }
+
+    /// The hand-taken chain gives autograd's loss and gradients to the bit, with and without a
+    /// pooler.
+    #[test]
+    fn cross_entropy_gradients_are_autograds_to_the_bit() {
+        let device = Device::Cpu;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let features = Tensor::randn(0f32, 1.0, (37, 24), &device).unwrap();
+        let targets = Tensor::from_vec((0..37u32).map(|i| i % 5).collect(), 37, &device).unwrap();
+        let pooler_w = Tensor::randn(0f32, 0.1, (24, 24), &device).unwrap();
+        let pooler_b = Tensor::randn(0f32, 0.1, 24, &device).unwrap();
+        for pooler in [None, Some((&pooler_w, &pooler_b))] {
+            let classifier = Classifier::new(24, 5, pooler, &mut rng, &device).unwrap();
+            // A bias away from zero, so that its path is tested too.
+            classifier
+                .bias
+                .set(&Tensor::randn(0f32, 0.5, 5, &device).unwrap())
+                .unwrap();
+            let loss =
+                candle_nn::loss::cross_entropy(&classifier.forward(&features).unwrap(), &targets)
+                    .unwrap();
+            let expected = loss.backward().unwrap();
+            let (got_loss, got) = classifier
+                .cross_entropy_gradients(&features, &targets)
+                .unwrap();
+            assert_eq!(bits(&got_loss), bits(&loss));
+            for (name, var) in classifier.named() {
+                assert_eq!(
+                    bits(got.get(&var).unwrap()),
+                    bits(expected.get(&var).unwrap()),
+                    "{name}"
+                );
+            }
+        }
     }
 }

@@ -95,9 +95,8 @@ fn train_classifier_on(
         let mut losses = Vec::with_capacity(steps_per_epoch(n, batch_size));
         for rows in order.chunks(batch_size) {
             let ClassifierBatch { features, targets } = batch(rows)?;
-            let logits = classifier.forward(&features)?;
-            let loss = candle_nn::loss::cross_entropy(&logits, &targets)?;
-            opt.step(&loss.backward()?)?;
+            let (loss, grads) = classifier.cross_entropy_gradients(&features, &targets)?;
+            opt.step(&grads)?;
             losses.push(loss.detach());
         }
         // The epoch's batch losses in one read, not one a step (on a device each is a sync).
