@@ -65,8 +65,8 @@ impl Classifier {
     /// The mean cross-entropy of `features` (B, D) against `targets` (B), and its gradients with
     /// respect to the parameters, as `loss.backward()` gives them. Without a pooler the chain
     /// through z = x Wᵀ is taken by hand: autograd would also form ∂L/∂x, a (B, D) tensor of the
-    /// fixed features that nothing reads, at every step (half of a head-mode phase-1 step, whose
-    /// B is every token of the batch). ∂L/∂W is autograd's own product, added to zeros as
+    /// fixed features that nothing reads, at every step (about a fifth of a head-mode phase-1
+    /// step, whose B is every token of the batch). ∂L/∂W is autograd's own product, added to zeros as
     /// autograd adds it, so the step is the same to the bit.
     pub fn cross_entropy_gradients(
         &self,

@@ -1,5 +1,6 @@
 //! The reference engine: W (d×d) and p (d) as candle variables, the loss built as a graph,
-//! gradients by candle's autograd and plain SGD, exactly as the authors' torch code
+//! gradients by candle's autograd (the chain through the token logits by hand, to the same bits:
+//! [`DenseEngine::gradients`]) and plain SGD, exactly as the authors' torch code
 //! (`main.py::Attention`, full-batch `torch.optim.SGD`). O(d²) per step.
 //!
 //! The one engine that can add the LocAteR penalty (`diagnostics::locater`): its gradient has W₀
@@ -107,7 +108,7 @@ impl DenseEngine {
 
     /// The gradients of [`loss`](Self::loss) with respect to W and p: candle's autograd, with
     /// the chain through the logits a = X u taken by hand. Autograd through `X.matmul(u)` would
-    /// also form ∂L/∂X, an (n·T × d) tensor nothing reads, at every step (two thirds of a step's
+    /// also form ∂L/∂X, an (n·T × d) tensor nothing reads, at every step (about half of a step's
     /// time at T 197, n 1000); ∂L/∂u = Xᵀ ∂L/∂a is the same product autograd makes.
     fn grad_store(&self) -> Result<GradStore> {
         let u = self.w.matmul(self.p.as_tensor())?; // (d, 1)
