@@ -82,14 +82,17 @@ impl DenseEngine {
         self
     }
 
-    /// Mean logistic loss as a candle graph over W and p, plus the LocAteR penalty when λ > 0.
-    pub fn loss(&self) -> Result<Tensor> {
+    /// The loss as one candle graph over W and p, autograd all the way: the reference
+    /// [`grad_store`](Self::grad_store) is tested against.
+    #[cfg(test)]
+    fn loss(&self) -> Result<Tensor> {
         // The authors compute (X W) p; X (W p) is the same function at O(d²) instead of O(nTd²).
         let u = self.w.matmul(self.p.as_tensor())?; // (d, 1)
         self.loss_at(&self.tokens.matmul(&u)?)
     }
 
-    /// The loss at the token logits a = X u, (n·T, 1).
+    /// Mean logistic loss at the token logits a = X u, (n·T, 1), plus the LocAteR penalty when
+    /// λ > 0.
     fn loss_at(&self, logits: &Tensor) -> Result<Tensor> {
         let n = self.labels.dim(0)?;
         let logits = logits.reshape((n, self.seq_len))?;
@@ -106,7 +109,7 @@ impl DenseEngine {
         Ok(data_loss)
     }
 
-    /// The gradients of [`loss`](Self::loss) with respect to W and p: candle's autograd, with
+    /// The gradients of the loss with respect to W and p: candle's autograd, with
     /// the chain through the logits a = X u taken by hand. Autograd through `X.matmul(u)` would
     /// also form ∂L/∂X, an (n·T × d) tensor nothing reads, at every step (about half of a step's
     /// time at T 197, n 1000); ∂L/∂u = Xᵀ ∂L/∂a is the same product autograd makes.

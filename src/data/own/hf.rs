@@ -94,23 +94,10 @@ pub fn files(source: &OwnSource) -> Result<Vec<(String, PathBuf)>> {
     }
     // A run resolves its files at configuration, at set-up's digest check and at load: the hub
     // is asked once per process; the files then lie in the cache, read-only blobs by content.
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock, PoisonError};
-    type Resolved = HashMap<OwnSource, Vec<(String, PathBuf)>>;
-    static RESOLVED: OnceLock<Mutex<Resolved>> = OnceLock::new();
-    let memo = RESOLVED.get_or_init(Mutex::default);
-    if let Some(files) = memo
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(source)
-    {
-        return Ok(files.clone());
-    }
-    let files = from_hub(source, &layout, &HubSettings::from_env())?;
-    memo.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(source.clone(), files.clone());
-    Ok(files)
+    static RESOLVED: super::Memo<OwnSource, Vec<(String, PathBuf)>> = super::Memo::new();
+    RESOLVED.get_or_try(source.clone(), || {
+        from_hub(source, &layout, &HubSettings::from_env())
+    })
 }
 
 /// The layout's files under `root`.

@@ -229,33 +229,20 @@ impl OwnSource {
     /// run folder, a resumed run or a replayed config.json is refused when the files changed.
     ///
     /// A process computes it once per state of the files: a grid asks for it once per run, and
-    /// the bytes are read again only when a file's name, length or modification time differs.
+    /// the bytes are read again only when a file's path, length or modification time differs.
     pub fn content_digest(&self) -> Result<String> {
-        use std::collections::HashMap;
-        use std::sync::{Mutex, OnceLock};
-        type Stamps = Vec<(String, u64, Option<std::time::SystemTime>)>;
-        static DIGESTS: OnceLock<Mutex<HashMap<Stamps, String>>> = OnceLock::new();
+        type Stamps = Vec<(String, PathBuf, u64, Option<std::time::SystemTime>)>;
+        static DIGESTS: Memo<Stamps, String> = Memo::new();
         let files = self.files()?;
         let stamps: Stamps = files
             .iter()
             .map(|(name, path)| {
                 let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, e))?;
-                Ok((name.clone(), meta.len(), meta.modified().ok()))
+                let path = std::path::absolute(path).map_err(|e| DataError::io(path, e))?;
+                Ok((name.clone(), path, meta.len(), meta.modified().ok()))
             })
             .collect::<Result<_>>()?;
-        let memo = DIGESTS.get_or_init(Mutex::default);
-        if let Some(digest) = memo
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&stamps)
-        {
-            return Ok(digest.clone());
-        }
-        let digest = Self::digest_of(&files)?;
-        memo.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(stamps, digest.clone());
-        Ok(digest)
+        DIGESTS.get_or_try(stamps, || Self::digest_of(&files))
     }
 
     /// SHA-256 (first 16 hex digits) of `files`' names, lengths and bytes, in order.
@@ -398,6 +385,30 @@ fn slug(text: &str) -> String {
     }
 }
 
+/// Values computed at most once per key within a process. A lock a panicking holder poisoned is
+/// taken over: the map only ever holds whole entries.
+struct Memo<K, V>(std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<K, V>>>);
+
+impl<K: Eq + std::hash::Hash, V: Clone> Memo<K, V> {
+    const fn new() -> Self {
+        Self(std::sync::OnceLock::new())
+    }
+
+    fn get_or_try(&self, key: K, compute: impl FnOnce() -> Result<V>) -> Result<V> {
+        let map = self.0.get_or_init(Default::default);
+        let lock = || {
+            map.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some(value) = lock().get(&key) {
+            return Ok(value.clone());
+        }
+        let value = compute()?;
+        lock().insert(key, value.clone());
+        Ok(value)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,7 +447,24 @@ mod tests {
         let first = source.content_digest().unwrap();
         assert_eq!(source.content_digest().unwrap(), first);
         std::fs::write(&file, "{\"text\": \"b\", \"label\": 22}\n").unwrap();
-        assert_ne!(source.content_digest().unwrap(), first);
+        let second = source.content_digest().unwrap();
+        assert_ne!(second, first);
+        // A copy elsewhere with the same name, length and time but other bytes is another
+        // source: its digest is its own, not the memo's.
+        let other = tempfile::tempdir().unwrap();
+        let copy = other.path().join("t.jsonl");
+        std::fs::write(&copy, "{\"text\": \"c\", \"label\": 33}\n").unwrap();
+        let stamp = std::fs::metadata(&file).unwrap().modified().unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&copy)
+            .unwrap()
+            .set_modified(stamp)
+            .unwrap();
+        let copied = OwnSource::parse(&format!("jsonl:{}", copy.display()))
+            .unwrap()
+            .unwrap();
+        assert_ne!(copied.content_digest().unwrap(), second);
     }
 
     #[test]
