@@ -270,6 +270,7 @@ fn fetch(args: DatasetsArgs) -> Result<ExitCode> {
         let files = source.files()?;
         println!("{spec}: {} Parquet files present", files.len());
     }
+    // No name at all means every released dataset; sources alone mean none of them.
     if released.is_empty() && !own.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
