@@ -194,11 +194,14 @@ fn train_tiny(setting: &Setting, specs: &[Spec]) -> Vec<Trained> {
             finetune_samples: Samples {
                 split: SplitName::Train,
                 positions: &specs[k].finetune,
+                token_noise: None,
             },
             test_samples: Samples {
                 split: SplitName::Test,
                 positions: &test_positions,
+                token_noise: None,
             },
+            final_token_noise: None,
             init_rng: Mutex::new(rngs[k].clone()),
         })
         .collect();

@@ -168,11 +168,14 @@ pub mod stack {
                 finetune_samples: Samples {
                     split: SplitName::Train,
                     positions: &finetune,
+                    token_noise: None,
                 },
                 test_samples: Samples {
                     split: SplitName::Test,
                     positions: &test,
+                    token_noise: None,
                 },
+                final_token_noise: None,
                 init_rng: Mutex::new(rand_chacha::ChaCha8Rng::seed_from_u64(0)),
             })
             .collect();

@@ -110,6 +110,11 @@ pub struct FinetuneArgs {
     /// its symmetric part, mean over heads (docs/design.md, localization diagnostics) [default: 0, the paper: none]
     #[arg(long, value_name = "LAMBDA", allow_negative_numbers = true)]
     pub locater: Option<f64>,
+    /// The SNR dose k: to every fine-tune and test token the mode's phase 2 selects from, noise
+    /// of k times the tokens' own covariance, drawn once per sample and seed, so SNR² becomes
+    /// SNR² / (1 + k) and nothing else changes (docs/design.md, "The SNR dose") [default: 0]
+    #[arg(long, value_name = "K", allow_negative_numbers = true)]
+    pub token_noise: Option<f64>,
 }
 
 impl FinetuneArgs {
@@ -208,6 +213,7 @@ impl FinetuneArgs {
             },
             special_tokens: self.special_tokens || base.special_tokens,
             locater: self.locater.unwrap_or(base.locater),
+            token_noise: self.token_noise.unwrap_or(base.token_noise),
             train_threads: self.train_threads.unwrap_or(base.train_threads),
             device: self.places.device.unwrap_or(base.device),
             train_device: self.places.train_device.or(base.train_device),

@@ -21,6 +21,10 @@ pub enum ReproduceCommand {
     Fig8(GridArgs),
     /// Fig. 9: per-epoch max CLS attention, n = 200, η = 0.1, seed 42.
     Fig9(GridArgs),
+    /// The SNR dose: datasets × token noise k (0, 1, 3, 9, 24) × n (200, 1000) × η (0, 0.2) ×
+    /// seeds (42, 314, 2718), head mode unless --mode says otherwise; SNR² is divided by 1 + k
+    /// while everything else stays (see finetune --token-noise; docs/design.md, "The SNR dose").
+    Dose(GridArgs),
     /// Merge the result folders of many shards (or runs) into one report.
     Report(ReportArgs),
     /// Add the n·SNR² estimate (see `diagnose snr`) to every finished run of a result folder
@@ -46,6 +50,15 @@ pub struct GridArgs {
     /// Label-noise rates η, comma-separated [default: the experiment's]
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub etas: Option<Vec<f64>>,
+    /// SNR doses k, comma-separated (see finetune --token-noise) [default: `dose`: 0,1,3,9,24;
+    /// the others: 0]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        allow_negative_numbers = true,
+        value_name = "K"
+    )]
+    pub token_noises: Option<Vec<f64>>,
     /// The grid's settings from a TOML file whose keys are these flags (`head_classifier` and
     /// `stack_memory` with underscores); flags given beside it override it (docs/usage.md)
     #[arg(long, value_name = "FILE")]
@@ -136,6 +149,7 @@ impl GridArgs {
         flags.extend(list("--seeds", &self.seeds));
         flags.extend(list("--ns", &self.ns));
         flags.extend(list("--etas", &self.etas));
+        flags.extend(list("--token-noises", &self.token_noises));
         fn value(v: &impl clap::ValueEnum) -> String {
             v.to_possible_value()
                 .map_or(String::new(), |p| p.get_name().to_string())
@@ -212,6 +226,7 @@ fn experiment_name(e: library::Experiment) -> &'static str {
         library::Experiment::Table2 => "table2",
         library::Experiment::Fig8 => "fig8",
         library::Experiment::Fig9 => "fig9",
+        library::Experiment::Dose => "dose",
     }
 }
 
@@ -235,6 +250,7 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
         ReproduceCommand::Table2(args) => run_grid(library::Experiment::Table2, args),
         ReproduceCommand::Fig8(args) => run_grid(library::Experiment::Fig8, args),
         ReproduceCommand::Fig9(args) => run_grid(library::Experiment::Fig9, args),
+        ReproduceCommand::Dose(args) => run_grid(library::Experiment::Dose, args),
         ReproduceCommand::Report(args) => report_folders(args),
         ReproduceCommand::Snr(args) => snr_backfill(args),
         ReproduceCommand::Slurm(args) => slurm_script(args),
@@ -336,10 +352,44 @@ fn slurm_script(args: SlurmArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `reproduce table2|fig8|fig9`: the grid (or a shard of it), then its report.
+/// The flags with what an experiment defaults to beyond the grid's axes: the dose's head mode.
+fn with_experiment_defaults(experiment: library::Experiment, args: GridArgs) -> GridArgs {
+    match (experiment, args.mode) {
+        (library::Experiment::Dose, None) => GridArgs {
+            mode: Some(Mode::Head),
+            ..args
+        },
+        _ => args,
+    }
+}
+
+/// The grid's SNR doses: `--token-noises`, each once and each a dose, else the experiment's.
+fn doses(experiment: library::Experiment, args: &GridArgs) -> Result<Vec<f64>> {
+    let given = match (&args.token_noises, experiment) {
+        (Some(given), _) => given.clone(),
+        (None, library::Experiment::Dose) => library::DOSES.to_vec(),
+        (None, _) => vec![0.0],
+    };
+    let mut kept: Vec<f64> = Vec::new();
+    for k in given {
+        if let Some(why) = crate::train::token_noise::out_of_range(k) {
+            anyhow::bail!("--token-noises: every k {why}");
+        }
+        if !kept.contains(&(k + 0.0)) {
+            kept.push(k + 0.0);
+        }
+    }
+    if kept.is_empty() {
+        anyhow::bail!("--token-noises needs at least one value");
+    }
+    Ok(kept)
+}
+
+/// `reproduce table2|fig8|fig9|dose`: the grid (or a shard of it), then its report.
 fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode> {
-    let args = args.with_file()?;
+    let args = with_experiment_defaults(experiment, args.with_file()?);
     super::check_jobs(args.jobs)?;
+    let token_noises = doses(experiment, &args)?;
     let stack_memory = args.stack_memory();
     if !(stack_memory.is_finite() && stack_memory > 0.0) {
         anyhow::bail!("--stack-memory must be a positive number of GiB, got {stack_memory}");
@@ -364,6 +414,7 @@ fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode>
             .unwrap_or(crate::runtime::DeviceKind::Cpu),
         train_device: args.places.train_device,
         rng: args.rng(),
+        token_noises,
     };
     let placement = crate::runtime::Placement::of(options.device, options.train_device);
     if placement != crate::runtime::Placement::of(crate::runtime::DeviceKind::Cpu, None) {

@@ -14,6 +14,7 @@
 //!   row, the minimiser of ‖Y − 1yᵀ‖_F (Dong et al., 2021); 0 when all rows are equal.
 
 pub mod locater;
+pub mod plant;
 pub mod snr;
 
 use nalgebra::DMatrix;

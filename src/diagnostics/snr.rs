@@ -109,6 +109,13 @@ pub struct SnrEstimate {
     /// The same spread for every other (unpadded) token around their mean, for comparison.
     #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub other_noise_norm: f64,
+    /// √tr Σ̂ of the other tokens around their *position's* mean: the noise without what every
+    /// token of a position shares (a position embedding, the CLS token's own offset), which the
+    /// relevant tokens' spread holds wherever the relevant position varies between samples.
+    /// `signal_norm / position_noise_norm` is the SNR on this σ (docs/design.md, "Which σ");
+    /// absent (null) in estimates made before it was recorded.
+    #[serde(default = "not_recorded", deserialize_with = "crate::io::nan_if_null")]
+    pub position_noise_norm: f64,
     /// The calibrated SNR, √(n·SNR² / n).
     pub snr: f64,
     /// The calibrated n·SNR²: raw less the floor's mean, at least 0; 0 where the raw value does
@@ -130,6 +137,10 @@ pub struct SnrEstimate {
     /// The position most often relevant, and the share of samples for which it is.
     pub modal_position: usize,
     pub modal_share: f64,
+}
+
+fn not_recorded() -> f64 {
+    f64::NAN
 }
 
 fn first_rule() -> u32 {
@@ -337,11 +348,21 @@ impl OtherTokens {
     /// noise (tr S² overstates tr Σ² by about (tr Σ)² / m at m degrees of freedom); between 1
     /// and d, NaN with too few tokens.
     pub fn effective_dim(&mut self) -> f64 {
+        match self.position_covariance() {
+            Some((covariance, m)) => unbiased_effective_dim(&covariance, m),
+            None => f64::NAN,
+        }
+    }
+
+    /// The tokens' covariance around their position's mean (d × d), with its degrees of freedom
+    /// (tokens less positions); `None` with too few tokens. What [`Self::effective_dim`] reads,
+    /// and the Σ̂ of a token-noise dose or a planted signal.
+    pub fn position_covariance(&mut self) -> Option<(DMatrix<f64>, f64)> {
         self.fold();
         let d = self.sum.len();
         let positions = self.position_counts.iter().filter(|&&c| c > 0).count();
         if self.count <= positions + 1 {
-            return f64::NAN;
+            return None;
         }
         let mut scatter = self.second_moment.clone();
         for (p, &count) in self.position_counts.iter().enumerate() {
@@ -352,7 +373,7 @@ impl OtherTokens {
         }
         let m = (self.count - positions) as f64;
         scatter /= m;
-        unbiased_effective_dim(&scatter, m)
+        Some((scatter, m))
     }
 }
 
@@ -459,18 +480,26 @@ pub fn estimate_from(
     };
     let snr = (calibrated / n as f64).sqrt();
     let noise_norm = raw.noise2.sqrt();
+    let position_noise = others.position_covariance();
+    let effective_dim = position_noise.as_ref().map_or(f64::NAN, |(covariance, m)| {
+        unbiased_effective_dim(covariance, *m)
+    });
+    let position_noise_norm = position_noise.as_ref().map_or(f64::NAN, |(covariance, _)| {
+        covariance.trace().max(0.0).sqrt()
+    });
     let (modal_position, modal_share) = modal(positions);
     Ok(SnrEstimate {
         estimator: ESTIMATOR,
         samples: n,
         classes: raw.classes,
         embed_dim: d,
-        effective_dim: others.effective_dim(),
+        effective_dim,
         // Every sample has its relevant token; the rest were gathered as others.
         mean_tokens: (n + others.count) as f64 / n as f64,
         signal_norm: snr * noise_norm,
         noise_norm,
         other_noise_norm: others.spread(),
+        position_noise_norm,
         snr,
         n_snr2: calibrated,
         n_snr2_interval: interval,

@@ -9,6 +9,7 @@ pub mod paper;
 pub mod plot;
 pub mod reproduce;
 pub mod results;
+pub mod snr_plant;
 pub mod synthetic;
 pub mod tensorboard;
 pub mod theory;

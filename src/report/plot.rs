@@ -107,15 +107,31 @@ fn figure(
     panel_size: (u32, u32),
     draw: impl FnOnce(Vec<DrawingArea<BitMapBackend, Shift>>) -> Result<()>,
 ) -> Result<()> {
+    figure_in_rows(path, title, (panels, panels.max(1)), panel_size, draw)
+}
+
+/// [`figure`] with the panels in rows of `columns`.
+fn figure_in_rows(
+    path: &Path,
+    title: &str,
+    (panels, columns): (usize, usize),
+    panel_size: (u32, u32),
+    draw: impl FnOnce(Vec<DrawingArea<BitMapBackend, Shift>>) -> Result<()>,
+) -> Result<()> {
     register_fonts();
+    let columns = columns.clamp(1, panels.max(1));
+    let rows = panels.div_ceil(columns).max(1);
     produce_atomic(path, |tmp| {
-        let size = (panel_size.0 * panels as u32, panel_size.1 + 40);
+        let size = (
+            panel_size.0 * columns as u32,
+            panel_size.1 * rows as u32 + 40,
+        );
         let root = BitMapBackend::new(tmp, size).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
         let root = root
             .titled(title, (FONT, 24).into_font().style(FontStyle::Bold))
             .map_err(plot_err)?;
-        draw(root.split_evenly((1, panels)))?;
+        draw(root.split_evenly((rows, columns)))?;
         root.present().map_err(plot_err)?;
         Ok(())
     })
@@ -224,7 +240,17 @@ fn emptiest_corner(points: &[(f64, f64)], x: (f64, f64), y: (f64, f64)) -> Serie
 
 /// Line charts, one panel each, with a legend per panel where it hides the least.
 pub fn line_panels(path: &Path, title: &str, panels: &[LinePanel]) -> Result<()> {
-    figure(path, title, panels.len(), (620, 460), |areas| {
+    line_panels_in_rows(path, title, panels, panels.len())
+}
+
+/// [`line_panels`] in rows of `columns` panels.
+pub fn line_panels_in_rows(
+    path: &Path,
+    title: &str,
+    panels: &[LinePanel],
+    columns: usize,
+) -> Result<()> {
+    figure_in_rows(path, title, (panels.len(), columns), (620, 460), |areas| {
         for (area, panel) in areas.iter().zip(panels) {
             let (x0, x1) = span(
                 panel

@@ -36,7 +36,14 @@ pub enum Experiment {
     Fig8,
     /// Per-epoch max CLS attention, n = 200, η = 0.1 (the code's default noise), seed 42.
     Fig9,
+    /// The SNR dose (docs/design.md, "The SNR dose"): datasets × token noise k ({0, 1, 3, 9,
+    /// 24}) × n (200, 1000) × η (0, 0.2) × seeds (42, 314, 2718), head mode unless asked.
+    Dose,
 }
+
+/// The doses of [`Experiment::Dose`] unless `--token-noises` names others: SNR² divided by
+/// 1, 2, 4, 10 and 25.
+pub const DOSES: [f64; 5] = [0.0, 1.0, 3.0, 9.0, 24.0];
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Budget {
@@ -97,6 +104,7 @@ impl Grid {
                     (0..=20).map(|k| f64::from(k) / 100.0).collect(),
                 ),
                 Experiment::Fig9 => (vec![42], vec![200], vec![0.1]),
+                Experiment::Dose => (vec![42, 314, 2718], vec![200, 1000], vec![0.0, 0.2]),
             };
         // A value given twice is one grid point, not two runs in one folder.
         fn distinct<T: PartialEq>(values: Vec<T>) -> Vec<T> {
@@ -145,28 +153,37 @@ pub struct Job {
     pub n: usize,
     pub eta: f64,
     pub seed: u64,
+    /// The SNR dose k ([`RunConfig::token_noise`]); 0 outside [`Experiment::Dose`].
+    pub token_noise: f64,
 }
 
-/// The grid in order (dataset, η, n, seed), without points the data cannot hold (BreastMNIST has
-/// no n = 1000), each with the reason it was left out.
-pub fn jobs(grid: &Grid, pool: &dyn Fn(&DatasetName) -> Option<usize>) -> (Vec<Job>, Vec<String>) {
+/// The grid in order (dataset, dose, η, n, seed), without points the data cannot hold
+/// (BreastMNIST has no n = 1000), each with the reason it was left out.
+pub fn jobs(
+    grid: &Grid,
+    doses: &[f64],
+    pool: &dyn Fn(&DatasetName) -> Option<usize>,
+) -> (Vec<Job>, Vec<String>) {
     let (mut kept, mut left_out) = (Vec::new(), Vec::new());
     for dataset in &grid.datasets {
-        for &eta in &grid.etas {
-            for &n in &grid.ns {
-                for &seed in &grid.seeds {
-                    let job = Job {
-                        dataset: dataset.clone(),
-                        n,
-                        eta,
-                        seed,
-                    };
-                    match pool(dataset) {
-                        Some(p) if n >= p => left_out.push(format!(
-                            "{} n = {n} η = {eta} seed {seed}: n (--ns) does not fit the {p} training samples",
-                            dataset.id()
-                        )),
-                        _ => kept.push(job),
+        for &token_noise in doses {
+            for &eta in &grid.etas {
+                for &n in &grid.ns {
+                    for &seed in &grid.seeds {
+                        let job = Job {
+                            dataset: dataset.clone(),
+                            n,
+                            eta,
+                            seed,
+                            token_noise,
+                        };
+                        match pool(dataset) {
+                            Some(p) if n >= p => left_out.push(format!(
+                                "{} n = {n} η = {eta} seed {seed}: n (--ns) does not fit the {p} training samples",
+                                dataset.id()
+                            )),
+                            _ => kept.push(job),
+                        }
                     }
                 }
             }
@@ -190,6 +207,8 @@ pub struct DriverOptions {
     pub train_device: Option<DeviceKind>,
     /// Whose random draws pick each run's split, label noise and batch orders.
     pub rng: RngChoice,
+    /// The SNR doses of the grid's runs (`[0]`: none, every experiment but the dose).
+    pub token_noises: Vec<f64>,
 }
 
 pub struct Outcome {
@@ -207,6 +226,10 @@ impl DriverOptions {
         if let Some(train) = self.train_device {
             // Only where set, so that the grids made before it keep their digest.
             definition.push_str(&format!(" {train:?}"));
+        }
+        if self.token_noises != [0.0] {
+            // Likewise: grids without a dose keep their digest.
+            definition.push_str(&format!(" doses {:?}", self.token_noises));
         }
         Ok(crate::io::json_digest(&definition)?[..16].to_string())
     }
@@ -247,6 +270,7 @@ impl DriverOptions {
             device: self.device,
             train_device: self.train_device,
             rng: self.rng,
+            token_noise: job.token_noise,
             ..paper
         }
         .with_noise_draw())
@@ -380,7 +404,7 @@ fn planned_runs(
 ) -> Result<(NamedRuns, Vec<String>)> {
     let root = data::data_root(options.places.data_dir.as_deref());
     let pool_of = |d: &DatasetName| pools.iter().find(|p| p.0 == *d).and_then(|p| p.1);
-    let (all, mut left_out) = jobs(&options.grid, &pool_of);
+    let (all, mut left_out) = jobs(&options.grid, &options.token_noises, &pool_of);
     left_out.splice(
         0..0,
         absent.iter().map(|d| {
@@ -649,7 +673,7 @@ mod tests {
                 5452
             })
         };
-        let (kept, left_out) = jobs(&g, &pool);
+        let (kept, left_out) = jobs(&g, &[0.0], &pool);
         // 2 η × 3 n × 3 seeds per dataset, minus BreastMNIST's n = 1000.
         assert_eq!(kept.len(), 18 + 12);
         assert_eq!(left_out.len(), 6);

@@ -132,6 +132,7 @@ fn known_keys() -> Result<Value> {
         authors_noise_draw: Some(crate::rng::AuthorsNoiseDraw::CURRENT),
         train_device: Some(crate::runtime::DeviceKind::Cpu),
         data_digest: Some(String::new()),
+        token_noise: 1.0,
         ..RunConfig::paper(&DatasetName::BreastMnist)?
     };
     Ok(serde_json::to_value(full)?)

@@ -22,9 +22,8 @@ pub use super::progress::{HOST_STEPS, Progress};
 use super::resume::{Checkpoints, WallClock, record_resumed_kernels, resumed_checkpoint};
 pub use super::run::{FinetuneJob, HeadClassifier, Mode, Places, RunConfig, RunFolder};
 pub use super::setup::{AUTHORS_RNG_DEVIATION, fill_cache};
-use super::setup::{
-    Setup, layer_inputs, prepare_data, run_features, setup, setup_sibling, write_config,
-};
+use super::setup::{Setup, prepare_data, run_features, setup, setup_sibling, write_config};
+use super::token_noise::{DosedSets, TokenNoise, run_token_noise};
 use crate::data::catalog::Completeness;
 use crate::data::prepare::PreparedData;
 use crate::data::split::SplitName;
@@ -205,6 +204,9 @@ struct ReadyRun {
     clock: WallClock,
     phase1: Phase1Outcome,
     snr: Option<SnrEstimate>,
+    /// The SNR dose, where the run has one: in `finetune_rows` and `test_rows` already in
+    /// last-layer mode, added to the final tokens by the head in head mode.
+    token_noise: Option<TokenNoise>,
     /// The initialisation stream after phase 1's draws: the reset comes next.
     init_rng: rand_chacha::ChaCha8Rng,
 }
@@ -277,7 +279,15 @@ fn prepare_run(
         progress,
     )?;
     progress.pretrain_done(&phase1.pretrain_losses);
-    let snr = super::run_snr::of_run(&setup, &prepared, &features, &phase1, job.config.mode)
+    let token_noise = run_token_noise(&setup, &features, &job.config)?;
+    let sets = DosedSets::of(
+        &setup,
+        &prepared,
+        &features,
+        job.config.mode,
+        token_noise.as_ref(),
+    )?;
+    let snr = super::run_snr::of_run(&setup, &sets, &prepared, &phase1)
         .map_err(|err| {
             progress.note(&format!(
                 "no n·SNR² estimate: {}",
@@ -286,8 +296,9 @@ fn prepare_run(
         })
         .ok();
     Ok(ReadyRun {
-        finetune_rows: layer_inputs(&features.finetune)?.clone(),
-        test_rows: layer_inputs(&features.test)?.clone(),
+        finetune_rows: sets.finetune,
+        test_rows: sets.test,
+        token_noise,
         setup,
         prepared,
         identity,
@@ -369,6 +380,10 @@ impl ReadyRun {
         checkpoints: &'a Checkpoints<'a>,
     ) -> RunContext<'a> {
         let partition = &self.prepared.partition;
+        let noise_key = self
+            .token_noise
+            .as_ref()
+            .map(|noise| (noise.k.to_bits(), job.config.seed));
         let data = RunData {
             config: &job.config,
             classifier: &self.phase1.classifier,
@@ -383,10 +398,16 @@ impl ReadyRun {
             finetune_samples: Samples {
                 split: partition.train_source,
                 positions: &partition.finetune,
+                token_noise: noise_key,
             },
             test_samples: Samples {
                 split: SplitName::Test,
                 positions: &partition.test,
+                token_noise: noise_key,
+            },
+            final_token_noise: match job.config.mode {
+                Mode::Head => self.token_noise.as_ref(),
+                Mode::LastLayer => None,
             },
             init_rng: std::sync::Mutex::new(self.init_rng.clone()),
         };

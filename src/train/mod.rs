@@ -24,4 +24,6 @@ pub mod resume;
 pub mod run;
 pub mod run_snr;
 pub mod setup;
+pub mod snr_plant;
 pub mod stack_plan;
+pub mod token_noise;

@@ -145,6 +145,11 @@ pub struct RunConfig {
     pub special_tokens: bool,
     /// λ of the LocAteR penalty on the trained query-key matrix; 0: none (the paper).
     pub locater: f64,
+    /// The SNR dose k ([`crate::train::token_noise`]): noise of k times the tokens' own
+    /// covariance added to every fine-tune and test token, SNR² → SNR² / (1 + k); 0: none (the
+    /// paper), and absent from config.json, so runs made before it keep their names.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub token_noise: f64,
     /// Threads of phases 1 and 2 (float reductions, and so the last bits, depend on it).
     pub train_threads: usize,
     /// Where the backbone makes the features.
@@ -191,6 +196,7 @@ impl RunConfig {
             backbones: defaults.backbones,
             special_tokens: false,
             locater: 0.0,
+            token_noise: 0.0,
             train_threads: 1,
             device: DeviceKind::Cpu,
             train_device: None,
@@ -253,6 +259,9 @@ impl RunConfig {
                 self.locater
             );
         }
+        if let Some(why) = crate::train::token_noise::out_of_range(self.token_noise) {
+            bail!("--token-noise {why}");
+        }
         if let Some(f) = self.carve_train_from_test
             && !(f > 0.0 && f < 1.0)
         {
@@ -309,11 +318,18 @@ impl RunConfig {
         }
     }
 
-    /// The mode as folder names and reports print it: `last-layer`, or `head-<classifier>`.
+    /// The mode as folder names and reports print it: `last-layer`, or `head-<classifier>`,
+    /// with the SNR dose after a `+` where the run has one (`head-tokens+k3`), so that the
+    /// runs of one dose form a cell of their own in every table.
     pub fn mode_label(&self) -> String {
-        match self.head_classifier {
+        let mode = match self.head_classifier {
             Some(c) => format!("{}-{}", self.mode.name(), c.name()),
             None => self.mode.name().to_string(),
+        };
+        if self.token_noise > 0.0 {
+            format!("{mode}+k{}", self.token_noise)
+        } else {
+            mode
         }
     }
 
@@ -366,10 +382,16 @@ impl RunConfig {
             epochs: 0,
             eval_every: 0,
             locater: 0.0,
+            // Phase 1 reads the undosed pretrain tokens: every dose shares it.
+            token_noise: 0.0,
             // The mode stays: it decides what the classifier reads (CLS or mean-pooled tokens).
             ..self.clone()
         }
     }
+}
+
+fn is_zero(value: &f64) -> bool {
+    *value == 0.0
 }
 
 /// Where a run finds its data and checkpoints and caches features.

@@ -12,10 +12,10 @@ use super::phase1::{Phase1Outcome, phase1_from_init};
 use super::progress::Progress;
 use super::run::FinetuneJob;
 use super::run::Mode;
-use super::setup::{
-    RunFeatures, Setup, final_tokens, layer_inputs, prepare_data, run_features, setup,
-};
+use super::setup::{Setup, final_tokens, prepare_data, run_features, setup};
+use super::token_noise::{DosedSets, TokenNoise, run_token_noise};
 use crate::data::prepare::PreparedData;
+use crate::data::split::SplitName;
 use crate::diagnostics::snr::{OtherTokens, SnrEstimate, confident_position, estimate_from};
 use crate::encoder::Model;
 use crate::encoder::layer_rows::LayerRows;
@@ -40,13 +40,22 @@ pub struct RunSnr {
 }
 
 /// The estimate of `job`'s fine-tune set: its set-up, features and phase 1 as `finetune` has them
-/// (the phase-1 classifier from the shared cache when it is there), and no phase 2.
+/// (the phase-1 classifier from the shared cache when it is there), its SNR dose if it has one,
+/// and no phase 2.
 pub fn of_job(job: &FinetuneJob, progress: &dyn Progress) -> Result<RunSnr> {
     let setup = setup(job)?;
     let prepared = prepare_data(&setup, job)?;
     let features = run_features(&setup, &prepared, job, progress)?;
     let (phase1, _) = phase1_from_init(&setup, &prepared, &features, job, None, progress)?;
-    let estimate = of_run(&setup, &prepared, &features, &phase1, job.config.mode)?;
+    let noise = run_token_noise(&setup, &features, &job.config)?;
+    let sets = DosedSets::of(
+        &setup,
+        &prepared,
+        &features,
+        job.config.mode,
+        noise.as_ref(),
+    )?;
+    let estimate = of_run(&setup, &sets, &prepared, &phase1)?;
     Ok(RunSnr {
         run: job.config.run_name()?,
         dataset: job.config.dataset.to_string(),
@@ -57,26 +66,41 @@ pub fn of_job(job: &FinetuneJob, progress: &dyn Progress) -> Result<RunSnr> {
     })
 }
 
-/// The estimate on a set-up run's fine-tune set, once its phase 1 is had.
+/// The estimate on a set-up run's fine-tune set (dosed as its phase 2 reads it), once its
+/// phase 1 is had.
 pub(super) fn of_run(
     setup: &Setup,
+    sets: &DosedSets,
     prepared: &PreparedData,
-    features: &RunFeatures,
     phase1: &Phase1Outcome,
-    mode: Mode,
 ) -> Result<SnrEstimate> {
+    let final_noise = sets.head_noise.map(|noise| FinalNoise {
+        noise,
+        split: prepared.partition.train_source,
+        positions: &prepared.partition.finetune,
+    });
     fine_tune_snr(
         &setup.backbone.model,
         &phase1.classifier,
-        layer_inputs(&features.finetune)?,
+        &sets.finetune,
         &prepared.labels.clean_labels,
-        mode,
+        sets.mode,
         &setup.device,
+        final_noise,
     )
+}
+
+/// An SNR dose on a set's final tokens: the dose and the set's samples.
+#[derive(Clone, Copy)]
+pub struct FinalNoise<'a> {
+    pub noise: &'a TokenNoise,
+    pub split: SplitName,
+    pub positions: &'a [usize],
 }
 
 /// The estimate on a fine-tune set given by its last layer's inputs and clean labels, a chunk of
 /// samples at a time: what it holds beyond a chunk is each sample's relevant token (n × d).
+/// `final_noise` is added to the final tokens (head mode under a dose).
 pub fn fine_tune_snr(
     model: &Model,
     classifier: &Classifier,
@@ -84,9 +108,15 @@ pub fn fine_tune_snr(
     clean_labels: &[u32],
     mode: Mode,
     device: &Device,
+    final_noise: Option<FinalNoise>,
 ) -> Result<SnrEstimate> {
     let inputs = inputs.resident()?;
-    let finals = final_tokens(model, &inputs, device, None)?;
+    let mut finals = final_tokens(model, &inputs, device, None)?;
+    if let Some(dose) = final_noise {
+        finals = dose
+            .noise
+            .apply(&finals, dose.split, dose.positions, None)?;
+    }
     let (n, dim) = (inputs.len(), inputs.dim());
     let mut relevant = Vec::with_capacity(n * dim);
     let mut positions = Vec::with_capacity(n);

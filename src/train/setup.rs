@@ -246,6 +246,15 @@ pub(super) fn split_plan(
     completeness: &Completeness,
 ) -> Result<(SplitPlan, Vec<String>)> {
     let mut deviations = Vec::new();
+    if config.token_noise > 0.0 {
+        deviations.push(format!(
+            "--token-noise {}: noise of {} times the tokens' own covariance added to every \
+             fine-tune and test token (SNR² divided by {}; docs/design.md, \"The SNR dose\")",
+            config.token_noise,
+            config.token_noise,
+            1.0 + config.token_noise
+        ));
+    }
     if config.rng == RngChoice::Authors {
         deviations.push(AUTHORS_RNG_DEVIATION.to_string());
     }

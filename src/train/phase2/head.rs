@@ -65,7 +65,11 @@ impl<'a> HeadTrainee<'a> {
         for (k, run) in runs.iter().enumerate() {
             if finetune_copies[k] == k {
                 // The fine-tune set's final tokens once, in memory, as the head reads them.
-                let tokens = final_tokens(model, &run.finetune.resident()?, device, None)?;
+                let mut tokens = final_tokens(model, &run.finetune.resident()?, device, None)?;
+                if let Some(noise) = run.final_token_noise {
+                    let samples = run.finetune_samples;
+                    tokens = noise.apply(&tokens, samples.split, samples.positions, None)?;
+                }
                 let all: Vec<usize> = (0..tokens.len()).collect();
                 finetune_len = tokens.len();
                 finetune.push(match shared.route {
@@ -83,12 +87,17 @@ impl<'a> HeadTrainee<'a> {
                 });
             }
             if test_copies[k] == k {
-                test.push(final_tokens(
-                    model,
-                    run.test,
-                    device,
-                    Some(shared.spill_dir),
-                )?);
+                let mut tokens = final_tokens(model, run.test, device, Some(shared.spill_dir))?;
+                if let Some(noise) = run.final_token_noise {
+                    let samples = run.test_samples;
+                    tokens = noise.apply(
+                        &tokens,
+                        samples.split,
+                        samples.positions,
+                        Some(shared.spill_dir),
+                    )?;
+                }
+                test.push(tokens);
             }
         }
         let heads = runs

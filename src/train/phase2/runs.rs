@@ -36,6 +36,9 @@ pub struct Samples<'a> {
     pub split: SplitName,
     /// Positions in the split, in the set's order.
     pub positions: &'a [usize],
+    /// The SNR dose on the set's tokens, as (k's bits, seed): the same samples under another
+    /// dose, or under the same dose drawn from another seed, are other tokens. `None`: undosed.
+    pub token_noise: Option<(u64, u64)>,
 }
 
 /// What a trainee reads of one run: its configuration, its phase-1 classifier, its labels and
@@ -50,6 +53,9 @@ pub struct RunData<'a> {
     pub test: &'a LayerRows,
     pub finetune_samples: Samples<'a>,
     pub test_samples: Samples<'a>,
+    /// Head mode under an SNR dose: the dose, added to the final tokens the head selects from
+    /// (in last-layer mode it is in `finetune` and `test` already).
+    pub final_token_noise: Option<&'a crate::train::token_noise::TokenNoise>,
     /// The run's initialisation stream, after phase 1: the reset is drawn from it.
     pub init_rng: Mutex<rand_chacha::ChaCha8Rng>,
 }
@@ -128,10 +134,12 @@ mod tests {
         let of = |positions: &'static [usize]| Samples {
             split: SplitName::Train,
             positions,
+            token_noise: None,
         };
         let test = |positions: &'static [usize]| Samples {
             split: SplitName::Test,
             positions,
+            token_noise: None,
         };
         let leaked = |v: [usize; 3]| -> &'static [usize] { Box::leak(Box::new(v)) };
         let (a, b) = (leaked(a), leaked(b));
