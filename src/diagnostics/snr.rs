@@ -116,6 +116,10 @@ pub struct SnrEstimate {
     /// absent (null) in estimates made before it was recorded.
     #[serde(default = "not_recorded", deserialize_with = "crate::io::nan_if_null")]
     pub position_noise_norm: f64,
+    /// Cohen's κ of the classes the classifier is confident of at the chosen tokens against the
+    /// labels ([`selection_kappa`]): the share of relevant tokens found, as the data tell it.
+    #[serde(default = "not_recorded", deserialize_with = "crate::io::nan_if_null")]
+    pub selection_kappa: f64,
     /// The calibrated SNR, √(n·SNR² / n).
     pub snr: f64,
     /// The calibrated n·SNR²: raw less the floor's mean, at least 0; 0 where the raw value does
@@ -237,12 +241,55 @@ impl SnrEstimate {
 /// softmax probability of any class: the token the classifier is most confident about. Rows with a
 /// non-finite logit (padding) never, and `None` when every row has one.
 pub fn confident_position(token_logits: &[f32], classes: usize) -> Option<usize> {
+    confident_choice(token_logits, classes).map(|(position, _)| position)
+}
+
+/// [`confident_position`] with the class the classifier is confident of there.
+pub fn confident_choice(token_logits: &[f32], classes: usize) -> Option<(usize, usize)> {
     token_logits
         .chunks_exact(classes)
         .enumerate()
-        .filter_map(|(position, logits)| confidence(logits).map(|c| (position, c)))
+        .filter_map(|(position, logits)| confidence(logits).map(|c| (position, c, logits)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|(position, _)| position)
+        .map(|(position, _, logits)| {
+            let class = logits
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map_or(0, |(c, _)| c);
+            (position, class)
+        })
+}
+
+/// Cohen's κ between the classes the classifier is confident of at the chosen tokens and the
+/// labels: the share of samples whose chosen token carries their class beyond what chance
+/// agreement gives. Under the paper's model (one relevant token, the others label-free noise) a
+/// missed sample's chosen token agrees with its label by chance only, so κ estimates the share
+/// of relevant tokens found, which scales the class means and so the SNR read (docs/design.md,
+/// "A planted signal"). NaN without predictions.
+pub fn selection_kappa(predicted: &[usize], labels: &[usize]) -> f64 {
+    let n = labels.len();
+    if predicted.len() != n || n == 0 {
+        return f64::NAN;
+    }
+    let classes = labels.iter().chain(predicted).max().map_or(0, |&c| c + 1);
+    let (mut label_counts, mut predicted_counts) = (vec![0f64; classes], vec![0f64; classes]);
+    let mut agree = 0usize;
+    for (&p, &y) in predicted.iter().zip(labels) {
+        label_counts[y] += 1.0;
+        predicted_counts[p] += 1.0;
+        agree += usize::from(p == y);
+    }
+    let chance: f64 = label_counts
+        .iter()
+        .zip(&predicted_counts)
+        .map(|(a, b)| a * b)
+        .sum::<f64>()
+        / (n * n) as f64;
+    if chance >= 1.0 {
+        return f64::NAN;
+    }
+    (agree as f64 / n as f64 - chance) / (1.0 - chance)
 }
 
 /// How sure the classifier is of its top class, as the log-odds log p_top − log(1 − p_top) =
@@ -413,18 +460,20 @@ pub fn estimate(
     }
     let mut relevant = Vec::with_capacity(n * d);
     let mut positions = Vec::with_capacity(n);
+    let mut predicted = Vec::with_capacity(n);
     let mut others = OtherTokens::new(d);
     for (i, logits) in token_logits.chunks_exact(t * classes).enumerate() {
-        let position = confident_position(logits, classes)
+        let (position, class) = confident_choice(logits, classes)
             .ok_or_else(|| format!("SNR estimate: sample {i} has no token to score"))?;
         relevant.extend_from_slice(tokens.token(i, position));
         positions.push(position);
+        predicted.push(class);
         let usable = |p: usize| confidence(&logits[p * classes..(p + 1) * classes]).is_some();
         for other in (0..t).filter(|&p| p != position && usable(p)) {
             others.add(other, tokens.token(i, other));
         }
     }
-    estimate_from(&relevant, d, labels, &positions, &mut others)
+    estimate_from(&relevant, d, labels, (&positions, &predicted), &mut others)
 }
 
 /// Steps 2–5 from each sample's relevant token (`relevant`, n × d), the positions they were at
@@ -434,7 +483,7 @@ pub fn estimate_from(
     relevant: &[f32],
     embed_dim: usize,
     labels: &[usize],
-    positions: &[usize],
+    (positions, predicted): (&[usize], &[usize]),
     others: &mut OtherTokens,
 ) -> Result<SnrEstimate, String> {
     let (n, d) = (labels.len(), embed_dim);
@@ -487,6 +536,7 @@ pub fn estimate_from(
     let position_noise_norm = position_noise.as_ref().map_or(f64::NAN, |(covariance, _)| {
         covariance.trace().max(0.0).sqrt()
     });
+    let selection_kappa = selection_kappa(predicted, labels);
     let (modal_position, modal_share) = modal(positions);
     Ok(SnrEstimate {
         estimator: ESTIMATOR,
@@ -500,6 +550,7 @@ pub fn estimate_from(
         noise_norm,
         other_noise_norm: others.spread(),
         position_noise_norm,
+        selection_kappa,
         snr,
         n_snr2: calibrated,
         n_snr2_interval: interval,
@@ -764,8 +815,14 @@ mod tests {
             .map(|_| rng.sample::<f32, _>(rand_distr::StandardNormal))
             .collect();
         let positions = vec![0; labels.len()];
-        let found =
-            estimate_from(&relevant, d, &labels, &positions, &mut OtherTokens::new(d)).unwrap();
+        let found = estimate_from(
+            &relevant,
+            d,
+            &labels,
+            (&positions, &[]),
+            &mut OtherTokens::new(d),
+        )
+        .unwrap();
         assert!(
             found.floor.q95 < 2.0 && found.floor.mean.abs() < 0.3,
             "{found:?}"

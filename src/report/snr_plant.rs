@@ -88,12 +88,6 @@ fn mode_name(row: &PlantedSnr) -> String {
         .unwrap_or_default()
 }
 
-/// Whether a point is one the calibration is judged on, and if so its relative miss.
-fn judged_miss(curve: &Curve, point: &PlantedSnr) -> Option<f64> {
-    (curve.n >= JUDGED_N && point.planted_snr >= JUDGED_FROM - 1e-12)
-        .then(|| point.snr_position_sigma / point.planted_snr - 1.0)
-}
-
 fn table(curves: &[Curve]) -> (String, Outcome) {
     let mut md = String::new();
     let _ = writeln!(
@@ -107,8 +101,8 @@ fn table(curves: &[Curve]) -> (String, Outcome) {
          chosen token is the planted one, by the classifier fitted on planted test tokens and \
          (*oracle*) by one that knows the signals.\n"
     );
-    let (mut judged, mut within) = (0, 0);
-    let mut worst: Option<(f64, String)> = None;
+    let mut plain = Judgement::default();
+    let mut corrected = Judgement::default();
     for curve in curves {
         let _ = writeln!(
             md,
@@ -136,6 +130,12 @@ fn table(curves: &[Curve]) -> (String, Outcome) {
         md.push_str(&row("read", &|p| format!("{:.3}", p.snr_position_sigma)));
         md.push_str(&row("own σ", &|p| format!("{:.3}", p.estimate.snr)));
         md.push_str(&row("found", &|p| format!("{:.2}", p.found_share)));
+        md.push_str(&row("κ", &|p| {
+            format!("{:.2}", p.estimate.selection_kappa)
+        }));
+        md.push_str(&row("corrected", &|p| {
+            format!("{:.3}", p.kappa_corrected_snr)
+        }));
         md.push_str(&row("oracle read", &|p| {
             format!("{:.3}", p.oracle.snr_position_sigma)
         }));
@@ -144,33 +144,15 @@ fn table(curves: &[Curve]) -> (String, Outcome) {
         }));
         md.push('\n');
         for point in &curve.points {
-            if let Some(miss) = judged_miss(curve, point) {
-                judged += 1;
-                within += usize::from(miss.abs() <= TOLERANCE);
-                let at = format!(
-                    "{} {} n = {} at S {:.2} (read {:.3})",
-                    curve.dataset, curve.mode, curve.n, point.planted_snr, point.snr_position_sigma
-                );
-                if worst.as_ref().is_none_or(|(w, _)| miss.abs() > w.abs()) {
-                    worst = Some((miss, at));
-                }
-            }
+            plain.add(curve, point, point.snr_position_sigma);
+            corrected.add(curve, point, point.kappa_corrected_snr);
         }
     }
-    let verdict = match &worst {
-        Some((miss, at)) => format!(
-            "**Calibration: {within} of {judged} points at S ≥ {JUDGED_FROM}, n ≥ {JUDGED_N} within \
-             ±{:.0} %; worst miss {:+.0} % ({at}).** {}",
-            100.0 * TOLERANCE,
-            100.0 * miss,
-            if within == judged {
-                "The estimate holds where the card asks it to."
-            } else {
-                "The estimate does not hold over that range."
-            }
-        ),
-        None => format!("No point at S ≥ {JUDGED_FROM}, n ≥ {JUDGED_N}: nothing to judge."),
-    };
+    let verdict = format!(
+        "{}\n\n{}",
+        plain.line("the estimate (position-centred σ)"),
+        corrected.line("the estimate divided by κ (`kappa_corrected_snr`)")
+    );
     let md = md.replacen(
         "\n## ",
         &format!("\n{verdict}\n\n![recovery](recovery.png)\n\n## "),
@@ -180,10 +162,64 @@ fn table(curves: &[Curve]) -> (String, Outcome) {
         md,
         Outcome {
             curves: curves.len(),
-            judged,
-            within,
+            judged: plain.judged,
+            within: plain.within,
         },
     )
+}
+
+/// The points the calibration is judged on, for one reading of them.
+#[derive(Default)]
+struct Judgement {
+    judged: usize,
+    within: usize,
+    worst: Option<(f64, String)>,
+}
+
+impl Judgement {
+    fn add(&mut self, curve: &Curve, point: &PlantedSnr, read: f64) {
+        if !(curve.n >= JUDGED_N && point.planted_snr >= JUDGED_FROM - 1e-12) {
+            return;
+        }
+        // A reading that is not a number misses by all of S.
+        let miss = if read.is_finite() {
+            read / point.planted_snr - 1.0
+        } else {
+            -1.0
+        };
+        self.judged += 1;
+        self.within += usize::from(miss.abs() <= TOLERANCE);
+        if self
+            .worst
+            .as_ref()
+            .is_none_or(|(w, _)| miss.abs() > w.abs())
+        {
+            let at = format!(
+                "{} {} n = {} at S {:.2}, read {:.3}",
+                curve.dataset, curve.mode, curve.n, point.planted_snr, read
+            );
+            self.worst = Some((miss, at));
+        }
+    }
+
+    fn line(&self, what: &str) -> String {
+        match &self.worst {
+            Some((miss, at)) => format!(
+                "**Calibration of {what}: {} of {} points at S ≥ {JUDGED_FROM}, n ≥ {JUDGED_N} \
+                 within ±{:.0} %; worst miss {:+.0} % ({at}).** {}",
+                self.within,
+                self.judged,
+                100.0 * TOLERANCE,
+                100.0 * miss,
+                if self.within == self.judged {
+                    "It holds where the card asks it to."
+                } else {
+                    "It does not hold over that range."
+                }
+            ),
+            None => format!("No point at S ≥ {JUDGED_FROM}, n ≥ {JUDGED_N}: nothing to judge."),
+        }
+    }
 }
 
 /// One panel per dataset: the estimate (position-centred σ) against S per mode and n, and S

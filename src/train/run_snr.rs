@@ -16,7 +16,7 @@ use super::setup::{Setup, final_tokens, prepare_data, run_features, setup};
 use super::token_noise::{DosedSets, TokenNoise, run_token_noise};
 use crate::data::prepare::PreparedData;
 use crate::data::split::SplitName;
-use crate::diagnostics::snr::{OtherTokens, SnrEstimate, confident_position, estimate_from};
+use crate::diagnostics::snr::{OtherTokens, SnrEstimate, confident_choice, estimate_from};
 use crate::encoder::Model;
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::Classifier;
@@ -120,6 +120,7 @@ pub fn fine_tune_snr(
     let (n, dim) = (inputs.len(), inputs.dim());
     let mut relevant = Vec::with_capacity(n * dim);
     let mut positions = Vec::with_capacity(n);
+    let mut predicted = Vec::with_capacity(n);
     let mut others = OtherTokens::new(dim);
     let rows: Vec<usize> = (0..n).collect();
     for chunk in rows.chunks(CHUNK) {
@@ -138,8 +139,9 @@ pub fn fine_tune_snr(
         for (k, &sample) in chunk.iter().enumerate() {
             let length = finished.lengths[k];
             let sample_logits = &logits[k * l * classes..(k * l + length) * classes];
-            let position = confident_position(sample_logits, classes)
+            let (position, class) = confident_choice(sample_logits, classes)
                 .with_context(|| format!("fine-tune sample {sample}: no token to score"))?;
+            predicted.push(class);
             let token = |p: usize| &measured[(k * l + p) * dim..(k * l + p + 1) * dim];
             relevant.extend_from_slice(token(position));
             positions.push(position);
@@ -149,7 +151,14 @@ pub fn fine_tune_snr(
         }
     }
     let labels: Vec<usize> = clean_labels.iter().map(|&c| c as usize).collect();
-    estimate_from(&relevant, dim, &labels, &positions, &mut others).map_err(anyhow::Error::msg)
+    estimate_from(
+        &relevant,
+        dim,
+        &labels,
+        (&positions, &predicted),
+        &mut others,
+    )
+    .map_err(anyhow::Error::msg)
 }
 
 fn host(tensor: &Tensor) -> Result<Vec<f32>> {

@@ -18,7 +18,7 @@ use super::progress::Progress;
 use super::run::{FinetuneJob, Mode};
 use super::setup::{layer_inputs, prepare_data, run_features, setup};
 use crate::diagnostics::plant::{ClassSignals, NearestMean, PlantDraw};
-use crate::diagnostics::snr::{OtherTokens, SnrEstimate, confident_position, estimate_from};
+use crate::diagnostics::snr::{OtherTokens, SnrEstimate, confident_choice, estimate_from};
 use crate::encoder::Model;
 use crate::encoder::layer_rows::{LayerRows, RowsBuilder};
 use crate::model::last_layer::attention_inputs;
@@ -50,6 +50,10 @@ pub struct PlantedSnr {
     /// The estimate's SNR with σ taken around the position means
     /// ([`SnrEstimate::position_noise_norm`]), the σ the plant's S is defined on.
     pub snr_position_sigma: f64,
+    /// `snr_position_sigma` divided by the estimate's κ ([`SnrEstimate::selection_kappa`], the
+    /// share of relevant tokens found as the labels tell it; 0 below the floor): the correction
+    /// the estimate would need were the misses its only error.
+    pub kappa_corrected_snr: f64,
     /// Test samples the classifier was fitted on.
     pub fit_samples: usize,
     pub estimate: SnrEstimate,
@@ -124,6 +128,7 @@ pub fn of_job(
                 noise_trace: trace,
                 found_share,
                 snr_position_sigma: estimate.signal_norm / estimate.position_noise_norm,
+                kappa_corrected_snr: kappa_corrected(&estimate),
                 fit_samples: fit_count,
                 estimate,
                 oracle: OracleArm {
@@ -225,6 +230,7 @@ fn planted_estimate(
     let classes = signals.classes;
     let mut relevant = Vec::with_capacity(tokens.len() * d);
     let mut positions = Vec::with_capacity(tokens.len());
+    let mut predicted = Vec::with_capacity(tokens.len());
     let mut others = OtherTokens::new(d);
     let mut found = 0usize;
     for_each_sample(tokens, |i, values, length| {
@@ -236,8 +242,9 @@ fn planted_estimate(
             .zip(&signal)
             .for_each(|(x, s)| *x += s);
         let logits = classifier.logits(&sample);
-        let chosen = confident_position(&logits, classes)
+        let (chosen, class) = confident_choice(&logits, classes)
             .with_context(|| format!("fine-tune sample {i}: no token to score"))?;
+        predicted.push(class);
         found += usize::from(chosen == p);
         relevant.extend_from_slice(&sample[chosen * d..(chosen + 1) * d]);
         positions.push(chosen);
@@ -246,7 +253,23 @@ fn planted_estimate(
         }
         Ok(())
     })?;
-    let estimate = estimate_from(&relevant, d, &draw.labels, &positions, &mut others)
-        .map_err(anyhow::Error::msg)?;
+    let estimate = estimate_from(
+        &relevant,
+        d,
+        &draw.labels,
+        (&positions, &predicted),
+        &mut others,
+    )
+    .map_err(anyhow::Error::msg)?;
     Ok((estimate, found as f64 / tokens.len() as f64))
+}
+
+/// The position-centred SNR over κ, 0 below the floor, NaN where κ is not positive.
+fn kappa_corrected(estimate: &SnrEstimate) -> f64 {
+    let read = estimate.signal_norm / estimate.position_noise_norm;
+    match estimate.selection_kappa {
+        _ if estimate.n_snr2 == 0.0 => 0.0,
+        kappa if kappa > 0.0 => read / kappa.min(1.0),
+        _ => f64::NAN,
+    }
 }
