@@ -27,6 +27,10 @@ pub enum ReproduceCommand {
     Dose(GridArgs),
     /// Merge the result folders of many shards (or runs) into one report.
     Report(ReportArgs),
+    /// The SNR dose's analysis of `dose` result folders: the pre-registered predictions P1–P4,
+    /// their tests and the answer line, then the same analysis with the doses shuffled (dose.md,
+    /// dose.png in --out; docs/design.md, "The SNR dose").
+    DoseReport(DoseReportArgs),
     /// Add the n·SNR² estimate (see `diagnose snr`) to every finished run of a result folder
     /// whose summary.json lacks one, from the runs' cached features and phase 1; then run
     /// `reproduce report` to see it in the table and the figures.
@@ -189,6 +193,16 @@ pub struct ReportArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct DoseReportArgs {
+    /// Result folders of `reproduce dose` (each holding runs/)
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// Where to write dose.md and dose.png
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
 pub struct SnrArgs {
     /// Result folder (holding runs/)
     #[arg(value_name = "DIR")]
@@ -252,6 +266,7 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
         ReproduceCommand::Fig9(args) => run_grid(library::Experiment::Fig9, args),
         ReproduceCommand::Dose(args) => run_grid(library::Experiment::Dose, args),
         ReproduceCommand::Report(args) => report_folders(args),
+        ReproduceCommand::DoseReport(args) => dose_report(args),
         ReproduceCommand::Snr(args) => snr_backfill(args),
         ReproduceCommand::Slurm(args) => slurm_script(args),
     }
@@ -267,6 +282,24 @@ fn report_folders(args: ReportArgs) -> Result<ExitCode> {
         "{} runs → {}",
         merged.runs,
         args.out.join("report.md").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `reproduce dose-report`: the dose's pre-registered analysis of result folders.
+fn dose_report(args: DoseReportArgs) -> Result<ExitCode> {
+    let rows: Vec<_> = crate::report::results::collect(&args.dirs)?
+        .into_iter()
+        .map(|(row, _)| row)
+        .collect();
+    if rows.is_empty() {
+        anyhow::bail!("no finished run in {} folder(s)", args.dirs.len());
+    }
+    let answer = crate::report::dose::write(&args.out, &rows)?;
+    println!(
+        "{} runs: answer {answer} → {}",
+        rows.len(),
+        args.out.join("dose.md").display()
     );
     Ok(ExitCode::SUCCESS)
 }

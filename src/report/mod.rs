@@ -3,6 +3,7 @@
 pub mod attention_maps;
 pub mod data;
 pub mod delay;
+pub mod dose;
 pub mod finetune;
 pub mod kept;
 pub mod paper;

@@ -1,0 +1,753 @@
+//! The SNR dose's analysis (`reproduce dose-report`): the predictions P1–P4 and the answer line
+//! exactly as results/dose-pilot/PREREGISTRATION.md fixed them before the numbers, tested on a
+//! dose grid's runs (docs/design.md, "The SNR dose").
+//!
+//! - P1, P2: Jonckheere–Terpstra over the runs of one (dataset, n), groups by dose ascending, ties
+//!   counted ½, one-sided (memorisation increasing, paired Δ decreasing), with the exact
+//!   permutation null ([`jt_exact_tail`]: every assignment of the values to the groups).
+//! - P3: reversals of the verdict's rank as the dose rises.
+//! - P4: (1 + k₁₀₀₀)/(1 + k₂₀₀) at the 50 % memorisation crossing, with a seed bootstrap.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::plot::{LinePanel, PALETTE, Series, line_panels};
+use super::results::{ResultRow, aggregate};
+use super::verdict::{NOISY_ETA, Outcome, Verdict, verdict};
+
+/// One-sided significance of P1 and P2.
+pub const ALPHA: f64 = 0.05;
+/// The memorisation level whose crossing P4 follows.
+pub const CROSSING: f64 = 0.5;
+/// Bootstrap draws of P4's ratio.
+pub const DRAWS: usize = 10_000;
+/// The ratio P4 predicts: n 1000 over n 200.
+pub const PREDICTED_RATIO: f64 = 5.0;
+const BOOTSTRAP_SEED: u64 = 0xd05e;
+
+/// A run as the analysis reads it.
+#[derive(Clone, Debug)]
+pub struct DoseRun {
+    pub dataset: String,
+    pub n: usize,
+    pub k: f64,
+    pub seed: u64,
+    pub eta: f64,
+    pub memorization: f64,
+    pub test_acc: f64,
+}
+
+impl DoseRun {
+    fn of(row: &ResultRow) -> Self {
+        let c = &row.config;
+        Self {
+            dataset: row.dataset(),
+            n: c.n,
+            k: c.token_noise,
+            seed: c.seed,
+            eta: c.eta,
+            memorization: row.memorization(),
+            test_acc: row.test_acc(),
+        }
+    }
+}
+
+/// Values in groups (dose ascending), for the trend tests.
+pub type Groups = Vec<Vec<f64>>;
+
+/// The Jonckheere–Terpstra statistic in half-units: twice Σ over ordered group pairs g < h of
+/// #{a ∈ g, b ∈ h: x_a < x_b} + ½ #{x_a = x_b}.
+pub fn jt_statistic(groups: &Groups) -> u64 {
+    let mut total = 0;
+    for (g, lower) in groups.iter().enumerate() {
+        for upper in &groups[g + 1..] {
+            for a in lower {
+                for b in upper {
+                    total += if a < b {
+                        2
+                    } else if a == b {
+                        1
+                    } else {
+                        0
+                    };
+                }
+            }
+        }
+    }
+    total
+}
+
+/// The statistic's mean under no trend, in half-units: Σ_{g<h} s_g s_h.
+pub fn jt_null_mean(groups: &Groups) -> f64 {
+    let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
+    let mut mean = 0;
+    for g in 0..sizes.len() {
+        for h in g + 1..sizes.len() {
+            mean += sizes[g] * sizes[h];
+        }
+    }
+    mean as f64
+}
+
+/// The exact one-sided tail: the share of all assignments of the pooled values to groups of the
+/// same sizes whose statistic is at least the observed one (`increasing`), or at most it. At
+/// most 20 values (5 groups of 3: 168 168 000 assignments, a few seconds).
+pub fn jt_exact_tail(groups: &Groups, increasing: bool) -> f64 {
+    let values: Vec<f64> = groups.iter().flatten().copied().collect();
+    let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
+    let m = values.len();
+    assert!(m <= 20, "an exact null over {m} values");
+    let observed = jt_statistic(groups);
+    // For each value, the others below it and equal to it, as bit masks.
+    let below: Vec<u32> = (0..m)
+        .map(|b| {
+            (0..m)
+                .filter(|&a| values[a] < values[b])
+                .fold(0, |s, a| s | 1 << a)
+        })
+        .collect();
+    let equal: Vec<u32> = (0..m)
+        .map(|b| {
+            (0..m)
+                .filter(|&a| a != b && values[a] == values[b])
+                .fold(0, |s, a| s | 1 << a)
+        })
+        .collect();
+    let counts = Enumeration {
+        below: &below,
+        equal: &equal,
+        sizes: &sizes,
+        observed,
+        increasing,
+    }
+    .count((1u32 << m) - 1, 0, 0);
+    counts.0 as f64 / counts.1 as f64
+}
+
+/// The walk over assignments behind [`jt_exact_tail`].
+struct Enumeration<'a> {
+    below: &'a [u32],
+    equal: &'a [u32],
+    sizes: &'a [usize],
+    observed: u64,
+    increasing: bool,
+}
+
+impl Enumeration<'_> {
+    /// (assignments as extreme as the observed, assignments) with groups from `group` on drawn
+    /// from `remaining`, the earlier groups holding the complement with statistic `so_far`.
+    fn count(&self, remaining: u32, group: usize, so_far: u64) -> (u64, u64) {
+        let assigned = !remaining & ((1u32 << self.below.len()) - 1);
+        let gain = |b: usize| {
+            2 * u64::from((assigned & self.below[b]).count_ones())
+                + u64::from((assigned & self.equal[b]).count_ones())
+        };
+        if group + 1 == self.sizes.len() {
+            let total = so_far
+                + (0..self.below.len())
+                    .filter(|&b| remaining >> b & 1 == 1)
+                    .map(gain)
+                    .sum::<u64>();
+            let extreme = if self.increasing {
+                total >= self.observed
+            } else {
+                total <= self.observed
+            };
+            return (u64::from(extreme), 1);
+        }
+        let members: Vec<usize> = (0..self.below.len())
+            .filter(|&b| remaining >> b & 1 == 1)
+            .collect();
+        let mut result = (0, 0);
+        for_each_subset(&members, self.sizes[group], &mut |subset: u32| {
+            let added: u64 = members
+                .iter()
+                .filter(|&&b| subset >> b & 1 == 1)
+                .map(|&b| gain(b))
+                .sum();
+            let (extreme, all) = self.count(remaining & !subset, group + 1, so_far + added);
+            result.0 += extreme;
+            result.1 += all;
+        });
+        result
+    }
+}
+
+/// Calls `f` with every `size`-element subset of `members` as a bit mask.
+fn for_each_subset(members: &[usize], size: usize, f: &mut dyn FnMut(u32)) {
+    fn walk(members: &[usize], size: usize, start: usize, mask: u32, f: &mut dyn FnMut(u32)) {
+        if size == 0 {
+            f(mask);
+            return;
+        }
+        for i in start..=members.len().saturating_sub(size) {
+            walk(members, size - 1, i + 1, mask | 1 << members[i], f);
+        }
+    }
+    walk(members, size, 0, 0, f);
+}
+
+/// One trend test's outcome.
+#[derive(Clone, Copy, Debug)]
+pub struct Trend {
+    pub p: f64,
+    /// The statistic lies on the other side of its null mean.
+    pub wrong_signed: bool,
+}
+
+fn trend(groups: &Groups, increasing: bool) -> Option<Trend> {
+    if groups.iter().filter(|g| !g.is_empty()).count() < 2 {
+        return None;
+    }
+    let groups: Groups = groups.iter().filter(|g| !g.is_empty()).cloned().collect();
+    let statistic = jt_statistic(&groups) as f64;
+    let mean = jt_null_mean(&groups);
+    Some(Trend {
+        p: jt_exact_tail(&groups, increasing),
+        wrong_signed: if increasing {
+            statistic < mean
+        } else {
+            statistic > mean
+        },
+    })
+}
+
+/// The rank P3 orders verdicts by (more dose, no lower rank).
+fn rank(verdict: Verdict) -> u8 {
+    match verdict {
+        Verdict::NotOverfitting => 0,
+        Verdict::PartlyMemorised => 1,
+        Verdict::Benign => 2,
+        Verdict::Harmful => 3,
+    }
+}
+
+/// One (dataset, n) of the grid.
+struct Arm {
+    dataset: String,
+    n: usize,
+    doses: Vec<f64>,
+    /// Memorisation of the η 0.2 runs and the paired Δ, per dose, by seed.
+    memorisation: Vec<BTreeMap<u64, f64>>,
+    delta: Vec<BTreeMap<u64, f64>>,
+    verdicts: Vec<Option<Verdict>>,
+}
+
+impl Arm {
+    fn groups(series: &[BTreeMap<u64, f64>]) -> Groups {
+        series
+            .iter()
+            .map(|by_seed| {
+                by_seed
+                    .values()
+                    .copied()
+                    .filter(|v| v.is_finite())
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn reversals(&self) -> usize {
+        let ranks: Vec<u8> = self.verdicts.iter().flatten().map(|&v| rank(v)).collect();
+        ranks.windows(2).filter(|w| w[1] < w[0]).count()
+    }
+}
+
+/// The arms of `runs`: per dataset and n, the doses ascending, the η 0.2 memorisation and the
+/// paired Δ per seed, and each dose's verdict from `verdict_of`.
+fn arms(runs: &[DoseRun], verdict_of: &dyn Fn(&str, usize, f64) -> Option<Verdict>) -> Vec<Arm> {
+    let mut keys: Vec<(String, usize)> = Vec::new();
+    for r in runs {
+        if !keys.contains(&(r.dataset.clone(), r.n)) {
+            keys.push((r.dataset.clone(), r.n));
+        }
+    }
+    keys.into_iter()
+        .map(|(dataset, n)| {
+            let mine: Vec<&DoseRun> = runs
+                .iter()
+                .filter(|r| r.dataset == dataset && r.n == n)
+                .collect();
+            let mut doses: Vec<f64> = mine.iter().map(|r| r.k).collect();
+            doses.sort_by(f64::total_cmp);
+            doses.dedup();
+            let at = |k: f64, eta: f64| -> BTreeMap<u64, &DoseRun> {
+                mine.iter()
+                    .filter(|r| r.k == k && (r.eta - eta).abs() < 1e-9)
+                    .map(|r| (r.seed, *r))
+                    .collect()
+            };
+            let memorisation = doses
+                .iter()
+                .map(|&k| {
+                    at(k, NOISY_ETA)
+                        .into_iter()
+                        .map(|(s, r)| (s, r.memorization))
+                        .collect()
+                })
+                .collect();
+            let delta = doses
+                .iter()
+                .map(|&k| {
+                    let clean = at(k, 0.0);
+                    at(k, NOISY_ETA)
+                        .into_iter()
+                        .filter_map(|(s, r)| clean.get(&s).map(|c| (s, r.test_acc - c.test_acc)))
+                        .collect()
+                })
+                .collect();
+            let verdicts = doses.iter().map(|&k| verdict_of(&dataset, n, k)).collect();
+            Arm {
+                dataset,
+                n,
+                doses,
+                memorisation,
+                delta,
+                verdicts,
+            }
+        })
+        .collect()
+}
+
+/// Where the seed-mean memorisation first crosses [`CROSSING`] upward, in 1 + k, interpolated
+/// linearly in log(1 + k); `None` without a crossing.
+fn crossing(doses: &[f64], means: &[f64]) -> Option<f64> {
+    if means.first().is_some_and(|&m| m >= CROSSING) {
+        return Some(1.0 + doses[0]);
+    }
+    doses.windows(2).zip(means.windows(2)).find_map(|(k, m)| {
+        (m[0] < CROSSING && m[1] >= CROSSING).then(|| {
+            let (a, b) = ((1.0 + k[0]).ln(), (1.0 + k[1]).ln());
+            (a + (CROSSING - m[0]) / (m[1] - m[0]) * (b - a)).exp()
+        })
+    })
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+/// P4 of one dataset: the ratio at the seed means and its bootstrap interval, with the share of
+/// draws that had no crossing.
+struct Ratio {
+    point: Option<f64>,
+    interval: Option<[f64; 2]>,
+    without_crossing: f64,
+}
+
+fn ratio(small: &Arm, large: &Arm) -> Ratio {
+    let at_means = |arm: &Arm| {
+        let means: Vec<f64> = arm
+            .memorisation
+            .iter()
+            .map(|s| mean(&s.values().copied().collect::<Vec<_>>()))
+            .collect();
+        crossing(&arm.doses, &means)
+    };
+    let point = at_means(small).zip(at_means(large)).map(|(a, b)| b / a);
+    let mut rng = ChaCha8Rng::seed_from_u64(BOOTSTRAP_SEED);
+    let mut draw = |arm: &Arm| {
+        let means: Vec<f64> = arm
+            .memorisation
+            .iter()
+            .map(|s| {
+                let v: Vec<f64> = s.values().copied().collect();
+                if v.is_empty() {
+                    return f64::NAN;
+                }
+                mean(
+                    &(0..v.len())
+                        .map(|_| v[rng.random_range(0..v.len())])
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        crossing(&arm.doses, &means)
+    };
+    let mut ratios = Vec::with_capacity(DRAWS);
+    for _ in 0..DRAWS {
+        if let (Some(a), Some(b)) = (draw(small), draw(large)) {
+            ratios.push(b / a);
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    let interval = (!ratios.is_empty()).then(|| {
+        let q = |p: f64| ratios[((ratios.len() - 1) as f64 * p).round() as usize];
+        [q(0.025), q(0.975)]
+    });
+    Ratio {
+        point,
+        interval,
+        without_crossing: 1.0 - ratios.len() as f64 / DRAWS as f64,
+    }
+}
+
+/// One dataset's outcome under the rules.
+struct DatasetOutcome {
+    dataset: String,
+    p1: Vec<(usize, Option<Trend>)>,
+    p2: Vec<(usize, Option<Trend>)>,
+    reversals: usize,
+    ratio: Option<Ratio>,
+}
+
+impl DatasetOutcome {
+    fn holds(tests: &[(usize, Option<Trend>)]) -> bool {
+        !tests.is_empty() && tests.iter().all(|(_, t)| t.is_some_and(|t| t.p < ALPHA))
+    }
+
+    fn wrong_signed(tests: &[(usize, Option<Trend>)]) -> bool {
+        tests.iter().any(|(_, t)| t.is_some_and(|t| t.wrong_signed))
+    }
+
+    fn p4(&self) -> (bool, bool, bool) {
+        match self.ratio.as_ref().and_then(|r| r.interval) {
+            Some([lo, hi]) => (
+                lo <= PREDICTED_RATIO && PREDICTED_RATIO <= hi,
+                !(lo <= 1.0 && 1.0 <= hi),
+                lo <= 1.0 && 1.0 <= hi,
+            ),
+            None => (false, false, false),
+        }
+    }
+}
+
+/// The answer line of the pre-registered rule.
+pub fn answer(p1p2_hold: usize, p4_holds: usize, wrong: usize, p4_one: usize) -> &'static str {
+    if wrong >= 3 || p4_one >= 4 {
+        "No"
+    } else if p1p2_hold >= 5 && p4_holds >= 4 {
+        "Yes"
+    } else {
+        "Undecided"
+    }
+}
+
+/// The analysis of `runs` as markdown, with the answer line; `label` names what was analysed.
+fn analyse(
+    runs: &[DoseRun],
+    verdict_of: &dyn Fn(&str, usize, f64) -> Option<Verdict>,
+    label: &str,
+) -> (String, &'static str) {
+    let arms = arms(runs, verdict_of);
+    let mut datasets: Vec<String> = Vec::new();
+    for a in &arms {
+        if !datasets.contains(&a.dataset) {
+            datasets.push(a.dataset.clone());
+        }
+    }
+    let outcomes: Vec<DatasetOutcome> = datasets
+        .iter()
+        .map(|dataset| {
+            let mine: Vec<&Arm> = arms.iter().filter(|a| a.dataset == *dataset).collect();
+            let small = mine.iter().find(|a| a.n == 200);
+            let large = mine.iter().find(|a| a.n == 1000);
+            DatasetOutcome {
+                dataset: dataset.clone(),
+                p1: mine
+                    .iter()
+                    .map(|a| (a.n, trend(&Arm::groups(&a.memorisation), true)))
+                    .collect(),
+                p2: mine
+                    .iter()
+                    .map(|a| (a.n, trend(&Arm::groups(&a.delta), false)))
+                    .collect(),
+                reversals: mine.iter().map(|a| a.reversals()).sum(),
+                ratio: small.zip(large).map(|(s, l)| ratio(s, l)),
+            }
+        })
+        .collect();
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## {label}\n\n| dataset | n | P1 p (memorisation ↑) | P2 p (Δ ↓) | verdicts by dose | reversals |\n|---|---|---|---|---|---|"
+    );
+    for outcome in &outcomes {
+        for (k, (n, p1)) in outcome.p1.iter().enumerate() {
+            let p2 = outcome.p2.get(k).and_then(|(_, t)| *t);
+            let show = |t: Option<Trend>| {
+                t.map_or("–".to_string(), |t| {
+                    let p = if t.p < 1e-3 {
+                        format!("{:.1e}", t.p)
+                    } else {
+                        format!("{:.4}", t.p)
+                    };
+                    format!("{p}{}", if t.wrong_signed { " (wrong sign)" } else { "" })
+                })
+            };
+            let arm = arms
+                .iter()
+                .find(|a| a.dataset == outcome.dataset && a.n == *n)
+                .expect("an arm per test");
+            let verdicts: Vec<String> = arm
+                .doses
+                .iter()
+                .zip(&arm.verdicts)
+                .map(|(d, v)| format!("k{d}: {}", v.map_or("–", Verdict::name)))
+                .collect();
+            let _ = writeln!(
+                md,
+                "| {} | {n} | {} | {} | {} | {} |",
+                outcome.dataset,
+                show(*p1),
+                show(p2),
+                verdicts.join(", "),
+                arm.reversals()
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n| dataset | P4 ratio (1 + k₁₀₀₀)/(1 + k₂₀₀) | 95 % interval | draws without a crossing |\n|---|---|---|---|"
+    );
+    for outcome in &outcomes {
+        match &outcome.ratio {
+            Some(r) => {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {:.0} % |",
+                    outcome.dataset,
+                    r.point.map_or("no crossing".into(), |v| format!("{v:.2}")),
+                    r.interval
+                        .map_or("–".into(), |[a, b]| format!("[{a:.2}, {b:.2}]")),
+                    100.0 * r.without_crossing
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    md,
+                    "| {} | – (needs n 200 and 1000) | – | – |",
+                    outcome.dataset
+                );
+            }
+        }
+    }
+    let hold = outcomes
+        .iter()
+        .filter(|o| DatasetOutcome::holds(&o.p1) && DatasetOutcome::holds(&o.p2))
+        .count();
+    let wrong = outcomes
+        .iter()
+        .filter(|o| DatasetOutcome::wrong_signed(&o.p1) || DatasetOutcome::wrong_signed(&o.p2))
+        .count();
+    let p4_holds = outcomes
+        .iter()
+        .filter(|o| {
+            let (five, not_one, _) = o.p4();
+            five && not_one
+        })
+        .count();
+    let p4_one = outcomes.iter().filter(|o| o.p4().2).count();
+    let reversals: usize = outcomes.iter().map(|o| o.reversals).sum();
+    let said = answer(hold, p4_holds, wrong, p4_one);
+    let _ = writeln!(
+        md,
+        "\nP1 and P2 hold (p < {ALPHA}) in {hold} of {} datasets; wrong-signed in {wrong}; P4's \
+         interval holds 5 and excludes 1 in {p4_holds}, holds 1 in {p4_one}; P3: {reversals} \
+         reversal(s).\n\n**Answer ({label}): {said}.**\n",
+        outcomes.len()
+    );
+    (md, said)
+}
+
+/// The verdict of each (dataset, n, dose) cell from the rows, by the report's rule.
+fn verdicts_of(rows: &[ResultRow]) -> impl Fn(&str, usize, f64) -> Option<Verdict> + '_ {
+    let cells = aggregate(rows);
+    move |dataset: &str, n: usize, k: f64| {
+        let label_of = |c: &super::results::Cell| c.mode.clone();
+        let wanted = rows
+            .iter()
+            .find(|r| r.dataset() == dataset && r.config.n == n && r.config.token_noise == k)
+            .map(|r| r.mode())?;
+        let clean = cells
+            .iter()
+            .find(|c| c.dataset == dataset && c.n == n && label_of(c) == wanted && c.eta == 0.0)?;
+        let noisy = cells.iter().find(|c| {
+            c.dataset == dataset
+                && c.n == n
+                && label_of(c) == wanted
+                && (c.eta - NOISY_ETA).abs() < 1e-9
+        })?;
+        match verdict(clean, noisy) {
+            Outcome::Called(call) => Some(call.verdict),
+            Outcome::Missing(_) => None,
+        }
+    }
+}
+
+/// The doses of each (dataset, n) permuted among its runs (each seed's η-siblings kept
+/// together, so the pairs stay paired): what the analysis reads where the dose carries nothing.
+pub fn shuffled_doses(runs: &[DoseRun], seed: u64) -> Vec<DoseRun> {
+    use rand::seq::SliceRandom;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = runs.to_vec();
+    let mut keys: Vec<(String, usize)> = Vec::new();
+    for r in runs {
+        if !keys.contains(&(r.dataset.clone(), r.n)) {
+            keys.push((r.dataset.clone(), r.n));
+        }
+    }
+    for (dataset, n) in keys {
+        // The (dose, seed) units of this arm, and a permutation of their doses.
+        let mut units: Vec<(u64, u64)> = out
+            .iter()
+            .filter(|r| r.dataset == dataset && r.n == n)
+            .map(|r| (r.k.to_bits(), r.seed))
+            .collect();
+        units.sort();
+        units.dedup();
+        let mut doses: Vec<u64> = units.iter().map(|u| u.0).collect();
+        doses.shuffle(&mut rng);
+        for r in out.iter_mut().filter(|r| r.dataset == dataset && r.n == n) {
+            let unit = units
+                .iter()
+                .position(|u| *u == (r.k.to_bits(), r.seed))
+                .expect("every run is a unit");
+            r.seed = unit as u64;
+            r.k = f64::from_bits(doses[unit]);
+        }
+    }
+    out
+}
+
+/// dose.md and dose.png in `out` from a dose grid's rows.
+pub fn write(out: &Path, rows: &[ResultRow]) -> Result<&'static str> {
+    let runs: Vec<DoseRun> = rows.iter().map(DoseRun::of).collect();
+    let verdict_of = verdicts_of(rows);
+    let mut md = String::from(PREDICTIONS);
+    let (real, said) = analyse(&runs, &verdict_of, "the runs");
+    md.push_str(&real);
+    md.push_str(
+        "The same analysis follows with each (dataset, n)'s doses shuffled among its (dose, seed) \
+         units, η-siblings kept together: where the dose carries nothing it must not say Yes.\n\n",
+    );
+    let (shuffled, _) = analyse(&shuffled_doses(&runs, 1), &|_, _, _| None, "doses shuffled");
+    md.push_str(&shuffled);
+    md.push_str("![memorisation and Δ against the dose](dose.png)\n");
+    crate::io::ensure_dir(out)?;
+    crate::io::write_atomic(&out.join("dose.md"), |w| Ok(w.write_all(md.as_bytes())?))?;
+    figure(&runs, &out.join("dose.png"))?;
+    Ok(said)
+}
+
+/// The predictions and rules as PREREGISTRATION.md fixed them, printed before the numbers.
+const PREDICTIONS: &str = "# The SNR dose\n\nPredictions and rules fixed before the numbers \
+(results/dose-pilot/PREREGISTRATION.md): **P1** memorisation at η 0.2 rises with the dose; **P2** \
+the paired Δ (test η 0.2 − test η 0, per seed) falls with it; each by a one-sided \
+Jonckheere–Terpstra test over the runs of a (dataset, n) with its exact permutation null, holding \
+at p < 0.05 at every n. **P3** no verdict falls in rank (not overfitting < partly memorised < \
+benign < harmful) as the dose rises. **P4** the dose at which memorisation crosses 50 % moves with \
+n as n·SNR²/(1 + k) constant: (1 + k₁₀₀₀)/(1 + k₂₀₀) ≈ 5, a 95 % seed-bootstrap interval. \
+**Yes** if P1 and P2 hold in ≥ 5 of 6 datasets and P4's interval holds 5 and excludes 1 in ≥ 4; \
+**No** if P1 or P2 is wrong-signed in ≥ 3 or P4's interval holds 1 in ≥ 4; else **Undecided**.\n\n";
+
+/// Memorisation (η 0.2) and Δ against 1 + k, seed means, one line per (dataset, n).
+fn figure(runs: &[DoseRun], path: &Path) -> Result<()> {
+    let arms = arms(runs, &|_, _, _| None);
+    let lines = |series: &dyn Fn(&Arm) -> &Vec<BTreeMap<u64, f64>>| -> Vec<Series> {
+        arms.iter()
+            .enumerate()
+            .map(|(k, a)| Series {
+                label: Some(format!("{} n {}", a.dataset, a.n)),
+                color: PALETTE[k % PALETTE.len()],
+                width: 2,
+                dashed: a.n >= 1000,
+                markers: true,
+                points: a
+                    .doses
+                    .iter()
+                    .zip(series(a))
+                    .filter(|(_, s)| !s.is_empty())
+                    .map(|(d, s)| {
+                        (
+                            (1.0 + d).log10(),
+                            mean(&s.values().copied().collect::<Vec<_>>()),
+                        )
+                    })
+                    .collect(),
+            })
+            .collect()
+    };
+    let delta_lines = lines(&|a| &a.delta);
+    let low = delta_lines
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0f64, f64::min);
+    line_panels(
+        path,
+        "The SNR dose: SNR² / (1 + k)",
+        &[
+            LinePanel {
+                title: "memorisation at η 0.2".into(),
+                x_label: "log₁₀(1 + k)".into(),
+                y_label: "memorisation".into(),
+                y_range: (0.0, 1.05),
+                series: lines(&|a| &a.memorisation),
+            },
+            LinePanel {
+                title: "Δ = test accuracy η 0.2 − η 0 (paired by seed)".into(),
+                x_label: "log₁₀(1 + k)".into(),
+                y_label: "Δ".into(),
+                y_range: (low * 1.1 - 0.01, 0.05),
+                series: delta_lines,
+            },
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exact_null_matches_a_small_enumeration_by_hand() {
+        // Two groups of two: 6 assignments of {1, 2, 3, 4}; the statistic (half-units) is twice
+        // the Mann–Whitney count. Observed [1, 2] < [3, 4]: the largest (8), reached by 1 of 6.
+        let groups = vec![vec![1.0, 2.0], vec![3.0, 4.0]];
+        assert_eq!(jt_statistic(&groups), 8);
+        assert!((jt_exact_tail(&groups, true) - 1.0 / 6.0).abs() < 1e-12);
+        assert!((jt_exact_tail(&groups, false) - 1.0).abs() < 1e-12);
+        assert_eq!(jt_null_mean(&groups), 4.0);
+        // All tied: every assignment gives the mean, each tail is 1.
+        let tied = vec![vec![1.0, 1.0], vec![1.0, 1.0]];
+        assert_eq!(jt_statistic(&tied), 4);
+        assert_eq!(jt_exact_tail(&tied, true), 1.0);
+    }
+
+    #[test]
+    fn a_perfect_trend_over_five_doses_is_the_rarest_assignment() {
+        let groups: Groups = (0..5)
+            .map(|g| (0..3).map(|s| (3 * g + s) as f64).collect())
+            .collect();
+        // 1 of 15!/(3!)⁵ assignments orders every group above the last; within-group orders
+        // do not count.
+        let p = jt_exact_tail(&groups, true);
+        assert!((p - 1.0 / 168_168_000.0).abs() < 1e-15, "{p}");
+        let reversed: Groups = groups.iter().rev().cloned().collect();
+        assert!(trend(&reversed, true).unwrap().wrong_signed);
+    }
+
+    #[test]
+    fn the_crossing_is_interpolated_in_log_dose() {
+        let doses = [0.0, 1.0, 3.0];
+        // 0.4 at 1 + k = 2, 0.6 at 4: the midpoint in log, 1 + k = √8.
+        let k = crossing(&doses, &[0.1, 0.4, 0.6]).unwrap();
+        assert!((k - 8f64.sqrt()).abs() < 1e-12);
+        assert_eq!(crossing(&doses, &[0.1, 0.2, 0.3]), None);
+        assert_eq!(crossing(&doses, &[0.7, 0.8, 0.9]), Some(1.0));
+    }
+
+    #[test]
+    fn the_answer_follows_the_rule() {
+        assert_eq!(answer(5, 4, 0, 0), "Yes");
+        assert_eq!(answer(6, 3, 0, 0), "Undecided");
+        assert_eq!(answer(5, 4, 3, 0), "No");
+        assert_eq!(answer(0, 0, 0, 4), "No");
+        assert_eq!(answer(4, 6, 2, 0), "Undecided");
+    }
+}
