@@ -6,6 +6,8 @@ use clap::Subcommand;
 use super::finetune::FinetuneArgs;
 use crate::report::finetune::Bars;
 
+// Parsed once per process: the size of a variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum DiagnoseCommand {
     /// n·SNR² of a run's fine-tune set, and its parts (docs/design.md, "The SNR of real tokens").

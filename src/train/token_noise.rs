@@ -315,11 +315,11 @@ mod tests {
         let after = covariance(&dosed);
         // (1 + k) Σ with Σ = diag(4, 1, 0.25); within 10 % of the diagonal's scale (the sample
         // covariance of 10 000 tokens and Σ̂ of 2000 are each a few per cent off).
-        let variances = [4.0, 1.0, 0.25];
+        let variances = [4.0f64, 1.0, 0.25];
         for i in 0..3 {
             for j in 0..3 {
                 let want = if i == j { 4.0 * variances[i] } else { 0.0 };
-                let scale = 4.0 * (variances[i] * variances[j] as f64).sqrt();
+                let scale = 4.0 * (variances[i] * variances[j]).sqrt();
                 assert!(
                     (after[(i, j)] - want).abs() < 0.1 * scale,
                     "({i}, {j}): {} against {want}",
