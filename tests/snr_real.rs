@@ -140,3 +140,56 @@ fn the_dose_multiplies_the_tokens_noise_and_is_recorded() {
     );
     common::assert_one_error_line("--token-noise -1", &out, &["--token-noise"]);
 }
+
+/// `reproduce dose` on a small grid: each dose its own run folder (`+k3`), the grid ends with the
+/// pre-registered analysis and its answer line, and a dose out of range is refused in one line
+/// before any run.
+#[test]
+#[cfg_attr(
+    any(benign_no_data, benign_no_models),
+    ignore = "needs real data and checkpoints: BENIGN_DATA_DIR (or ./datasets) and BENIGN_MODELS_DIR"
+)]
+fn a_dose_grid_runs_each_dose_apart_and_ends_with_its_analysis() {
+    let test = "snr_real::a_dose_grid_runs_each_dose_apart_and_ends_with_its_analysis";
+    let Some(_) = common::data_and_models_roots(test, &["medmnist"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("dose");
+    let grid = |doses: &str| {
+        benign(
+            &[
+                "reproduce",
+                "dose",
+                "--budget",
+                "quick",
+                "--datasets",
+                "breastmnist",
+                "--ns",
+                "20",
+                "--seeds",
+                "42",
+                "--token-noises",
+                doses,
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &dir.path().join("cache"),
+        )
+    };
+    let bad = grid("0,-1");
+    common::assert_one_error_line("--token-noises 0,-1", &bad, &["--token-noises"]);
+    assert!(!out.exists(), "a refused grid left its folder");
+    let done = grid("0,3");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let runs: Vec<String> = std::fs::read_dir(out.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    assert_eq!(runs.iter().filter(|r| r.contains("head-tokens+k3_")).count(), 2, "{runs:?}");
+    let report = std::fs::read_to_string(out.join("dose.md")).unwrap();
+    assert!(report.contains("**Answer (the runs): "), "{report}");
+    assert!(report.contains("## doses shuffled"), "{report}");
+    assert!(out.join("dose.png").is_file());
+}

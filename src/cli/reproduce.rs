@@ -475,7 +475,11 @@ fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode>
         outcome.skipped,
         outcome.failed.len(),
         started.elapsed().as_secs_f64(),
-        out.join("report.md").display()
+        out.join(match experiment {
+            library::Experiment::Dose => "dose.md",
+            _ => "report.md",
+        })
+        .display()
     );
     if outcome.failed.is_empty() {
         Ok(ExitCode::SUCCESS)

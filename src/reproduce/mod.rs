@@ -359,12 +359,21 @@ pub fn run(options: &DriverOptions, progress: &dyn Progress) -> Result<Outcome> 
     // the failures are what the user reads, not a missing folder.
     crate::io::ensure_dir(&options.out)?;
     let runs = collect(std::slice::from_ref(&options.out))?;
-    crate::report::reproduce::write_report(
-        &options.out,
-        &runs,
-        std::slice::from_ref(&options.out),
-        &[],
-    )?;
+    if options.grid.experiment == Experiment::Dose {
+        // The dose is judged by its own pre-registered analysis (the Table 2 report's
+        // synthetic twins have nothing to say about it); `reproduce report` still makes that one.
+        let rows: Vec<_> = runs.into_iter().map(|(row, _)| row).collect();
+        if !rows.is_empty() {
+            crate::report::dose::write(&options.out, &rows)?;
+        }
+    } else {
+        crate::report::reproduce::write_report(
+            &options.out,
+            &runs,
+            std::slice::from_ref(&options.out),
+            &[],
+        )?;
+    }
     Ok(Outcome {
         ran: total_pending,
         skipped,
