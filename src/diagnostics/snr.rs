@@ -529,13 +529,7 @@ pub fn estimate_from(
     };
     let snr = (calibrated / n as f64).sqrt();
     let noise_norm = raw.noise2.sqrt();
-    let position_noise = others.position_covariance();
-    let effective_dim = position_noise.as_ref().map_or(f64::NAN, |(covariance, m)| {
-        unbiased_effective_dim(covariance, *m)
-    });
-    let position_noise_norm = position_noise.as_ref().map_or(f64::NAN, |(covariance, _)| {
-        covariance.trace().max(0.0).sqrt()
-    });
+    let (effective_dim, position_noise_norm) = position_noise(others);
     let selection_kappa = selection_kappa(predicted, labels);
     let (modal_position, modal_share) = modal(positions);
     Ok(SnrEstimate {
@@ -564,6 +558,18 @@ pub fn estimate_from(
         modal_position,
         modal_share,
     })
+}
+
+/// Step 6's effective dimension and √tr Σ̂ of the other tokens around their position's mean
+/// (NaN both with too few tokens).
+fn position_noise(others: &mut OtherTokens) -> (f64, f64) {
+    match others.position_covariance() {
+        Some((covariance, m)) => (
+            unbiased_effective_dim(&covariance, m),
+            covariance.trace().max(0.0).sqrt(),
+        ),
+        None => (f64::NAN, f64::NAN),
+    }
 }
 
 /// n·SNR² with the labels shuffled, [`PERMUTATIONS`] times.

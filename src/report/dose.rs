@@ -435,13 +435,23 @@ fn analyse(
     label: &str,
 ) -> (String, &'static str) {
     let arms = arms(runs, verdict_of);
+    let outcomes = outcomes(&arms);
+    let mut md = format!("## {label}\n\n");
+    trend_table(&mut md, &outcomes, &arms);
+    ratio_table(&mut md, &outcomes);
+    let said = answer_line(&mut md, &outcomes, label);
+    (md, said)
+}
+
+/// Each dataset's tests, from its arms.
+fn outcomes(arms: &[Arm]) -> Vec<DatasetOutcome> {
     let mut datasets: Vec<String> = Vec::new();
-    for a in &arms {
+    for a in arms {
         if !datasets.contains(&a.dataset) {
             datasets.push(a.dataset.clone());
         }
     }
-    let outcomes: Vec<DatasetOutcome> = datasets
+    datasets
         .iter()
         .map(|dataset| {
             let mine: Vec<&Arm> = arms.iter().filter(|a| a.dataset == *dataset).collect();
@@ -461,13 +471,16 @@ fn analyse(
                 ratio: small.zip(large).map(|(s, l)| ratio(s, l)),
             }
         })
-        .collect();
-    let mut md = String::new();
+        .collect()
+}
+
+/// P1, P2 and P3 per dataset and n.
+fn trend_table(md: &mut String, outcomes: &[DatasetOutcome], arms: &[Arm]) {
     let _ = writeln!(
-        md,
-        "## {label}\n\n| dataset | n | P1 p (memorisation ↑) | P2 p (Δ ↓) | verdicts by dose | reversals |\n|---|---|---|---|---|---|"
+        *md,
+        "| dataset | n | P1 p (memorisation ↑) | P2 p (Δ ↓) | verdicts by dose | reversals |\n|---|---|---|---|---|---|"
     );
-    for outcome in &outcomes {
+    for outcome in outcomes {
         for (k, (n, p1)) in outcome.p1.iter().enumerate() {
             let p2 = outcome.p2.get(k).and_then(|(_, t)| *t);
             let show = |t: Option<Trend>| {
@@ -491,7 +504,7 @@ fn analyse(
                 .map(|(d, v)| format!("k{d}: {}", v.map_or("–", Verdict::name)))
                 .collect();
             let _ = writeln!(
-                md,
+                *md,
                 "| {} | {n} | {} | {} | {} | {} |",
                 outcome.dataset,
                 show(*p1),
@@ -501,15 +514,19 @@ fn analyse(
             );
         }
     }
+}
+
+/// P4 per dataset.
+fn ratio_table(md: &mut String, outcomes: &[DatasetOutcome]) {
     let _ = writeln!(
-        md,
+        *md,
         "\n| dataset | P4 ratio (1 + k₁₀₀₀)/(1 + k₂₀₀) | 95 % interval | draws without a crossing |\n|---|---|---|---|"
     );
-    for outcome in &outcomes {
+    for outcome in outcomes {
         match &outcome.ratio {
             Some(r) => {
                 let _ = writeln!(
-                    md,
+                    *md,
                     "| {} | {} | {} | {:.0} % |",
                     outcome.dataset,
                     r.point.map_or("no crossing".into(), |v| format!("{v:.2}")),
@@ -520,13 +537,17 @@ fn analyse(
             }
             None => {
                 let _ = writeln!(
-                    md,
+                    *md,
                     "| {} | – (needs n 200 and 1000) | – | – |",
                     outcome.dataset
                 );
             }
         }
     }
+}
+
+/// The counts the rule reads and its answer line, written to `md`.
+fn answer_line(md: &mut String, outcomes: &[DatasetOutcome], label: &str) -> &'static str {
     let hold = outcomes
         .iter()
         .filter(|o| DatasetOutcome::holds(&o.p1) && DatasetOutcome::holds(&o.p2))
@@ -546,13 +567,13 @@ fn analyse(
     let reversals: usize = outcomes.iter().map(|o| o.reversals).sum();
     let said = answer(hold, p4_holds, wrong, p4_one);
     let _ = writeln!(
-        md,
+        *md,
         "\nP1 and P2 hold (p < {ALPHA}) in {hold} of {} datasets; wrong-signed in {wrong}; P4's \
          interval holds 5 and excludes 1 in {p4_holds}, holds 1 in {p4_one}; P3: {reversals} \
          reversal(s).\n\n**Answer ({label}): {said}.**\n",
         outcomes.len()
     );
-    (md, said)
+    said
 }
 
 /// The verdict of each (dataset, n, dose) cell from the rows, by the report's rule.

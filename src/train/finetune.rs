@@ -279,25 +279,15 @@ fn prepare_run(
         progress,
     )?;
     progress.pretrain_done(&phase1.pretrain_losses);
-    let token_noise = run_token_noise(&setup, &features, &job.config)?;
-    let sets = DosedSets::of(
-        &setup,
-        &prepared,
-        &features,
-        job.config.mode,
-        token_noise.as_ref(),
-    )?;
-    let snr = super::run_snr::of_run(&setup, &sets, &prepared, &phase1)
-        .map_err(|err| {
-            progress.note(&format!(
-                "no n·SNR² estimate: {}",
-                crate::errors::one_line(&err)
-            ))
-        })
-        .ok();
+    let DosedRun {
+        token_noise,
+        finetune_rows,
+        test_rows,
+        snr,
+    } = dosed_sets_and_estimate(&setup, &prepared, &features, &phase1, job, progress)?;
     Ok(ReadyRun {
-        finetune_rows: sets.finetune,
-        test_rows: sets.test,
+        finetune_rows,
+        test_rows,
         token_noise,
         setup,
         prepared,
@@ -308,6 +298,49 @@ fn prepare_run(
         phase1,
         snr,
         init_rng,
+    })
+}
+
+/// What phase 2 and the summary read of a run's sets: the dose, the fine-tune and test sets
+/// (dosed in last-layer mode) and the estimate on them.
+struct DosedRun {
+    token_noise: Option<TokenNoise>,
+    finetune_rows: LayerRows,
+    test_rows: LayerRows,
+    snr: Option<SnrEstimate>,
+}
+
+/// The run's [`DosedRun`]; a failed estimate is a note, not the run's failure.
+fn dosed_sets_and_estimate(
+    setup: &Setup,
+    prepared: &PreparedData,
+    features: &super::setup::RunFeatures,
+    phase1: &Phase1Outcome,
+    job: &FinetuneJob,
+    progress: &dyn Progress,
+) -> Result<DosedRun> {
+    let token_noise = run_token_noise(setup, features, &job.config)?;
+    let sets = DosedSets::of(
+        setup,
+        prepared,
+        features,
+        job.config.mode,
+        token_noise.as_ref(),
+    )?;
+    let snr = super::run_snr::of_run(setup, &sets, prepared, phase1)
+        .map_err(|err| {
+            progress.note(&format!(
+                "no n·SNR² estimate: {}",
+                crate::errors::one_line(&err)
+            ))
+        })
+        .ok();
+    let (finetune_rows, test_rows) = (sets.finetune, sets.test);
+    Ok(DosedRun {
+        token_noise,
+        finetune_rows,
+        test_rows,
+        snr,
     })
 }
 

@@ -253,20 +253,7 @@ impl RunConfig {
                 bail!("{flag} must be at most {limit}, got {value}");
             }
         }
-        if !(self.locater.is_finite() && self.locater >= 0.0) {
-            bail!(
-                "--locater must be a finite number ≥ 0, got {}",
-                self.locater
-            );
-        }
-        if let Some(why) = crate::train::token_noise::out_of_range(self.token_noise) {
-            bail!("--token-noise {why}");
-        }
-        if let Some(f) = self.carve_train_from_test
-            && !(f > 0.0 && f < 1.0)
-        {
-            bail!("--carve-train-from-test must be in (0, 1), got {f}");
-        }
+        self.check_real_values()?;
         if self.backbones.is_empty() {
             bail!("--backbone: no backbone to try");
         }
@@ -299,6 +286,25 @@ impl RunConfig {
                 self.authors_noise_draw,
                 self.noise_draw()
             );
+        }
+        Ok(())
+    }
+
+    /// The settings that are real numbers, each in its range.
+    fn check_real_values(&self) -> Result<()> {
+        if !(self.locater.is_finite() && self.locater >= 0.0) {
+            bail!(
+                "--locater must be a finite number ≥ 0, got {}",
+                self.locater
+            );
+        }
+        if let Some(why) = crate::train::token_noise::out_of_range(self.token_noise) {
+            bail!("--token-noise {why}");
+        }
+        if let Some(f) = self.carve_train_from_test
+            && !(f > 0.0 && f < 1.0)
+        {
+            bail!("--carve-train-from-test must be in (0, 1), got {f}");
         }
         Ok(())
     }
