@@ -181,13 +181,23 @@ fn a_dose_grid_runs_each_dose_apart_and_ends_with_its_analysis() {
     common::assert_one_error_line("--token-noises 0,-1", &bad, &["--token-noises"]);
     assert!(!out.exists(), "a refused grid left its folder");
     let done = grid("0,3");
-    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
     let runs: Vec<String> = std::fs::read_dir(out.join("runs"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(runs.len(), 4, "{runs:?}");
-    assert_eq!(runs.iter().filter(|r| r.contains("head-tokens+k3_")).count(), 2, "{runs:?}");
+    assert_eq!(
+        runs.iter()
+            .filter(|r| r.contains("head-tokens+k3_"))
+            .count(),
+        2,
+        "{runs:?}"
+    );
     let report = std::fs::read_to_string(out.join("dose.md")).unwrap();
     assert!(report.contains("**Answer (the runs): "), "{report}");
     assert!(report.contains("## doses shuffled"), "{report}");
