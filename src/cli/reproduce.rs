@@ -31,6 +31,14 @@ pub enum ReproduceCommand {
     /// their tests and the answer line, then the same analysis with the doses shuffled (dose.md,
     /// dose.png in --out; docs/design.md, "The SNR dose").
     DoseReport(DoseReportArgs),
+    /// The SNR dose's analysis on the paper's synthetic model, where the theorem holds: six (d,
+    /// ‖μ‖) settings × σ_ε² = 1 + k × n (20, 100) × η (0, 0.2) × 3 seeds, then P1–P4 and the
+    /// answer line as dose-report prints them (dose_check.md, dose_check.png; resumes)
+    DoseCheck(DoseCheckArgs),
+    /// The paper's token selector on each dataset's real tokens (head mode's final tokens) as its
+    /// noise, its three-token signal planted: a regime map over n (20, 200) × n·SNR² (0.3 … 100)
+    /// × 3 seeds on the paper's clock, and the answer line (map.md; resumes; docs/design.md)
+    ReferenceMap(ReferenceMapArgs),
     /// Add the n·SNR² estimate (see `diagnose snr`) to every finished run of a result folder
     /// whose summary.json lacks one, from the runs' cached features and phase 1; then run
     /// `reproduce report` to see it in the table and the figures.
@@ -109,6 +117,7 @@ impl GridArgs {
             seeds: self.seeds.or(file.seeds),
             ns: self.ns.or(file.ns),
             etas: self.etas.or(file.etas),
+            token_noises: self.token_noises.or(file.token_noises),
             budget: self.budget.or(file.budget),
             mode: self.mode.or(file.mode),
             head_classifier: self.head_classifier.or(file.head_classifier),
@@ -203,6 +212,28 @@ pub struct DoseReportArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct DoseCheckArgs {
+    /// Where the runs (runs/), dose_check.md and dose_check.png go
+    #[arg(long, value_name = "DIR", default_value = "results/dose-check")]
+    pub out: PathBuf,
+    /// Runs at once
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub jobs: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct ReferenceMapArgs {
+    /// Datasets, comma-separated (one image and one text backbone for the answer)
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub datasets: Vec<DatasetName>,
+    /// Where the runs (runs/) and map.md go
+    #[arg(long, value_name = "DIR", default_value = "results/reference-map")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub places: PlaceArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct SnrArgs {
     /// Result folder (holding runs/)
     #[arg(value_name = "DIR")]
@@ -267,6 +298,8 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
         ReproduceCommand::Dose(args) => run_grid(library::Experiment::Dose, args),
         ReproduceCommand::Report(args) => report_folders(args),
         ReproduceCommand::DoseReport(args) => dose_report(args),
+        ReproduceCommand::DoseCheck(args) => dose_check(args),
+        ReproduceCommand::ReferenceMap(args) => reference_map(args),
         ReproduceCommand::Snr(args) => snr_backfill(args),
         ReproduceCommand::Slurm(args) => slurm_script(args),
     }
@@ -300,6 +333,62 @@ fn dose_report(args: DoseReportArgs) -> Result<ExitCode> {
         "{} runs: answer {answer} → {}",
         rows.len(),
         args.out.join("dose.md").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `reproduce dose-check`: the dose analysis on the synthetic model.
+fn dose_check(args: DoseCheckArgs) -> Result<ExitCode> {
+    let total = library::dose_check::grid().points().len();
+    let bar = crate::progress_bar::bar(total as u64, "runs");
+    let answer = library::dose_check::run(&args.out, args.jobs, &|| bar.inc(1))?;
+    bar.finish_and_clear();
+    println!(
+        "{total} runs: answer {answer} → {}",
+        args.out.join("dose_check.md").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `reproduce reference-map`: each dataset's map, then map.md over all of them.
+fn reference_map(args: ReferenceMapArgs) -> Result<ExitCode> {
+    use crate::reproduce::reference_map as map;
+    let bars = report::finetune::Bars::default();
+    let per_dataset = 2 * map::LADDER.len() * map::SEEDS.len() + 2 * map::LADDER.len();
+    let mut runs = Vec::new();
+    for dataset in &args.datasets {
+        let config = crate::train::finetune::RunConfig {
+            mode: Mode::Head,
+            head_classifier: HeadClassifier::for_mode(Mode::Head, None),
+            // Twice the largest n: samples shorter than T are passed over.
+            n: 2 * map::SIZES[map::SIZES.len() - 1],
+            eta: 0.0,
+            ..crate::train::finetune::RunConfig::paper(dataset)?
+        };
+        let job = crate::train::finetune::FinetuneJob {
+            checkpoint_every: 0,
+            ..crate::train::finetune::FinetuneJob::new(config, args.places.places())
+        };
+        let bar = crate::progress_bar::bar(per_dataset as u64, "runs");
+        runs.extend(map::dataset_map(&job, &args.out, &bars, &|run| {
+            bar.inc(1);
+            eprintln!(
+                "{} n {} n·SNR² {} seed {}{}: {}",
+                run.dataset,
+                run.n,
+                run.n_snr2,
+                run.seed,
+                if run.half_step { " (½ step)" } else { "" },
+                run.call.name()
+            );
+        })?);
+        bar.finish_and_clear();
+    }
+    let answer = map::table::write(&args.out, &runs)?;
+    println!(
+        "{} runs: answer {answer} → {}",
+        runs.len(),
+        args.out.join("map.md").display()
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -146,6 +146,9 @@ pub struct SyntheticArgs {
     /// ‖μ‖, norm of the class signals (> 0) [default: 20]
     #[arg(long, value_name = "NORM", allow_negative_numbers = true)]
     pub signal_norm: Option<f64>,
+    /// σ_ε, the noise tokens' scale (> 0; not one of the authors' flags) [default: 1]
+    #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
+    pub noise_std: Option<f64>,
     /// Write metrics.jsonl, summary.json, token_probs.png and selected_tokens.png here; without
     /// it the metrics and the summary go to stdout as JSON lines.
     #[arg(long, value_name = "DIR")]
@@ -190,6 +193,9 @@ pub fn run(args: SyntheticArgs) -> Result<()> {
     }
     if let Some(norm) = args.signal_norm {
         config.signal_norm = norm;
+    }
+    if let Some(sigma) = args.noise_std {
+        config.noise_std = sigma;
     }
     config.validate_for(args.shared.engine())?;
     let bar = crate::progress_bar::bar(config.num_steps as u64 + 1, "steps");

@@ -404,6 +404,19 @@ impl LayerRows {
         })
     }
 
+    /// `f(index, rows, length)` on each sample's unpadded rows (length × d), in order, one sample
+    /// read at a time.
+    pub fn for_each_sample(
+        &self,
+        mut f: impl FnMut(usize, &[f32], usize) -> Result<()>,
+    ) -> Result<()> {
+        for i in 0..self.len() {
+            let batch = self.host_batch(&[i])?;
+            f(i, &batch.values, batch.lengths[0])?;
+        }
+        Ok(())
+    }
+
     /// [`Self::batch`] as host values, for the CPU's host pass.
     pub fn host_batch(&self, rows: &[usize]) -> Result<HostBatch> {
         Ok(self.host_batch_then(rows, Vec::new(), |_| ())?.0)

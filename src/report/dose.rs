@@ -28,6 +28,18 @@ pub const CROSSING: f64 = 0.5;
 pub const DRAWS: usize = 10_000;
 /// The ratio P4 predicts: n 1000 over n 200.
 pub const PREDICTED_RATIO: f64 = 5.0;
+/// The sizes P4 compares on real data; their ratio is [`PREDICTED_RATIO`].
+pub const REAL_SIZES: Sizes = Sizes {
+    small: 200,
+    large: 1000,
+};
+
+/// The two training-set sizes P4 compares (the larger [`PREDICTED_RATIO`] times the smaller).
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    pub small: usize,
+    pub large: usize,
+}
 const BOOTSTRAP_SEED: u64 = 0xd05e;
 
 /// A run as the analysis reads it.
@@ -433,18 +445,24 @@ fn analyse(
     runs: &[DoseRun],
     verdict_of: &dyn Fn(&str, usize, f64) -> Option<Verdict>,
     label: &str,
+    sizes: Sizes,
 ) -> (String, &'static str) {
+    assert_eq!(
+        sizes.large as f64,
+        PREDICTED_RATIO * sizes.small as f64,
+        "P4 predicts the ratio of the sizes"
+    );
     let arms = arms(runs, verdict_of);
-    let outcomes = outcomes(&arms);
+    let outcomes = outcomes(&arms, sizes);
     let mut md = format!("## {label}\n\n");
     trend_table(&mut md, &outcomes, &arms);
-    ratio_table(&mut md, &outcomes);
+    ratio_table(&mut md, &outcomes, sizes);
     let said = answer_line(&mut md, &outcomes, label);
     (md, said)
 }
 
 /// Each dataset's tests, from its arms.
-fn outcomes(arms: &[Arm]) -> Vec<DatasetOutcome> {
+fn outcomes(arms: &[Arm], sizes: Sizes) -> Vec<DatasetOutcome> {
     let mut datasets: Vec<String> = Vec::new();
     for a in arms {
         if !datasets.contains(&a.dataset) {
@@ -455,8 +473,8 @@ fn outcomes(arms: &[Arm]) -> Vec<DatasetOutcome> {
         .iter()
         .map(|dataset| {
             let mine: Vec<&Arm> = arms.iter().filter(|a| a.dataset == *dataset).collect();
-            let small = mine.iter().find(|a| a.n == 200);
-            let large = mine.iter().find(|a| a.n == 1000);
+            let small = mine.iter().find(|a| a.n == sizes.small);
+            let large = mine.iter().find(|a| a.n == sizes.large);
             DatasetOutcome {
                 dataset: dataset.clone(),
                 p1: mine
@@ -517,10 +535,11 @@ fn trend_table(md: &mut String, outcomes: &[DatasetOutcome], arms: &[Arm]) {
 }
 
 /// P4 per dataset.
-fn ratio_table(md: &mut String, outcomes: &[DatasetOutcome]) {
+fn ratio_table(md: &mut String, outcomes: &[DatasetOutcome], sizes: Sizes) {
+    let Sizes { small, large } = sizes;
     let _ = writeln!(
         *md,
-        "\n| dataset | P4 ratio (1 + k₁₀₀₀)/(1 + k₂₀₀) | 95 % interval | draws without a crossing |\n|---|---|---|---|"
+        "\n| dataset | P4 ratio (1 + k at n {large})/(1 + k at n {small}) | 95 % interval | draws without a crossing |\n|---|---|---|---|"
     );
     for outcome in outcomes {
         match &outcome.ratio {
@@ -538,7 +557,7 @@ fn ratio_table(md: &mut String, outcomes: &[DatasetOutcome]) {
             None => {
                 let _ = writeln!(
                     *md,
-                    "| {} | – (needs n 200 and 1000) | – | – |",
+                    "| {} | – (needs n {small} and {large}) | – | – |",
                     outcome.dataset
                 );
             }
@@ -640,20 +659,54 @@ pub fn shuffled_doses(runs: &[DoseRun], seed: u64) -> Vec<DoseRun> {
 pub fn write(out: &Path, rows: &[ResultRow]) -> Result<&'static str> {
     let runs: Vec<DoseRun> = rows.iter().map(DoseRun::of).collect();
     let verdict_of = verdicts_of(rows);
-    let mut md = String::from(PREDICTIONS);
-    let (real, said) = analyse(&runs, &verdict_of, "the runs");
-    md.push_str(&real);
-    md.push_str(
-        "The same analysis follows with each (dataset, n)'s doses shuffled among its (dose, seed) \
-         units, η-siblings kept together: where the dose carries nothing it must not say Yes.\n\n",
-    );
-    let (shuffled, _) = analyse(&shuffled_doses(&runs, 1), &|_, _, _| None, "doses shuffled");
-    md.push_str(&shuffled);
-    md.push_str("![memorisation and Δ against the dose](dose.png)\n");
-    crate::io::ensure_dir(out)?;
-    crate::io::write_atomic(&out.join("dose.md"), |w| Ok(w.write_all(md.as_bytes())?))?;
-    figure(&runs, &out.join("dose.png"))?;
-    Ok(said)
+    let analysis = Analysis {
+        stem: "dose",
+        preface: PREDICTIONS,
+        sizes: REAL_SIZES,
+    };
+    analysis.write(out, &runs, &verdict_of)
+}
+
+/// One analysed grid's report: `<stem>.md` (the preface, the analysis, the same with the doses
+/// shuffled) and `<stem>.png`.
+pub struct Analysis<'a> {
+    pub stem: &'a str,
+    pub preface: &'a str,
+    pub sizes: Sizes,
+}
+
+impl Analysis<'_> {
+    /// Writes the report of `runs`, each (dataset, n, dose)'s verdict from `verdict_of`; returns
+    /// the answer on the unshuffled runs.
+    pub fn write(
+        &self,
+        out: &Path,
+        runs: &[DoseRun],
+        verdict_of: &dyn Fn(&str, usize, f64) -> Option<Verdict>,
+    ) -> Result<&'static str> {
+        let mut md = String::from(self.preface);
+        let (real, said) = analyse(runs, verdict_of, "the runs", self.sizes);
+        md.push_str(&real);
+        md.push_str(
+            "The same analysis follows with each (dataset, n)'s doses shuffled among its (dose, \
+             seed) units, η-siblings kept together: where the dose carries nothing it must not \
+             say Yes.\n\n",
+        );
+        let (shuffled, _) = analyse(
+            &shuffled_doses(runs, 1),
+            &|_, _, _| None,
+            "doses shuffled",
+            self.sizes,
+        );
+        md.push_str(&shuffled);
+        let figure_name = format!("{}.png", self.stem);
+        let _ = writeln!(md, "![memorisation and Δ against the dose]({figure_name})");
+        crate::io::ensure_dir(out)?;
+        let md_path = out.join(format!("{}.md", self.stem));
+        crate::io::write_atomic(&md_path, |w| Ok(w.write_all(md.as_bytes())?))?;
+        figure(runs, &out.join(figure_name))?;
+        Ok(said)
+    }
 }
 
 /// The predictions and rules as PREREGISTRATION.md fixed them, printed before the numbers.
@@ -670,14 +723,31 @@ n as n·SNR²/(1 + k) constant: (1 + k₁₀₀₀)/(1 + k₂₀₀) ≈ 5, a 95
 /// Memorisation (η 0.2) and Δ against 1 + k, seed means, one line per (dataset, n).
 fn figure(runs: &[DoseRun], path: &Path) -> Result<()> {
     let arms = arms(runs, &|_, _, _| None);
+    // One colour per dataset; its larger n dashed.
+    let mut datasets: Vec<&str> = Vec::new();
+    for a in &arms {
+        if !datasets.contains(&a.dataset.as_str()) {
+            datasets.push(&a.dataset);
+        }
+    }
+    let colour = |a: &Arm| {
+        let k = datasets.iter().position(|d| *d == a.dataset).unwrap_or(0);
+        PALETTE[k % PALETTE.len()]
+    };
+    let smallest = |a: &Arm| {
+        arms.iter()
+            .filter(|b| b.dataset == a.dataset)
+            .map(|b| b.n)
+            .min()
+            .unwrap_or(a.n)
+    };
     let lines = |series: &dyn Fn(&Arm) -> &Vec<BTreeMap<u64, f64>>| -> Vec<Series> {
         arms.iter()
-            .enumerate()
-            .map(|(k, a)| Series {
+            .map(|a| Series {
                 label: Some(format!("{} n {}", a.dataset, a.n)),
-                color: PALETTE[k % PALETTE.len()],
+                color: colour(a),
                 width: 2,
-                dashed: a.n >= 1000,
+                dashed: a.n > smallest(a),
                 markers: true,
                 points: a
                     .doses

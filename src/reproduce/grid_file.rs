@@ -1,6 +1,7 @@
 //! A grid's settings from a file (`reproduce table2|fig8|fig9|slurm --config FILE`): a TOML table
-//! whose keys are the grid's flags (`datasets`, `seeds`, `ns`, `etas`, `budget`, `mode`,
-//! `head_classifier`, `rng`, `out`, `jobs`, `stack_memory`), spelled as the flags' values are. A
+//! whose keys are the grid's flags (`datasets`, `seeds`, `ns`, `etas`, `token_noises`, `budget`,
+//! `mode`, `head_classifier`, `rng`, `out`, `jobs`, `stack_memory`), spelled as the flags' values
+//! are. A
 //! flag given beside the file overrides its key. A key the program does not know, or a value of
 //! the wrong kind, is refused in one line naming the key and the file, before any work.
 
@@ -15,11 +16,12 @@ use crate::rng::RngChoice;
 use crate::train::finetune::{HeadClassifier, Mode};
 
 /// The keys a grid file may hold.
-pub const KEYS: [&str; 11] = [
+pub const KEYS: [&str; 12] = [
     "datasets",
     "seeds",
     "ns",
     "etas",
+    "token_noises",
     "budget",
     "mode",
     "head_classifier",
@@ -36,6 +38,8 @@ pub struct GridFile {
     pub seeds: Option<Vec<u64>>,
     pub ns: Option<Vec<usize>>,
     pub etas: Option<Vec<f64>>,
+    /// The SNR doses (`--token-noises`).
+    pub token_noises: Option<Vec<f64>>,
     pub budget: Option<Budget>,
     pub mode: Option<Mode>,
     pub head_classifier: Option<HeadClassifier>,
@@ -86,6 +90,12 @@ impl GridFile {
                 }
                 "etas" => {
                     file.etas = Some(list(value, number).ok_or_else(|| wrong("a list of rates"))?)
+                }
+                "token_noises" => {
+                    file.token_noises = Some(
+                        list(value, number)
+                            .ok_or_else(|| wrong("a list of doses k (numbers ≥ 0)"))?,
+                    )
                 }
                 "budget" => {
                     file.budget = Some(choice(value).ok_or_else(|| wrong("paper or quick"))?)
@@ -147,7 +157,7 @@ mod tests {
     fn a_grid_file_reads_as_its_flags_would() {
         let file = GridFile::parse(
             "datasets = [\"trec\", \"breastmnist\"]\nseeds = [42, 314]\nns = [20]\n\
-             etas = [0, 0.2]\nbudget = \"quick\"\nmode = \"head\"\nhead_classifier = \"mean\"\n\
+             etas = [0, 0.2]\ntoken_noises = [0, 3]\nbudget = \"quick\"\nmode = \"head\"\nhead_classifier = \"mean\"\n\
              rng = \"authors\"\nout = \"results/mine\"\njobs = 2\nstack_memory = 4\n",
             "grid.toml",
         )
@@ -159,6 +169,7 @@ mod tests {
                 seeds: Some(vec![42, 314]),
                 ns: Some(vec![20]),
                 etas: Some(vec![0.0, 0.2]),
+                token_noises: Some(vec![0.0, 3.0]),
                 budget: Some(Budget::Quick),
                 mode: Some(Mode::Head),
                 head_classifier: Some(HeadClassifier::Mean),

@@ -5,8 +5,10 @@
 //! sample passes through its backbone once whatever the grid. `--shard K/N` keeps every N-th run
 //! for a cluster's job array (`slurm` writes the script); `report` merges shard folders.
 
+pub mod dose_check;
 pub mod grid_file;
 pub mod grid_record;
+pub mod reference_map;
 pub mod slurm;
 pub mod snr_backfill;
 

@@ -105,6 +105,9 @@ pub enum Stream {
     Init = 9,
     /// Initialisation of the synthetic one-layer encoder's parameters.
     EncoderInit = 10,
+    /// The paper's token selector on real tokens (`reproduce reference-map`): the basis, the
+    /// tokens drawn, the labels.
+    ReferenceMap = 11,
 }
 
 /// A fresh permutation of 0..n for epoch `epoch`, which depends only on (seed, stream, epoch):

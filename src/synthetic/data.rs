@@ -55,8 +55,30 @@ pub fn flips_per_class(num_samples: usize, noise_ratio: f64) -> usize {
     k / 2
 }
 
-/// `CustomDataset` of the authors' `main.py`: balanced labels (first half +1), signals added to
-/// x_1 (μ_y), x_2 (ρμ_y) and x_3 (ρμ_{−y}), then the first k/2 samples of each class flipped.
+/// The distribution a set's samples are drawn from: shapes, signals and the noise's scale.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenLaw {
+    pub seq_len: usize,
+    pub embed_dim: usize,
+    pub rho: f64,
+    pub signal_norm: f64,
+    /// σ_ε; the paper's is 1.
+    pub noise_std: f64,
+}
+
+impl TokenLaw {
+    pub fn of(config: &SyntheticConfig) -> Self {
+        Self {
+            seq_len: config.seq_len,
+            embed_dim: config.embed_dim,
+            rho: config.rho,
+            signal_norm: config.signal_norm,
+            noise_std: config.noise_std,
+        }
+    }
+}
+
+/// `CustomDataset` of the authors' `main.py` at σ_ε = 1 (see [`generate_from`]).
 pub fn generate(
     num_samples: usize,
     seq_len: usize,
@@ -66,24 +88,45 @@ pub fn generate(
     noise_ratio: f64,
     rng: &mut ChaCha8Rng,
 ) -> TokenSet {
+    let law = TokenLaw {
+        seq_len,
+        embed_dim,
+        rho,
+        signal_norm,
+        noise_std: 1.0,
+    };
+    generate_from(&law, num_samples, noise_ratio, rng)
+}
+
+/// `CustomDataset` of the authors' `main.py`: balanced labels (first half +1), signals added to
+/// x_1 (μ_y), x_2 (ρμ_y) and x_3 (ρμ_{−y}), then the first k/2 samples of each class flipped.
+/// The noise is σ_ε times the authors' N(0, I) draws, so σ_ε = 1 is their stream exactly.
+pub fn generate_from(
+    law: &TokenLaw,
+    num_samples: usize,
+    noise_ratio: f64,
+    rng: &mut ChaCha8Rng,
+) -> TokenSet {
+    let TokenLaw {
+        seq_len,
+        embed_dim,
+        noise_std,
+        ..
+    } = *law;
     let mut tokens: Vec<f32> = Vec::with_capacity(num_samples * seq_len * embed_dim);
     tokens.extend(
         (0..num_samples * seq_len * embed_dim).map(|_| rng.sample::<f32, _>(StandardNormal)),
     );
+    if noise_std != 1.0 {
+        let scale = noise_std as f32;
+        tokens.iter_mut().for_each(|v| *v *= scale);
+    }
 
     let positives = num_samples / 2;
     let clean_labels: Vec<f64> = (0..num_samples)
         .map(|i| if i < positives { 1.0 } else { -1.0 })
         .collect();
-    // μ_{+1} lives on coordinate 0 and μ_{−1} on coordinate 1.
-    let coordinate = |label: f64| if label > 0.0 { 0 } else { 1 };
-    let (signal, weak) = (signal_norm as f32, (rho * signal_norm) as f32);
-    for (i, &y) in clean_labels.iter().enumerate() {
-        let base = i * seq_len * embed_dim;
-        tokens[base + coordinate(y)] += signal;
-        tokens[base + embed_dim + coordinate(y)] += weak;
-        tokens[base + 2 * embed_dim + coordinate(-y)] += weak;
-    }
+    add_signals(&mut tokens, &clean_labels, law);
 
     let flips = flips_per_class(num_samples, noise_ratio);
     let noisy_mask: Vec<bool> = (0..num_samples)
@@ -105,15 +148,27 @@ pub fn generate(
     }
 }
 
+/// The paper's signal on tokens (n, T, d) row-major: μ_y on x_1, ρμ_y on x_2, ρμ_{−y} on x_3, with
+/// μ_{+1} = ‖μ‖e_1 and μ_{−1} = ‖μ‖e_2, y the clean label of each sample.
+pub fn add_signals(tokens: &mut [f32], clean_labels: &[f64], law: &TokenLaw) {
+    let (t, d) = (law.seq_len, law.embed_dim);
+    let coordinate = |label: f64| if label > 0.0 { 0 } else { 1 };
+    let (signal, weak) = (law.signal_norm as f32, (law.rho * law.signal_norm) as f32);
+    for (i, &y) in clean_labels.iter().enumerate() {
+        let base = i * t * d;
+        tokens[base + coordinate(y)] += signal;
+        tokens[base + d + coordinate(y)] += weak;
+        tokens[base + 2 * d + coordinate(-y)] += weak;
+    }
+}
+
 /// The training set (noisy labels) and the clean test set of one config.
 pub fn train_and_test(config: &SyntheticConfig) -> (TokenSet, TokenSet) {
     let c = config;
-    let train = generate(
+    let law = TokenLaw::of(c);
+    let train = generate_from(
+        &law,
         c.train_n,
-        c.seq_len,
-        c.embed_dim,
-        c.rho,
-        c.signal_norm,
         c.noise_ratio,
         &mut stream(c.seed, Stream::SyntheticTrain),
     );
@@ -124,15 +179,7 @@ pub fn train_and_test(config: &SyntheticConfig) -> (TokenSet, TokenSet) {
     } else {
         Stream::SyntheticTest
     };
-    let test = generate(
-        c.test_n,
-        c.seq_len,
-        c.embed_dim,
-        c.rho,
-        c.signal_norm,
-        0.0,
-        &mut stream(c.seed, test_stream),
-    );
+    let test = generate_from(&law, c.test_n, 0.0, &mut stream(c.seed, test_stream));
     (train, test)
 }
 
@@ -173,6 +220,42 @@ mod tests {
             let flipped = train.noisy_mask[i];
             assert_eq!(train.labels[i], if flipped { -expected } else { expected });
         }
+    }
+
+    #[test]
+    fn noise_std_scales_the_noise_and_nothing_else() {
+        let law = |noise_std| TokenLaw {
+            seq_len: 4,
+            embed_dim: 6,
+            rho: 0.1,
+            signal_norm: 3.0,
+            noise_std,
+        };
+        let draw = |noise_std| {
+            generate_from(
+                &law(noise_std),
+                10,
+                0.2,
+                &mut stream(5, Stream::SyntheticTrain),
+            )
+        };
+        let (unit, double) = (draw(1.0), draw(2.0));
+        let zero = generate_from(&law(1e-30), 10, 0.2, &mut stream(5, Stream::SyntheticTrain));
+        for ((a, b), s) in unit.tokens.iter().zip(&double.tokens).zip(&zero.tokens) {
+            assert!(((b - s) - 2.0 * (a - s)).abs() < 1e-4, "{a} {b} {s}");
+        }
+        assert_eq!(unit.labels, double.labels);
+        // σ_ε = 1 is the authors' stream exactly.
+        let authors = generate(
+            10,
+            4,
+            6,
+            0.1,
+            3.0,
+            0.2,
+            &mut stream(5, Stream::SyntheticTrain),
+        );
+        assert_eq!(authors.tokens, unit.tokens);
     }
 
     #[test]

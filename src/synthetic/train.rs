@@ -85,6 +85,49 @@ pub fn run_with_engine(
     )
 }
 
+/// The token selector trained by the exact subspace engine on sets made elsewhere (real tokens as
+/// the noise, `reproduce reference-map`): `config` gives the step, the length, the seed of W₀ and
+/// ‖μ‖ (the head ν's scale), and must agree with the sets' shapes.
+pub fn run_on_sets(
+    config: &SyntheticConfig,
+    trace: Trace,
+    (train, test): (TokenSet, TokenSet),
+) -> Result<SyntheticRun> {
+    config.validate_run(EngineKind::Subspace, trace == Trace::Full)?;
+    let shape = |set: &TokenSet| (set.num_samples, set.seq_len, set.embed_dim);
+    if shape(&train) != (config.train_n, config.seq_len, config.embed_dim)
+        || shape(&test) != (config.test_n, config.seq_len, config.embed_dim)
+    {
+        bail!(
+            "the sets' shapes {:?} / {:?} are not the config's (n {}, test {}, T {}, d {})",
+            shape(&train),
+            shape(&test),
+            config.train_n,
+            config.test_n,
+            config.seq_len,
+            config.embed_dim
+        );
+    }
+    let w0 = initial_key_query(config.embed_dim, config.seed);
+    let engine = SubspaceEngine::new(&train, config.signal_norm, &w0, config.learning_rate)?;
+    drop(w0);
+    let sets = (
+        EvalSet::new(train, config.signal_norm)?,
+        EvalSet::new(test, config.signal_norm)?,
+    );
+    let mut selector = TokenSelector {
+        engine: Box::new(engine),
+    };
+    run_model(
+        config,
+        Some(EngineKind::Subspace),
+        trace,
+        &mut |_| {},
+        &mut selector,
+        sets,
+    )
+}
+
 /// The token selector f(X) = νᵀ Xᵀ softmax(X W p) through one of its engines.
 struct TokenSelector {
     engine: Box<dyn Engine>,

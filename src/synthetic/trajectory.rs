@@ -62,6 +62,8 @@ pub enum Trace {
     FinalOnly,
     /// The final step, with the spectrum diagnostics (and the symmetric part's at step 0).
     FinalWithSpectrum,
+    /// Metrics every `log_interval` steps and nothing else (a stopping rule's checkpoints).
+    Checkpoints,
 }
 
 /// Metrics at one logged step.
@@ -285,7 +287,8 @@ pub fn run_model(
     (train, test): (EvalSet, EvalSet),
 ) -> Result<SyntheticRun> {
     let started = Instant::now();
-    let with_spectrum = trace != Trace::FinalOnly;
+    let with_spectrum = matches!(trace, Trace::Full | Trace::FinalWithSpectrum);
+    let logs_every_interval = matches!(trace, Trace::Full | Trace::Checkpoints);
     let symmetric_of = |model: &mut dyn SyntheticModel| -> Result<Option<SymmetricSpectrum>> {
         Ok(if with_spectrum {
             Some(model.key_query_traces()?.symmetric())
@@ -304,7 +307,7 @@ pub fn run_model(
             attention_trace.push(train_fwd.attention.iter().map(|&s| s as f32).collect());
         }
         let is_last = step == config.num_steps;
-        let test_fwd = if is_last || (trace == Trace::Full && step % config.log_interval == 0) {
+        let test_fwd = if is_last || (logs_every_interval && step % config.log_interval == 0) {
             let test_fwd = model.test_forward(&test)?;
             let qk_symmetric = if is_last || model.spectrum_at_every_log() {
                 symmetric_of(model)?

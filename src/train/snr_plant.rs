@@ -83,23 +83,16 @@ pub fn of_job(
     {
         bail!("--plant-snr: each S must be a number in (0, {MAX_PLANT_SNR}], got {bad}");
     }
-    let setup = setup(job)?;
-    let prepared = prepare_data(&setup, job)?;
-    let features = run_features(&setup, &prepared, job, progress)?;
-    let model = &setup.backbone.model;
+    let ModeTokens {
+        finetune,
+        test: fit,
+        backbone,
+        classes,
+    } = mode_tokens(job, FIT_SAMPLES, progress)?;
     let mode = job.config.mode;
-    let finetune = measured_tokens(
-        model,
-        layer_inputs(&features.finetune)?,
-        None,
-        mode,
-        &setup.device,
-    )?;
-    let test = layer_inputs(&features.test)?;
-    let fit_count = test.len().min(FIT_SAMPLES);
-    let fit = measured_tokens(model, test, Some(fit_count), mode, &setup.device)?;
+    let fit_count = fit.len();
     let dim = finetune.dim();
-    let classes = setup.dataset.class_names.len().clamp(2, dim);
+    let classes = classes.clamp(2, dim);
     let trace = noise_trace(&finetune)?;
     let seed = job.config.seed;
     let signals = ClassSignals::new(classes, dim, seed ^ 0x706c_616e_7400);
@@ -122,7 +115,7 @@ pub fn of_job(
                 run: run.clone(),
                 dataset: job.config.dataset.to_string(),
                 mode,
-                backbone: setup.backbone.files.id.clone(),
+                backbone: backbone.clone(),
                 planted_snr: snr,
                 planted_n_snr2: n * snr * snr,
                 noise_trace: trace,
@@ -139,6 +132,45 @@ pub fn of_job(
             })
         })
         .collect()
+}
+
+/// A run's fine-tune and test tokens in its mode's space (the first `test_count` test samples),
+/// with the backbone's id: what a model that stands in for phase 2 reads.
+pub struct ModeTokens {
+    pub finetune: LayerRows,
+    pub test: LayerRows,
+    pub backbone: String,
+    /// The dataset's class count.
+    pub classes: usize,
+}
+
+/// [`ModeTokens`] of `job`, its features from the cache where they are there.
+pub fn mode_tokens(
+    job: &FinetuneJob,
+    test_count: usize,
+    progress: &dyn Progress,
+) -> Result<ModeTokens> {
+    let setup = setup(job)?;
+    let prepared = prepare_data(&setup, job)?;
+    let features = run_features(&setup, &prepared, job, progress)?;
+    let model = &setup.backbone.model;
+    let mode = job.config.mode;
+    let finetune = measured_tokens(
+        model,
+        layer_inputs(&features.finetune)?,
+        None,
+        mode,
+        &setup.device,
+    )?;
+    let test = layer_inputs(&features.test)?;
+    let count = test.len().min(test_count);
+    let test = measured_tokens(model, test, Some(count), mode, &setup.device)?;
+    Ok(ModeTokens {
+        finetune,
+        test,
+        backbone: setup.backbone.files.id.clone(),
+        classes: setup.dataset.class_names.len(),
+    })
 }
 
 /// The tokens the mode's phase 2 selects from, of the first `count` samples of `inputs` (all by
@@ -170,7 +202,7 @@ fn measured_tokens(
 /// tr Σ̂ of `tokens` around their position's mean.
 fn noise_trace(tokens: &LayerRows) -> Result<f64> {
     let mut others = OtherTokens::new(tokens.dim());
-    for_each_sample(tokens, |_, values, length| {
+    tokens.for_each_sample(|_, values, length| {
         for p in 0..length {
             others.add(p, &values[p * tokens.dim()..(p + 1) * tokens.dim()]);
         }
@@ -182,18 +214,6 @@ fn noise_trace(tokens: &LayerRows) -> Result<f64> {
     Ok(covariance.trace())
 }
 
-/// Each sample's unpadded rows (length × d), in order.
-fn for_each_sample(
-    tokens: &LayerRows,
-    mut f: impl FnMut(usize, &[f32], usize) -> Result<()>,
-) -> Result<()> {
-    for i in 0..tokens.len() {
-        let batch = tokens.host_batch(&[i])?;
-        f(i, &batch.values, batch.lengths[0])?;
-    }
-    Ok(())
-}
-
 /// Each sample's planted token (n × d): its token at the draw's position plus its class's signal.
 fn planted_tokens(
     tokens: &LayerRows,
@@ -203,7 +223,7 @@ fn planted_tokens(
 ) -> Result<Vec<f32>> {
     let d = tokens.dim();
     let mut out = Vec::with_capacity(tokens.len() * d);
-    for_each_sample(tokens, |i, values, _| {
+    tokens.for_each_sample(|i, values, _| {
         let p = draw.positions[i];
         let signal = signals.signal(draw.labels[i], norm);
         out.extend(
@@ -233,7 +253,7 @@ fn planted_estimate(
     let mut predicted = Vec::with_capacity(tokens.len());
     let mut others = OtherTokens::new(d);
     let mut found = 0usize;
-    for_each_sample(tokens, |i, values, length| {
+    tokens.for_each_sample(|i, values, length| {
         let mut sample = values[..length * d].to_vec();
         let p = draw.positions[i];
         let signal = signals.signal(draw.labels[i], norm);

@@ -1,0 +1,257 @@
+//! `reproduce reference-map`: the paper's token selector (W, p by gradient descent, ν fixed along
+//! μ₊ − μ₋ with ‖ν‖ = 1/‖μ‖) on a dataset's real tokens as its noise, the paper's three-token
+//! signal planted on them (docs/design.md, "The paper's model on real noise"). A regime map over
+//! n ∈ {20, 200} × n·SNR² ∈ {0.3, 1, 3, 10, 30, 100} × 3 seeds, each run judged by [`judge`], and
+//! the answer line: do the two n's boundaries coincide on the n·SNR² axis or on the ‖μ‖ axis?
+//!
+//! The clock: the paper's step size meets its ‖μ‖ 20 in lr·‖μ‖² = 5e-3·20² = 2, and its 1000
+//! steps at T 8 select x₁; the time to select scales as 1/(lr·‖μ‖²), so each run takes lr =
+//! 2/‖μ‖² and checkpoints at 1000, 2000 and 4000 steps (the stopping rule's two doublings), made
+//! again to 16 000 where those moved; seed 0 of each cell is run again at half the step for
+//! twice the steps.
+//!
+//! Each run is kept in `<out>/runs/` with its config and the digest of the tokens it was made
+//! from, so the command resumes and a changed cache is refused rather than mixed in.
+
+pub mod judge;
+pub mod table;
+pub mod tokens;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use self::judge::{Call, Checkpoint, call};
+use self::tokens::{NoiseBasis, SEQ_LEN, plant, relevant_token_ceiling};
+use crate::io::{ensure_dir, read_input_text, write_json};
+use crate::rng::{Stream, stream};
+use crate::synthetic::{SyntheticConfig, Trace, run_on_sets};
+use crate::train::finetune::{FinetuneJob, Progress};
+use crate::train::snr_plant::{ModeTokens, mode_tokens};
+
+/// The map's n·SNR² ladder.
+pub const LADDER: [f64; 6] = [0.3, 1.0, 3.0, 10.0, 30.0, 100.0];
+/// The map's sizes (smaller first).
+pub const SIZES: [usize; 2] = [20, 200];
+pub const SEEDS: [u64; 3] = [0, 1, 2];
+/// Held-out samples in each test set.
+pub const TEST_N: usize = 1000;
+/// The paper's lr·‖μ‖² and its steps at T 8.
+pub const CLOCK: f64 = 5e-3 * 400.0;
+pub const CLOCK_STEPS: usize = 1000;
+const RHO: f64 = 0.1;
+const NOISY_ETA: f64 = 0.2;
+
+/// One run of the map.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MapRun {
+    pub dataset: String,
+    pub backbone: String,
+    pub n: usize,
+    pub n_snr2: f64,
+    pub seed: u64,
+    /// The half-step check: half the step, twice the steps.
+    pub half_step: bool,
+    /// Digest of the fine-tune and test tokens the noise was drawn from.
+    pub tokens_digest: String,
+    pub config: SyntheticConfig,
+    /// Test accuracy of attention entirely on x₁.
+    pub ceiling: f64,
+    /// At S, 2S and 4S.
+    pub checkpoints: Vec<Checkpoint>,
+    pub call: Call,
+}
+
+/// A part of the map's stream: 0 the basis, then the draws and the labels.
+fn substream(seed: u64, part: u64) -> ChaCha8Rng {
+    let mut rng = stream(seed, Stream::ReferenceMap);
+    rng.set_word_pos(u128::from(part) << 48);
+    rng
+}
+
+/// One seed's noise: the fine-tune set's (the largest n's; smaller n take its first samples) and
+/// the test set's, in one basis.
+struct SeedNoise {
+    dim: usize,
+    train: Vec<f32>,
+    test: Vec<f32>,
+}
+
+fn seed_noise(tokens: &ModeTokens, seed: u64) -> Result<SeedNoise> {
+    let basis = NoiseBasis::fit(&tokens.test, seed)?;
+    let largest = SIZES[SIZES.len() - 1];
+    // Samples shorter than T are passed over (short questions, in TREC).
+    let long_enough = |rows: &crate::encoder::layer_rows::LayerRows| {
+        rows.lengths().iter().filter(|&&l| l >= SEQ_LEN).count()
+    };
+    let test_n = long_enough(&tokens.test).min(TEST_N);
+    Ok(SeedNoise {
+        dim: tokens.test.dim(),
+        train: basis
+            .draw(&tokens.finetune, largest, &mut substream(seed, 1))
+            .context("the fine-tune tokens")?,
+        test: basis
+            .draw(&tokens.test, test_n, &mut substream(seed, 2))
+            .context("the test tokens")?,
+    })
+}
+
+/// Doublings past S a run takes first, and at most.
+const FIRST_DOUBLINGS: u32 = 2;
+const MOST_DOUBLINGS: u32 = 4;
+
+/// The run's config: ‖μ‖ from n·SNR² (SNR = ‖μ‖/√d at tr Σ̂ = d), lr and steps from the clock,
+/// checkpoints at S·2^j up to S·2^`doublings`.
+fn config_of(
+    (n, n_snr2, seed): (usize, f64, u64),
+    (dim, test_n): (usize, usize),
+    half: bool,
+    doublings: u32,
+) -> SyntheticConfig {
+    let signal_norm = (n_snr2 * dim as f64 / n as f64).sqrt();
+    let scale = if half { 2 } else { 1 };
+    SyntheticConfig {
+        seq_len: SEQ_LEN,
+        embed_dim: dim,
+        train_n: n,
+        test_n,
+        rho: RHO,
+        signal_norm,
+        noise_ratio: NOISY_ETA,
+        learning_rate: CLOCK / (signal_norm * signal_norm) / scale as f64,
+        num_steps: (1 << doublings) * CLOCK_STEPS * scale,
+        log_interval: CLOCK_STEPS * scale,
+        seed,
+        ..SyntheticConfig::default()
+    }
+}
+
+/// Trains one run and judges it.
+fn run_point(noise: &SeedNoise, config: &SyntheticConfig) -> Result<(f64, Vec<Checkpoint>, Call)> {
+    let d = noise.dim;
+    let n = config.train_n;
+    let law = (config.rho, config.signal_norm);
+    let train_noise = noise.train[..n * SEQ_LEN * d].to_vec();
+    // Labels depend on (seed, n) only: along the ladder only ‖μ‖ changes.
+    let train = plant(
+        train_noise,
+        d,
+        law,
+        NOISY_ETA,
+        &mut substream(config.seed, 10 + n as u64),
+    );
+    let test = plant(
+        noise.test.clone(),
+        d,
+        law,
+        0.0,
+        &mut substream(config.seed, 3),
+    );
+    let ceiling = relevant_token_ceiling(&test);
+    let made = run_on_sets(config, Trace::Checkpoints, (train, test))?;
+    let checkpoints: Vec<Checkpoint> = made
+        .metrics
+        .iter()
+        .filter(|m| m.step > 0 && (m.step / config.log_interval).is_power_of_two())
+        .map(Checkpoint::of)
+        .collect();
+    let said = call(&checkpoints, ceiling, config.test_n);
+    Ok((ceiling, checkpoints, said))
+}
+
+fn run_file(out: &Path, dataset: &str, n: usize, n_snr2: f64, seed: u64, half: bool) -> PathBuf {
+    let tail = if half { "_half" } else { "" };
+    out.join("runs")
+        .join(format!("{dataset}_n{n}_x{n_snr2}_s{seed}{tail}.json"))
+}
+
+/// The kept run at `path` if it is this one.
+fn kept(path: &Path, config: &SyntheticConfig, digest: &str) -> Result<Option<MapRun>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = read_input_text(path, crate::io::limits::SMALL_TEXT)?;
+    let run: MapRun = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a reference-map run file", path.display()))?;
+    let made_under_rule = call(&run.checkpoints, run.ceiling, run.config.test_n) == run.call;
+    if run.config != *config || run.tokens_digest != digest || !made_under_rule {
+        bail!(
+            "{}: made from another config, other tokens or another rule than this map's (remove \
+             it or choose another --out)",
+            path.display()
+        );
+    }
+    Ok(Some(run))
+}
+
+/// Every run of one dataset's map, kept ones read back; `on_done` after each.
+pub fn dataset_map(
+    job: &FinetuneJob,
+    out: &Path,
+    progress: &dyn Progress,
+    on_done: &dyn Fn(&MapRun),
+) -> Result<Vec<MapRun>> {
+    let dataset = job.config.dataset.to_string();
+    let tokens = mode_tokens(job, TEST_N, progress)?;
+    let digest = format!(
+        "{}+{}",
+        tokens.finetune.content_digest(),
+        tokens.test.content_digest()
+    );
+    ensure_dir(&out.join("runs"))?;
+    let mut runs = Vec::new();
+    for seed in SEEDS {
+        let noise = seed_noise(&tokens, seed)?;
+        let test_n = noise.test.len() / (SEQ_LEN * noise.dim);
+        for n in SIZES {
+            for n_snr2 in LADDER {
+                for half in [false, true] {
+                    if half && seed != SEEDS[0] {
+                        continue;
+                    }
+                    crate::interrupt::check()?;
+                    let point = (n, n_snr2, seed);
+                    let shape = (noise.dim, test_n);
+                    let path = run_file(out, &dataset, n, n_snr2, seed, half);
+                    let first = config_of(point, shape, half, FIRST_DOUBLINGS);
+                    let longer = config_of(point, shape, half, MOST_DOUBLINGS);
+                    let found = match kept(&path, &first, &digest) {
+                        Ok(found) => found,
+                        Err(_) => kept(&path, &longer, &digest)?,
+                    };
+                    let run = match found {
+                        Some(run) => run,
+                        None => {
+                            let (mut config, mut made) =
+                                (first.clone(), run_point(&noise, &first)?);
+                            if made.2 == Call::Unconverged {
+                                (config, made) = (longer.clone(), run_point(&noise, &longer)?);
+                            }
+                            let (ceiling, checkpoints, said) = made;
+                            let run = MapRun {
+                                dataset: dataset.clone(),
+                                backbone: tokens.backbone.clone(),
+                                n,
+                                n_snr2,
+                                seed,
+                                half_step: half,
+                                tokens_digest: digest.clone(),
+                                config,
+                                ceiling,
+                                checkpoints,
+                                call: said,
+                            };
+                            write_json(&path, &run)?;
+                            run
+                        }
+                    };
+                    on_done(&run);
+                    runs.push(run);
+                }
+            }
+        }
+    }
+    Ok(runs)
+}
