@@ -224,11 +224,14 @@ pub struct DoseCheckArgs {
 #[derive(Args, Debug)]
 pub struct ReferenceMapArgs {
     /// Datasets, comma-separated (one image and one text backbone for the answer)
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "report_only")]
     pub datasets: Vec<DatasetName>,
     /// Where the runs (runs/) and map.md go
     #[arg(long, value_name = "DIR", default_value = "results/reference-map")]
     pub out: PathBuf,
+    /// Write map.md from the runs kept in --out and make none (a map not finished yet)
+    #[arg(long)]
+    pub report_only: bool,
     #[command(flatten)]
     pub places: PlaceArgs,
 }
@@ -353,6 +356,16 @@ fn dose_check(args: DoseCheckArgs) -> Result<ExitCode> {
 /// `reproduce reference-map`: each dataset's map, then map.md over all of them.
 fn reference_map(args: ReferenceMapArgs) -> Result<ExitCode> {
     use crate::reproduce::reference_map as map;
+    if args.report_only {
+        let runs = map::kept_runs(&args.out)?;
+        let answer = map::table::write(&args.out, &runs)?;
+        println!(
+            "{} kept runs: answer {answer} → {}",
+            runs.len(),
+            args.out.join("map.md").display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let bars = report::finetune::Bars::default();
     let per_dataset = 2 * map::LADDER.len() * map::SEEDS.len() + 2 * map::LADDER.len();
     let mut runs = Vec::new();

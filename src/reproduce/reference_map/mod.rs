@@ -186,6 +186,25 @@ fn kept(path: &Path, config: &SyntheticConfig, digest: &str) -> Result<Option<Ma
     Ok(Some(run))
 }
 
+/// Every run kept in `out`, whatever its dataset (for a report of a map not finished yet).
+pub fn kept_runs(out: &Path) -> Result<Vec<MapRun>> {
+    let dir = out.join("runs");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("{}: no runs of a reference map", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|path| {
+            let text = read_input_text(path, crate::io::limits::SMALL_TEXT)?;
+            serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a reference-map run file", path.display()))
+        })
+        .collect()
+}
+
 /// Every run of one dataset's map, kept ones read back; `on_done` after each.
 pub fn dataset_map(
     job: &FinetuneJob,

@@ -132,11 +132,13 @@ fn dataset_section(md: &mut String, runs: &[MapRun], dataset: &str) -> Compariso
 }
 
 const PREFACE: &str = "# The paper's token selector on real noise\n\nRules fixed before the \
-numbers (src/reproduce/reference_map/judge.rs): a run is called only where its accuracies moved \
-≤ 0.01 and its train loss ≤ 0.01 over two doublings (S, 2S, 4S; else \"unconverged at cap\") and \
-the relevant token's own test accuracy (the ceiling) is ≥ 0.6 (else \"no signal\"); memorised = \
-every training sample fitted, generalises = test ≥ 0.5 + 0.9·(ceiling − 0.5). A boundary is where \
-the seed-mean memorisation of the called runs crosses 50 % as n·SNR² rises. **Yes** if the \
+numbers (src/reproduce/reference_map/judge.rs; docs/design.md, \"The paper's model on real \
+noise\"): a run is called only where, over its last two doublings (S, 2S, 4S, and on to 16S \
+where those moved; S = 1000 steps at lr·‖μ‖² = 2), train accuracy and memorisation moved ≤ 0.01, \
+test accuracy ≤ 0.5/√m (m test samples) and the train loss ≤ 0.01 (else \"unconverged at cap\"), \
+and the relevant token's own test accuracy (the ceiling) is ≥ 0.6 (else \"no signal\"); memorised \
+= every training sample fitted, generalises = test ≥ 0.5 + 0.9·(ceiling − 0.5). A boundary is \
+where the seed-mean memorisation of the called runs crosses 50 % as n·SNR² rises. **Yes** if the \
 boundaries at n 20 and 200 coincide within ×2 on the n·SNR² axis and not on the ‖μ‖ axis; **No** \
 if the reverse; else Undecided; over datasets, Yes (No) where all say so. Each cell: the seeds' \
 majority call, the memorisation, each seed's test accuracy over its ceiling, ‖μ‖.\n\n";
