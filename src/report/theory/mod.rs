@@ -258,14 +258,18 @@ fn agreement(md: &mut String, cells: &[Cell], mode_order: &dyn Fn(&str) -> usize
                 format!("{v:.2}")
             }
         };
+        let kappa = if k.items > 0 && k.kappa.is_nan() {
+            "– (one side says one thing throughout: κ would be 0 by construction)".to_string()
+        } else {
+            number(k.kappa, 2)
+        };
         writeln!(
             md,
-            "| {} | {} | {agree} | {} | {} | {} |",
+            "| {} | {} | {agree} | {} | {} | {kappa} |",
             mode.unwrap_or("all"),
             k.items,
             share(k.observed),
             share(k.chance),
-            number(k.kappa, 2)
         )?;
     }
     writeln!(md)?;

@@ -52,8 +52,9 @@ pub struct Kappa {
     pub items: usize,
 }
 
-/// κ = (p_o − p_e) / (1 − p_e) over `pairs` (first labelling, second); NaN without items or when
-/// chance already agrees fully (both labellings one and the same single label).
+/// κ = (p_o − p_e) / (1 − p_e) over `pairs` (first labelling, second); NaN without items or
+/// where one labelling is constant (one label throughout): κ is then 0 by construction, whatever
+/// the other says (p_o = p_e), and is not a measure of agreement.
 pub fn cohen_kappa(pairs: &[(String, String)]) -> Kappa {
     let items = pairs.len();
     let total = items as f64;
@@ -68,8 +69,13 @@ pub fn cohen_kappa(pairs: &[(String, String)]) -> Kappa {
         .iter()
         .map(|(label, count)| count / total * columns.get(label).copied().unwrap_or(0.0) / total)
         .sum();
+    let constant = rows.len() < 2 || columns.len() < 2;
     Kappa {
-        kappa: (observed - chance) / (1.0 - chance),
+        kappa: if constant {
+            f64::NAN
+        } else {
+            (observed - chance) / (1.0 - chance)
+        },
         observed,
         chance,
         items,
@@ -198,6 +204,12 @@ mod tests {
         assert_eq!(k.items, 50);
         assert!((k.observed - 0.7).abs() < 1e-12 && (k.chance - 0.5).abs() < 1e-12);
         assert!((k.kappa - 0.4).abs() < 1e-12, "{k:?}");
+        // One rater always saying the same: κ would be 0 whatever the other says; none is given.
+        let constant: Vec<(String, String)> = ["x", "y", "x"]
+            .iter()
+            .map(|s| ("harmful".to_string(), s.to_string()))
+            .collect();
+        assert!(cohen_kappa(&constant).kappa.is_nan());
         // A label only one side uses adds nothing to chance; full agreement is κ 1.
         let same: Vec<(String, String)> = ["x", "y", "x"]
             .iter()
