@@ -205,6 +205,54 @@ pub fn kept_runs(out: &Path) -> Result<Vec<MapRun>> {
         .collect()
 }
 
+/// What every run of one dataset's map shares.
+struct MapSource<'a> {
+    out: &'a Path,
+    dataset: &'a str,
+    backbone: &'a str,
+    /// Digest of the tokens the noise is drawn from.
+    digest: &'a str,
+}
+
+impl MapSource<'_> {
+    /// The run at `point`, read back where it is kept, else made (longer where the first try had
+    /// not settled) and kept.
+    fn run(&self, noise: &SeedNoise, point: (usize, f64, u64), half: bool) -> Result<MapRun> {
+        let (n, n_snr2, seed) = point;
+        let shape = (noise.dim, noise.test.len() / (SEQ_LEN * noise.dim));
+        let path = run_file(self.out, self.dataset, n, n_snr2, seed, half);
+        let first = config_of(point, shape, half, FIRST_DOUBLINGS);
+        let longer = config_of(point, shape, half, MOST_DOUBLINGS);
+        let found = match kept(&path, &first, self.digest) {
+            Ok(found) => found,
+            Err(_) => kept(&path, &longer, self.digest)?,
+        };
+        if let Some(run) = found {
+            return Ok(run);
+        }
+        let (mut config, mut made) = (first.clone(), run_point(noise, &first)?);
+        if made.2 == Call::Unconverged {
+            (config, made) = (longer.clone(), run_point(noise, &longer)?);
+        }
+        let (ceiling, checkpoints, call) = made;
+        let run = MapRun {
+            dataset: self.dataset.to_string(),
+            backbone: self.backbone.to_string(),
+            n,
+            n_snr2,
+            seed,
+            half_step: half,
+            tokens_digest: self.digest.to_string(),
+            config,
+            ceiling,
+            checkpoints,
+            call,
+        };
+        write_json(&path, &run)?;
+        Ok(run)
+    }
+}
+
 /// Every run of one dataset's map, kept ones read back; `on_done` after each.
 pub fn dataset_map(
     job: &FinetuneJob,
@@ -220,52 +268,24 @@ pub fn dataset_map(
         tokens.test.content_digest()
     );
     ensure_dir(&out.join("runs"))?;
+    let source = MapSource {
+        out,
+        dataset: &dataset,
+        backbone: &tokens.backbone,
+        digest: &digest,
+    };
     let mut runs = Vec::new();
     for seed in SEEDS {
         let noise = seed_noise(&tokens, seed)?;
-        let test_n = noise.test.len() / (SEQ_LEN * noise.dim);
         for n in SIZES {
             for n_snr2 in LADDER {
-                for half in [false, true] {
-                    if half && seed != SEEDS[0] {
-                        continue;
-                    }
+                // The half-step check on the first seed only.
+                for half in [false, true]
+                    .into_iter()
+                    .filter(|&h| !h || seed == SEEDS[0])
+                {
                     crate::interrupt::check()?;
-                    let point = (n, n_snr2, seed);
-                    let shape = (noise.dim, test_n);
-                    let path = run_file(out, &dataset, n, n_snr2, seed, half);
-                    let first = config_of(point, shape, half, FIRST_DOUBLINGS);
-                    let longer = config_of(point, shape, half, MOST_DOUBLINGS);
-                    let found = match kept(&path, &first, &digest) {
-                        Ok(found) => found,
-                        Err(_) => kept(&path, &longer, &digest)?,
-                    };
-                    let run = match found {
-                        Some(run) => run,
-                        None => {
-                            let (mut config, mut made) =
-                                (first.clone(), run_point(&noise, &first)?);
-                            if made.2 == Call::Unconverged {
-                                (config, made) = (longer.clone(), run_point(&noise, &longer)?);
-                            }
-                            let (ceiling, checkpoints, said) = made;
-                            let run = MapRun {
-                                dataset: dataset.clone(),
-                                backbone: tokens.backbone.clone(),
-                                n,
-                                n_snr2,
-                                seed,
-                                half_step: half,
-                                tokens_digest: digest.clone(),
-                                config,
-                                ceiling,
-                                checkpoints,
-                                call: said,
-                            };
-                            write_json(&path, &run)?;
-                            run
-                        }
-                    };
+                    let run = source.run(&noise, (n, n_snr2, seed), half)?;
                     on_done(&run);
                     runs.push(run);
                 }
