@@ -25,6 +25,29 @@ pub struct TokenSet {
 }
 
 impl TokenSet {
+    /// A set whose observed labels are the clean ones with the `noisy_mask` samples flipped.
+    pub fn flipped(
+        tokens: Vec<f32>,
+        (seq_len, embed_dim): (usize, usize),
+        clean_labels: Vec<f64>,
+        noisy_mask: Vec<bool>,
+    ) -> Self {
+        let labels = clean_labels
+            .iter()
+            .zip(&noisy_mask)
+            .map(|(&y, &flip)| if flip { -y } else { y })
+            .collect();
+        Self {
+            num_samples: clean_labels.len(),
+            seq_len,
+            embed_dim,
+            tokens,
+            labels,
+            clean_labels,
+            noisy_mask,
+        }
+    }
+
     /// The d-vector of token t of sample i.
     pub fn token(&self, i: usize, t: usize) -> &[f32] {
         let start = (i * self.seq_len + t) * self.embed_dim;
@@ -132,20 +155,7 @@ pub fn generate_from(
     let noisy_mask: Vec<bool> = (0..num_samples)
         .map(|i| i < flips || (i >= positives && i < positives + flips))
         .collect();
-    let labels = clean_labels
-        .iter()
-        .zip(&noisy_mask)
-        .map(|(&y, &flip)| if flip { -y } else { y })
-        .collect();
-    TokenSet {
-        num_samples,
-        seq_len,
-        embed_dim,
-        tokens,
-        labels,
-        clean_labels,
-        noisy_mask,
-    }
+    TokenSet::flipped(tokens, (seq_len, embed_dim), clean_labels, noisy_mask)
 }
 
 /// The paper's signal on tokens (n, T, d) row-major: μ_y on x_1, ρμ_y on x_2, ρμ_{−y} on x_3, with

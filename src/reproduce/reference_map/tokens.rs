@@ -186,20 +186,7 @@ pub fn plant(
             .take(flips)
             .for_each(|&i| noisy_mask[i] = true);
     }
-    let labels = clean_labels
-        .iter()
-        .zip(&noisy_mask)
-        .map(|(&y, &flip)| if flip { -y } else { y })
-        .collect();
-    TokenSet {
-        num_samples,
-        seq_len: SEQ_LEN,
-        embed_dim: dim,
-        tokens,
-        labels,
-        clean_labels,
-        noisy_mask,
-    }
+    TokenSet::flipped(tokens, (SEQ_LEN, dim), clean_labels, noisy_mask)
 }
 
 /// Accuracy of sign(νᵀx₁) on `set`: the test accuracy of attention entirely on the relevant
