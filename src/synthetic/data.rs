@@ -123,7 +123,7 @@ pub fn generate(
 
 /// `CustomDataset` of the authors' `main.py`: balanced labels (first half +1), signals added to
 /// x_1 (μ_y), x_2 (ρμ_y) and x_3 (ρμ_{−y}), then the first k/2 samples of each class flipped.
-/// The noise is σ_ε times the authors' N(0, I) draws, so σ_ε = 1 is their stream exactly.
+/// The noise is σ_ε times the same N(0, I) draws, so σ_ε = 1 gives [`generate`]'s set exactly.
 pub fn generate_from(
     law: &TokenLaw,
     num_samples: usize,
@@ -255,7 +255,7 @@ mod tests {
             assert!(((b - s) - 2.0 * (a - s)).abs() < 1e-4, "{a} {b} {s}");
         }
         assert_eq!(unit.labels, double.labels);
-        // σ_ε = 1 is the authors' stream exactly.
+        // σ_ε = 1 is `generate`'s set exactly.
         let authors = generate(
             10,
             4,
