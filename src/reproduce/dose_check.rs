@@ -60,7 +60,8 @@ pub fn grid() -> DoseGrid {
 }
 
 const PREFACE: &str = "# The SNR dose on the paper's synthetic model\n\nThe pre-registered \
-analysis of the dose (results/dose-pilot/PREREGISTRATION.md), unchanged, on the token selector \
+analysis of the dose (results/dose-pilot/PREREGISTRATION.md: the rule as registered and as mended after \
+this check's first reading) on the token selector \
 of the paper with Gaussian noise σ_ε² = 1 + k: six (d, ‖μ‖) settings stand for the datasets, n 20 \
 and 100 for 200 and 1000 (the same ×5 that P4 predicts). Where the theorem holds the analysis must \
 be able to say Yes; with the doses shuffled it must not.\n\n";
