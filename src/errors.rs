@@ -12,8 +12,12 @@ pub fn one_line(err: &anyhow::Error) -> String {
             parts.push(first.to_string());
         }
     }
-    parts.join(": ")
+    crate::excerpt::line(&parts.join(": "), MAX_LINE)
 }
+
+/// The longest error line printed: every message quoting data cuts it ([`crate::excerpt`]); this
+/// is the guard for one that does not.
+pub const MAX_LINE: usize = 1000;
 
 #[cfg(test)]
 mod tests {

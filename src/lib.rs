@@ -9,6 +9,7 @@ pub mod data;
 pub mod diagnostics;
 pub mod encoder;
 pub mod errors;
+pub mod excerpt;
 pub mod interrupt;
 pub mod io;
 pub mod kernels;

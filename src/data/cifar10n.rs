@@ -7,7 +7,6 @@ use std::path::Path;
 use std::str::FromStr;
 
 use super::files::{DataError, Result};
-use candle_core::DType;
 
 use super::npz::read_array;
 
@@ -79,7 +78,7 @@ pub struct Annotations {
 
 pub fn load(path: &Path, kind: HumanLabels) -> Result<Annotations> {
     let read = |name: &str| -> Result<Vec<u32>> {
-        let (shape, values) = read_array::<i64>(path, name, DType::I64)?;
+        let (shape, values) = read_array::<i64>(path, name)?;
         if shape != [TRAIN_IMAGES] {
             return Err(DataError::format(
                 path,

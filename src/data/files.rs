@@ -10,13 +10,13 @@ use sha2::{Digest, Sha256};
 /// A data file that could not be read or does not hold what its format promises.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {source}", crate::excerpt::path(path))]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: {problem}", path.display())]
+    #[error("{}: {problem}", crate::excerpt::path(path))]
     Format { path: PathBuf, problem: String },
     #[error("{dataset}: {problem}")]
     Unavailable { dataset: String, problem: String },
@@ -96,17 +96,9 @@ pub fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The first existing path among `candidates`.
-/// `text` quoted for an error line: at most 80 characters, the rest counted, so a malformed
-/// line of a huge file names its start instead of filling the terminal.
-pub fn excerpt(text: &str) -> String {
-    const SHOWN: usize = 80;
-    match text.char_indices().nth(SHOWN) {
-        None => format!("{text:?}"),
-        Some((cut, _)) => format!("{:?}… ({} bytes in all)", &text[..cut], text.len()),
-    }
-}
+pub use crate::excerpt::quote as excerpt;
 
+/// The first existing path among `candidates`.
 pub fn first_existing(candidates: &[PathBuf]) -> Option<&PathBuf> {
     candidates.iter().find(|p| crate::io::is_present(p))
 }
@@ -166,15 +158,6 @@ pub fn class_names(path: &Path, expected: usize) -> Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn an_excerpt_is_short_and_counts_the_rest() {
-        assert_eq!(excerpt("LOC:city"), "\"LOC:city\"");
-        let long = "é".repeat(1000);
-        let quoted = excerpt(&long);
-        assert!(quoted.ends_with("… (2000 bytes in all)"), "{quoted}");
-        assert_eq!(quoted.matches('é').count(), 80);
-    }
-
     use super::*;
     use std::io::Write;
 

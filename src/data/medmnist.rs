@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use super::files::{DataError, Result};
-use candle_core::DType;
 
 use super::npz::read_array;
 use super::{ImageSet, Inputs, Split};
@@ -13,8 +12,8 @@ use super::{ImageSet, Inputs, Split};
 /// One split ("train", "val" or "test") of the archive at `path`; with `num_classes`, every label
 /// must be below it.
 pub fn read_split(path: &Path, split: &str, num_classes: Option<usize>) -> Result<Split> {
-    let (shape, pixels) = read_array::<u8>(path, &format!("{split}_images"), DType::U8)?;
-    let (label_shape, labels) = read_array::<u8>(path, &format!("{split}_labels"), DType::U8)?;
+    let (shape, pixels) = read_array::<u8>(path, &format!("{split}_images"))?;
+    let (label_shape, labels) = read_array::<u8>(path, &format!("{split}_labels"))?;
     // (N, H, W) grayscale or (N, H, W, 3) colour, channels last as stored.
     let (count, height, width, channels) = match shape[..] {
         [n, h, w] => (n, h, w, 1),

@@ -33,6 +33,10 @@ impl ConfigFile {
         } else {
             let table: toml::Table =
                 toml::from_str(&text).with_context(|| format!("{shown}: not valid TOML"))?;
+            // JSON has no nan or inf: said here, not later as "got null".
+            if let Some(key) = non_finite_key(&table, "") {
+                bail!("{shown}: key `{key}`: nan and inf are not values a run takes");
+            }
             serde_json::to_value(table)?
         };
         let Value::Object(values) = value else {
@@ -72,8 +76,14 @@ impl ConfigFile {
         let mut values = self.values.clone();
         values.remove("dataset");
         merge(&mut merged, values);
-        let config: RunConfig =
-            serde_json::from_value(merged).map_err(|e| anyhow::anyhow!("{}: {e}", self.path))?;
+        let config: RunConfig = serde_path_to_error::deserialize(merged).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: key `{}`: {}",
+                self.path,
+                key_path(&e.path().to_string()),
+                e.inner()
+            )
+        })?;
         Ok(RunConfig {
             head_classifier: HeadClassifier::for_mode(config.mode, config.head_classifier),
             ..config
@@ -115,6 +125,29 @@ impl ConfigFile {
         }
         Ok(())
     }
+}
+
+/// serde_path_to_error's path (`optimizer.learning_rate`) as the file's own spelling of it.
+fn key_path(path: &str) -> String {
+    match path.split_once('.') {
+        Some((table, key)) if !table.is_empty() => format!("[{table}] {key}"),
+        _ => path.to_string(),
+    }
+}
+
+/// The first key of `table` (a dotted path) holding a nan or infinite float.
+fn non_finite_key(table: &toml::Table, prefix: &str) -> Option<String> {
+    fn in_value(value: &toml::Value, name: &str) -> Option<String> {
+        match value {
+            toml::Value::Float(f) if !f.is_finite() => Some(name.to_string()),
+            toml::Value::Table(t) => non_finite_key(t, &format!("{name}.")),
+            toml::Value::Array(items) => items.iter().find_map(|v| in_value(v, name)),
+            _ => None,
+        }
+    }
+    table
+        .iter()
+        .find_map(|(key, value)| in_value(value, &format!("{prefix}{key}")))
 }
 
 /// Keys a run may leave unset (null in its config.json).

@@ -41,6 +41,60 @@ impl Default for OptimizerConfig {
     }
 }
 
+impl OptimizerConfig {
+    /// Every value AdamW cannot train with, named by its key (a run never starts with them: a
+    /// negative or huge step, a β outside [0, 1), ε ≤ 0 or a negative decay or clip norm train to
+    /// nonsense that still reports accuracies).
+    pub fn check(&self) -> anyhow::Result<()> {
+        let key = |name: &str| format!("[optimizer] {name}");
+        let finite = |name: &str, v: f64| -> anyhow::Result<()> {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                anyhow::bail!("{} must be a finite number, got {v}", key(name))
+            }
+        };
+        for (name, v) in [
+            ("learning_rate", self.learning_rate),
+            ("beta1", self.beta1),
+            ("beta2", self.beta2),
+            ("epsilon", self.epsilon),
+            ("weight_decay", self.weight_decay),
+            ("max_grad_norm", self.max_grad_norm),
+        ] {
+            finite(name, v)?;
+        }
+        if !(self.learning_rate > 0.0 && self.learning_rate <= MAX_LEARNING_RATE) {
+            anyhow::bail!(
+                "{} must be in (0, {MAX_LEARNING_RATE}], got {}",
+                key("learning_rate"),
+                self.learning_rate
+            );
+        }
+        for (name, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                anyhow::bail!("{} must be in [0, 1), got {v}", key(name));
+            }
+        }
+        if self.epsilon <= 0.0 {
+            anyhow::bail!("{} must be > 0, got {}", key("epsilon"), self.epsilon);
+        }
+        for (name, v) in [
+            ("weight_decay", self.weight_decay),
+            ("max_grad_norm", self.max_grad_norm),
+        ] {
+            if v < 0.0 {
+                anyhow::bail!("{} must be ≥ 0, got {v}", key(name));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The largest step size a run accepts: far above any AdamW setting that trains (the paper's is
+/// 5e-5), low enough that a typo such as 1e30 is refused.
+pub const MAX_LEARNING_RATE: f64 = 10.0;
+
 /// AdamW over named parameters with HF's linear schedule over `total_steps`.
 pub struct AdamW {
     config: OptimizerConfig,

@@ -312,6 +312,15 @@ fn train_phase1(
             train_classifier_on_tokens(classifier, &tokens, labels, &schedule, &mut on_epoch)?
         }
     }
+    // A classifier trained to a non-finite loss is neither kept nor cached.
+    if let Some(epoch) = losses.iter().position(|l| !l.is_finite()) {
+        anyhow::bail!(
+            "phase-1 epoch {}: the training loss is {} (not finite); nothing was kept — lower \
+             [optimizer] learning_rate or check the data",
+            epoch + 1,
+            losses[epoch]
+        );
+    }
     Ok(losses)
 }
 

@@ -254,6 +254,7 @@ impl RunConfig {
             }
         }
         self.check_real_values()?;
+        self.optimizer.check()?;
         if self.backbones.is_empty() {
             bail!("--backbone: no backbone to try");
         }

@@ -86,6 +86,13 @@ pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Lo
         None => classes::assign(&all_labels)
             .map_err(|why| DataError::format(&files[0].1, format!("column {label:?}: {why}")))?,
     };
+    if let [(_, train), (_, test)] = &parts[..] {
+        classes::refuse_test_only(
+            train.labels.iter().map(|(label, _)| label),
+            test.labels.iter().map(|(label, at)| (label, at.as_str())),
+        )
+        .map_err(|why| DataError::format(&files[files.len() - 1].1, why))?;
+    }
     let mut indices = indices.into_iter();
     let mut warnings = Vec::new();
     let mut splits = Vec::new();
@@ -137,13 +144,16 @@ fn class_label_indices(
     labels
         .iter()
         .map(|(label, at)| match label {
-            Label::Integer(k) if (0..names.len() as i64).contains(k) => Ok(*k as u32),
+            Label::Number(k) if k.parse::<usize>().is_ok_and(|k| k < names.len()) => {
+                Ok(k.parse::<u32>().expect("below the class count"))
+            }
             other => Err(DataError::format(
                 path,
                 format!(
-                    "{at}: label {other:?} is not one of the {} ClassLabel classes (0..{}); an unlabelled split cannot be trained or scored",
+                    "{at}: label {} is not one of the {} ClassLabel classes (0 to {}); an unlabelled split cannot be trained or scored",
+                    crate::excerpt::quote(other.name()),
                     names.len(),
-                    names.len() - 1
+                    names.len().saturating_sub(1)
                 ),
             )),
         })
@@ -170,7 +180,9 @@ fn class_label_names(
         .as_array()?
         .iter()
         .map(|n| n.as_str().map(str::to_string))
-        .collect()
+        .collect::<Option<Vec<String>>>()
+        // A ClassLabel without names says nothing: the labels are read as they are.
+        .filter(|names| !names.is_empty())
 }
 
 /// Reads `path`'s rows into `rows`; returns its ClassLabel names, if any.
@@ -197,8 +209,9 @@ fn read_file(
             return Err(DataError::format(
                 path,
                 format!(
-                    "no {what} column {column:?} (its columns: {}); name it in the source: hf:…#{what}=COLUMN",
-                    columns.join(", ")
+                    "no {what} column {} (its columns: {}); name it in the source: hf:…#{what}=COLUMN",
+                    crate::excerpt::quote(column),
+                    crate::excerpt::list(&columns)
                 ),
             ));
         }
@@ -229,6 +242,9 @@ fn read_row(
 ) -> std::result::Result<(), String> {
     let value = |column: &str| field(row, column).ok_or(format!("no value in {column:?}"));
     match (input, value(input.name())?) {
+        (Input::Text(_), Field::Str(text)) if text.trim().is_empty() => {
+            return Err("an empty text (every sample needs some text)".into());
+        }
         (Input::Text(_), Field::Str(text)) => rows.texts.push(text.clone()),
         (Input::Image(_), Field::Group(image)) => match field(image, "bytes") {
             Some(Field::Bytes(bytes)) => rows.images.push((
@@ -250,10 +266,15 @@ fn read_row(
         }
     }
     let label_value = match value(label)? {
-        Field::Long(v) => Label::Integer(*v),
-        Field::Int(v) => Label::Integer(i64::from(*v)),
-        Field::Short(v) => Label::Integer(i64::from(*v)),
-        Field::Byte(v) => Label::Integer(i64::from(*v)),
+        // Every integer width, signed or not (pandas writes uint8 labels as UINT_8).
+        Field::Long(v) => Label::integer(v),
+        Field::Int(v) => Label::integer(v),
+        Field::Short(v) => Label::integer(v),
+        Field::Byte(v) => Label::integer(v),
+        Field::ULong(v) => Label::integer(v),
+        Field::UInt(v) => Label::integer(v),
+        Field::UShort(v) => Label::integer(v),
+        Field::UByte(v) => Label::integer(v),
         Field::Str(s) if !s.is_empty() => Label::Word(s.clone()),
         other => {
             return Err(format!(

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use super::classes::{self, Label};
 use super::pool::Splits;
 use super::{Loaded, OwnKind};
-use crate::data::files::{DataError, Result, excerpt};
+use crate::data::files::{DataError, Result};
 use crate::data::{Inputs, Split};
+use crate::excerpt::{list, quote};
 
 /// Which columns hold the text and the label.
 pub struct Columns<'a> {
@@ -76,8 +77,16 @@ pub fn load(path: &Path, kind: OwnKind, columns: &Columns) -> Result<Loaded> {
         .flatten()
         .map(|(_, label, at)| (label.clone(), at.clone()))
         .collect();
-    let (class_names, indices) = classes::assign(&labels)
-        .map_err(|why| DataError::format(path, format!("column {:?}: {why}", columns.label)))?;
+    let (class_names, indices) = classes::assign(&labels).map_err(|why| {
+        DataError::format(path, format!("column {}: {why}", quote(columns.label)))
+    })?;
+    if let [train, test] = &parts[..] {
+        classes::refuse_test_only(
+            train.iter().map(|(_, label, _)| label),
+            test.iter().map(|(_, label, at)| (label, at.as_str())),
+        )
+        .map_err(|why| DataError::format(&files[1], why))?;
+    }
     let mut indices = indices.into_iter();
     let splits: Vec<Split> = parts
         .into_iter()
@@ -102,28 +111,66 @@ fn file_name(path: &Path) -> String {
     )
 }
 
-/// The index of `column` among `headers`: its name, else a 0-based index.
+/// The index of `column` among `headers`: its name (which must name one column only), else a
+/// 0-based index.
 fn column_index(path: &Path, headers: &csv::StringRecord, column: &str) -> Result<usize> {
-    headers
+    let named: Vec<usize> = headers
         .iter()
-        .position(|h| h == column)
+        .enumerate()
+        .filter(|(_, h)| *h == column)
+        .map(|(k, _)| k)
+        .collect();
+    if named.len() > 1 {
+        return Err(DataError::format(
+            path,
+            format!(
+                "the header names {} columns {} (columns {}); rename one, or name the column by its index",
+                named.len(),
+                quote(column),
+                list(named.iter().map(|k| k.to_string()))
+            ),
+        ));
+    }
+    named
+        .first()
+        .copied()
         .or_else(|| column.parse::<usize>().ok().filter(|&k| k < headers.len()))
         .ok_or_else(|| {
             DataError::format(
                 path,
                 format!(
-                    "no column {column:?} (its header has {}); name the column with --text-column / --label-column",
-                    headers.iter().map(|h| format!("{h:?}")).collect::<Vec<_>>().join(", ")
+                    "no column {} (its header has {}); name the column with --text-column / --label-column",
+                    quote(column),
+                    list(headers.iter())
                 ),
             )
         })
 }
 
+/// A sample's text, refused when it is empty or only whitespace: it would reach the backbone as
+/// padding alone and fail far from here.
+fn checked_text(path: &Path, line: u64, text: String) -> Result<String> {
+    if text.trim().is_empty() {
+        return Err(DataError::format(
+            path,
+            format!("line {line}: an empty text (every sample needs some text)"),
+        ));
+    }
+    Ok(text)
+}
+
 fn read_csv(path: &Path, columns: &Columns) -> Result<Vec<Row>> {
     let bytes = crate::data::files::read_data(path)?;
     let mut reader = csv::ReaderBuilder::new().from_reader(&bytes[..]);
-    let bad =
-        |e: csv::Error| DataError::format(path, format!("not a CSV file with a header row: {e}"));
+    let bad = |e: csv::Error| {
+        DataError::format(
+            path,
+            format!(
+                "not a CSV file with a header row: {}",
+                crate::excerpt::line(&e.to_string(), crate::excerpt::SHOWN * 2)
+            ),
+        )
+    };
     let headers = reader.headers().map_err(bad)?.clone();
     let text = column_index(path, &headers, columns.text)?;
     let label = column_index(path, &headers, columns.label)?;
@@ -131,7 +178,9 @@ fn read_csv(path: &Path, columns: &Columns) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for record in reader.records() {
         let record = record.map_err(bad)?;
-        let line = record.position().map_or(0, |p| p.line());
+        let line = record
+            .position()
+            .map_or(0, |p| line_of(&bytes, p.byte() as usize));
         let at = format!("{name} line {line}");
         let cell = &record[label];
         if cell.is_empty() {
@@ -140,13 +189,25 @@ fn read_csv(path: &Path, columns: &Columns) -> Result<Vec<Row>> {
                 format!("line {line}: an empty label"),
             ));
         }
-        rows.push((record[text].to_string(), Label::of_text(cell), at));
+        let sample = checked_text(path, line, record[text].to_string())?;
+        rows.push((sample, Label::of_text(cell), at));
     }
     Ok(rows)
 }
 
+/// The 1-based line of byte `at` in `bytes`, counting `\n` (so `\r\n` files count as `\n` ones;
+/// the csv crate's own line count is one short after a quoted field with CRLF line ends).
+fn line_of(bytes: &[u8], at: usize) -> u64 {
+    1 + bytes[..at.min(bytes.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count() as u64
+}
+
 fn read_jsonl(path: &Path, columns: &Columns) -> Result<Vec<Row>> {
     let text = crate::data::files::read_data_text(path)?;
+    // A byte-order mark, as a CSV may start with one: skipped, not taken for JSON.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let name = file_name(path);
     let mut rows = Vec::new();
     for (k, line) in text.lines().enumerate() {
@@ -156,31 +217,35 @@ fn read_jsonl(path: &Path, columns: &Columns) -> Result<Vec<Row>> {
         }
         let problem = |what: String| DataError::format(path, format!("line {line_number}: {what}"));
         let serde_json::Value::Object(object) = serde_json::from_str(line)
-            .map_err(|e| problem(format!("not a JSON object ({e}): {}", excerpt(line))))?
+            .map_err(|e| problem(format!("not a JSON object ({e}): {}", quote(line))))?
         else {
-            return Err(problem(format!("not a JSON object: {}", excerpt(line))));
+            return Err(problem(format!("not a JSON object: {}", quote(line))));
         };
         let field = |key: &str| {
             object.get(key).ok_or_else(|| {
-                let keys: Vec<String> = object.keys().map(|k| format!("{k:?}")).collect();
                 problem(format!(
-                    "no key {key:?} (the object has {}); name the column with --text-column / --label-column",
-                    keys.join(", ")
+                    "no key {} (the object has {}); name the column with --text-column / --label-column",
+                    quote(key),
+                    list(object.keys())
                 ))
             })
         };
         let sample = match field(columns.text)? {
-            serde_json::Value::String(s) => s.clone(),
-            other => return Err(problem(format!("text {other} is not a string"))),
+            serde_json::Value::String(s) => checked_text(path, line_number as u64, s.clone())?,
+            other => {
+                return Err(problem(format!(
+                    "text {} is not a string",
+                    quote(&other.to_string())
+                )));
+            }
         };
         let label = match field(columns.label)? {
             serde_json::Value::String(s) if !s.is_empty() => Label::Word(s.clone()),
-            serde_json::Value::Number(n) if n.as_i64().is_some() => {
-                Label::Integer(n.as_i64().unwrap())
-            }
+            serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Label::integer(n),
             other => {
                 return Err(problem(format!(
-                    "label {other} is neither an integer nor a non-empty string"
+                    "label {} is neither an integer nor a non-empty string",
+                    quote(&other.to_string())
                 )));
             }
         };

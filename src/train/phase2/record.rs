@@ -126,9 +126,20 @@ fn metrics_of(
         Some(logits) => Some(evaluate(logits, labels.test_labels)?),
         None => None,
     };
+    let train_loss = batch_losses.map_or(f64::NAN, |l| l.iter().sum::<f64>() / l.len() as f64);
+    // A run whose loss turned non-finite stops here: its accuracies mean nothing, and a summary
+    // with them would be averaged into a grid.
+    if epoch > 0 && !(train_loss.is_finite() && train.loss.is_finite()) {
+        anyhow::bail!(
+            "phase-2 epoch {epoch}: the training loss is {} (evaluated: {}), not finite; the run \
+             stops without a summary — lower [optimizer] learning_rate or check the data",
+            train_loss,
+            train.loss
+        );
+    }
     Ok(EpochMetrics {
         epoch,
-        train_loss: batch_losses.map_or(f64::NAN, |l| l.iter().sum::<f64>() / l.len() as f64),
+        train_loss,
         train_eval_loss: train.loss,
         train_acc: train.accuracy,
         memorization: accuracy_where(&train.predictions, labels.labels, |i| labels.noisy_mask[i]),
