@@ -32,7 +32,7 @@ pub enum DataCommand {
 pub struct ListArgs {
     #[command(flatten)]
     pub root: DataDirArg,
-    /// Datasets you bring, listed after the data root's (folder:PATH, csv:PATH, jsonl:PATH)
+    /// Datasets you bring, listed after the data root's (folder:PATH, csv:PATH, jsonl:PATH, hf:PATH or hf:ORG/NAME)
     pub datasets: Vec<DatasetName>,
 }
 
@@ -52,7 +52,7 @@ pub struct SplitArgs {
     #[command(flatten)]
     pub root: DataDirArg,
     /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, or a task of the
-    /// MedMNIST 2D family such as dermamnist_224), or your own files: folder:PATH, csv:PATH, jsonl:PATH
+    /// MedMNIST 2D family such as dermamnist_224), or your own files: folder:PATH, csv:PATH, jsonl:PATH, hf:PATH or hf:ORG/NAME
     #[arg(long)]
     pub dataset: DatasetName,
     /// csv:/jsonl: datasets: the text column [default: text]

@@ -21,7 +21,7 @@ pub struct FinetuneArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Dataset name (mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2, a
-    /// MedMNIST 2D task), or your own files: folder:PATH, csv:PATH, jsonl:PATH (docs/data.md)
+    /// MedMNIST 2D task), or your own files: folder:PATH, csv:PATH, jsonl:PATH, hf:PATH or hf:ORG/NAME (docs/data.md)
     /// [default: the --config file's]
     #[arg(long)]
     pub dataset: Option<DatasetName>,

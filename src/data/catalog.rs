@@ -161,7 +161,7 @@ impl FromStr for DatasetName {
                 return Err(format!(
                     "unknown dataset {s:?}: expected mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2, or another \
                      2D MedMNIST task by name, at 28 px or at MedMNIST+'s 64, 128 or 224 (e.g. dermamnist, dermamnist_224), \
-                     or your own files: folder:PATH, csv:PATH, jsonl:PATH (docs/data.md)"
+                     or your own files: folder:PATH, csv:PATH, jsonl:PATH, hf:PATH or hf:ORG/NAME (docs/data.md)"
                 ));
             }
         })
@@ -192,6 +192,16 @@ const MANIFESTS: [(&str, &str); 9] = [
 pub fn manifest(name: &str) -> Option<Manifest> {
     let (_, text) = MANIFESTS.iter().find(|(n, _)| *n == name)?;
     Some(toml::from_str(text).unwrap_or_else(|e| panic!("datasets/{name}.toml is invalid: {e}")))
+}
+
+/// The file under `datasets/` that lists `name`'s release: its own manifest, or the MedMNIST
+/// family's for the other tasks and sizes.
+pub fn manifest_file(name: &str) -> String {
+    if MANIFESTS.iter().any(|(n, _)| *n == name) {
+        format!("{name}.toml")
+    } else {
+        "medmnist.toml".to_string()
+    }
 }
 
 /// Names of every manifest, the eight datasets first.
@@ -337,6 +347,15 @@ fn load_cifar10(name: &DatasetName, dir: &Path) -> Result<Dataset> {
 fn load_medmnist(name: &DatasetName, dir: &Path) -> Result<Dataset> {
     let warnings: Vec<String> = Vec::new();
     let path = dir.join(format!("{}.npz", name.id()));
+    if !crate::io::is_present(&path) {
+        return Err(DataError::format(
+            &path,
+            format!(
+                "missing (its URL and checksum: datasets/{}; `benign-attention data fetch {name}` downloads it)",
+                manifest_file(name.id())
+            ),
+        ));
+    }
     let known = name.manifest().map(|m| m.classes).filter(|c| !c.is_empty());
     let num_classes = known.as_ref().map(Vec::len);
     let train = medmnist::read_split(&path, "train", num_classes)?;

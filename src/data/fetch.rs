@@ -60,10 +60,10 @@ fn by_hand(manifest: &Manifest, dir: &Path) -> String {
         None => format!("put {}", files.join(", ")),
     };
     format!(
-        "download the files on a machine with a network and {source} under {} (URLs and checksums: datasets/{}.toml); \
+        "download the files on a machine with a network and {source} under {} (URLs and checksums: datasets/{}); \
          `benign-attention data verify` checks them",
         dir.display(),
-        manifest.name
+        super::catalog::manifest_file(&manifest.name)
     )
 }
 

@@ -15,6 +15,8 @@ use crate::data::files::sha256_hex;
 
 /// The authors' `max_length`.
 pub const MAX_LENGTH: usize = 128;
+/// Bytes of text tokenized first per position kept: far more than a word piece takes.
+const TEXT_BYTES_PER_POSITION: usize = 32;
 
 pub struct TextPreprocessor {
     tokenizer: Tokenizer,
@@ -81,9 +83,13 @@ impl TextPreprocessor {
     }
 
     pub fn encode(&self, texts: &[String]) -> Result<Encoded> {
+        let bounded: Vec<String> = texts
+            .iter()
+            .map(|t| self.bounded(t).map(str::to_string))
+            .collect::<Result<_>>()?;
         let encodings = self
             .tokenizer
-            .encode_batch(texts.to_vec(), self.special_tokens)
+            .encode_batch(bounded, self.special_tokens)
             .map_err(|e| anyhow!("{}: tokenization failed: {e}", self.path.display()))?;
         Ok(Encoded {
             input_ids: encodings.iter().map(|e| e.get_ids().to_vec()).collect(),
@@ -92,6 +98,45 @@ impl TextPreprocessor {
                 .map(|e| e.get_attention_mask().to_vec())
                 .collect(),
         })
+    }
+
+    /// The prefix of `text` that gives the same ids as the whole of it: a long text is cut
+    /// before it is tokenized (a 50 MB cell would otherwise be tokenized whole, at ~85× its
+    /// size, then truncated to 128 positions). A cut is taken once its tokens fill every position
+    /// and end before the prefix's last whitespace, so that no kept word piece touches the cut;
+    /// else the cut grows ×4 (a text of few, long words is tokenized whole at worst).
+    fn bounded<'t>(&self, text: &'t str) -> Result<&'t str> {
+        let mut cut = self.max_length * TEXT_BYTES_PER_POSITION;
+        while cut < text.len() {
+            let at = (0..=cut)
+                .rev()
+                .find(|&k| text.is_char_boundary(k))
+                .unwrap_or(0);
+            let prefix = &text[..at];
+            let encoding = self
+                .tokenizer
+                .encode(prefix, self.special_tokens)
+                .map_err(|e| anyhow!("{}: tokenization failed: {e}", self.path.display()))?;
+            let real = encoding
+                .get_attention_mask()
+                .iter()
+                .filter(|&&m| m == 1)
+                .count();
+            let kept_end = encoding
+                .get_offsets()
+                .iter()
+                .zip(encoding.get_attention_mask())
+                .filter(|(_, m)| **m == 1)
+                .map(|(o, _)| o.1)
+                .max()
+                .unwrap_or(0);
+            let last_space = prefix.rfind(char::is_whitespace);
+            if real >= self.max_length && last_space.is_some_and(|space| kept_end <= space) {
+                return Ok(prefix);
+            }
+            cut = cut.saturating_mul(4);
+        }
+        Ok(text)
     }
 
     /// Changes whenever the ids would (part of the feature-cache key).

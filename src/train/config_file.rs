@@ -74,6 +74,15 @@ impl ConfigFile {
     pub fn overlay(&self, base: &RunConfig) -> Result<RunConfig> {
         let mut merged = serde_json::to_value(base)?;
         let mut values = self.values.clone();
+        // The digest a file records is its own dataset's: given another dataset (--dataset over
+        // a replayed config.json), the base's digest of the files now named stands instead.
+        let same_dataset = values
+            .get("dataset")
+            .and_then(Value::as_str)
+            .is_none_or(|d| d.parse::<DatasetName>().is_ok_and(|d| d == base.dataset));
+        if !same_dataset {
+            values.remove("data_digest");
+        }
         values.remove("dataset");
         merge(&mut merged, values);
         let config: RunConfig = serde_path_to_error::deserialize(merged).map_err(|e| {

@@ -5,22 +5,18 @@
 //! Documented order: classes as [`super::classes`] orders their folder names; samples class by
 //! class, each class's files in byte order of their names. Images stay 8-bit; a folder whose
 //! images are all grayscale stays one channel, any colour image makes every image RGB (alpha
-//! dropped). Images of one size are kept as they are; a folder of several sizes is resized to
-//! [`COMMON_SIZE`]² (the backbones' input) with a bilinear filter, said in the run's deviations.
+//! dropped), decoded under a memory budget ([`super::images`]: its rule for sizes).
 
 use std::path::{Path, PathBuf};
 
-use image::DynamicImage;
-use rayon::prelude::*;
-
 use super::Loaded;
 use super::classes::{self, Label};
+use super::images::{Encoded, decode_set};
 use super::pool::Splits;
 use crate::data::files::{DataError, Result};
-use crate::data::{ImageSet, Inputs, Split};
+use crate::data::{Inputs, Split};
 
-/// The side images of differing sizes are resized to.
-pub const COMMON_SIZE: u32 = 224;
+pub use super::images::COMMON_SIZE;
 
 /// Every file a folder source reads (train's, then test's, or the pool's), in the documented order.
 pub fn files(root: &Path) -> Result<Vec<PathBuf>> {
@@ -42,10 +38,27 @@ fn layout(root: &Path) -> Result<Vec<Part>> {
     }
     let (train, test) = (root.join("train"), root.join("test"));
     match (train.is_dir(), test.is_dir()) {
-        (true, true) => Ok(vec![
-            ("train", class_folders(&train)?),
-            ("test", class_folders(&test)?),
-        ]),
+        (true, true) => {
+            // Anything else beside train/ and test/ (a val/ folder, a stray file) would be
+            // ignored without a word, as the pool layout refuses it: refused here too.
+            if let Some((name, path)) = visible_entries(root)?
+                .into_iter()
+                .find(|(name, _)| name != "train" && name != "test")
+            {
+                return Err(DataError::format(
+                    &path,
+                    format!(
+                        "{} beside train/ and test/: a split folder dataset holds those two only (move {} out, or merge it into one of them)",
+                        if path.is_dir() { "a folder" } else { "a file" },
+                        crate::excerpt::quote(&name)
+                    ),
+                ));
+            }
+            Ok(vec![
+                ("train", class_folders(&train)?),
+                ("test", class_folders(&test)?),
+            ])
+        }
         (true, false) | (false, true) => Err(DataError::format(
             root,
             "holds one of train/ and test/ without the other: give both, or one sub-folder per class",
@@ -131,7 +144,7 @@ pub fn load(root: &Path) -> Result<Loaded> {
             &root.join("test").join(stray),
             format!(
                 "a test class with no train/ folder of its own (train/ has {})",
-                class_names.join(", ")
+                crate::excerpt::list(&class_names)
             ),
         ));
     }
@@ -147,11 +160,11 @@ pub fn load(root: &Path) -> Result<Loaded> {
             samples.extend(files.iter().map(|f| (*part, class, f.clone())));
         }
     }
-    let decoded: Vec<DynamicImage> = samples
-        .par_iter()
-        .map(|(_, _, path)| decode(path))
-        .collect::<Result<_>>()?;
-    let (images, warnings) = uniform(decoded);
+    let sources: Vec<Encoded> = samples
+        .iter()
+        .map(|(_, _, path)| Encoded::File(path.clone()))
+        .collect();
+    let (images, warnings) = decode_set(&sources, root)?;
     let split_of = |part: &str| -> Split {
         let indices: Vec<usize> = (0..samples.len())
             .filter(|&k| samples[k].0 == part)
@@ -171,70 +184,4 @@ pub fn load(root: &Path) -> Result<Loaded> {
         splits,
         warnings,
     })
-}
-
-/// The image in file `path`.
-fn decode(path: &Path) -> Result<DynamicImage> {
-    decode_bytes(path, crate::data::files::read_data(path)?)
-}
-
-/// The image in `bytes`, read from `path` (named in the error).
-pub(super) fn decode_bytes(path: &Path, bytes: Vec<u8>) -> Result<DynamicImage> {
-    image::io::Reader::new(std::io::Cursor::new(bytes))
-        .with_guessed_format()
-        .map_err(|e| DataError::io(path, e))?
-        .decode()
-        .map_err(|e| {
-            DataError::format(
-                path,
-                format!("not an image this program decodes (PNG, JPEG, BMP, GIF, TIFF, WebP): {e}"),
-            )
-        })
-}
-
-/// The images as one [`ImageSet`]: one channel when all are grayscale, else RGB; their common
-/// size, else [`COMMON_SIZE`]² (with the deviation said).
-pub(super) fn uniform(images: Vec<DynamicImage>) -> (ImageSet, Vec<String>) {
-    let gray = images.iter().all(|i| !i.color().has_color());
-    let first = images.first().map_or((1, 1), |i| (i.width(), i.height()));
-    let one_size = images.iter().all(|i| (i.width(), i.height()) == first);
-    let (width, height) = if one_size {
-        first
-    } else {
-        (COMMON_SIZE, COMMON_SIZE)
-    };
-    let mut warnings = Vec::new();
-    if !one_size {
-        warnings.push(format!(
-            "the folder's images have several sizes: each was resized to {COMMON_SIZE}×{COMMON_SIZE} (bilinear) when read"
-        ));
-    }
-    let channels = if gray { 1 } else { 3 };
-    let mut pixels = Vec::with_capacity(images.len() * channels * (width * height) as usize);
-    for image in &images {
-        let resized;
-        let image = if one_size {
-            image
-        } else {
-            resized = image.resize_exact(width, height, image::imageops::FilterType::Triangle);
-            &resized
-        };
-        // (height, width, channels) interleaved to (channels, height, width) planes.
-        let interleaved = if gray {
-            image.to_luma8().into_raw()
-        } else {
-            image.to_rgb8().into_raw()
-        };
-        for c in 0..channels {
-            pixels.extend(interleaved.iter().skip(c).step_by(channels));
-        }
-    }
-    let set = ImageSet {
-        count: images.len(),
-        channels,
-        height: height as usize,
-        width: width as usize,
-        pixels,
-    };
-    (set, warnings)
 }

@@ -80,17 +80,41 @@ impl<'a> Layout<'a> {
 /// The Parquet files of `source`, each with its name in the hub's layout.
 pub fn files(source: &OwnSource) -> Result<Vec<(String, PathBuf)>> {
     let layout = Layout::of(source);
+    // A name of the layout is one path component: `..`, `.` or a separator would read outside
+    // the dataset's folder (or ask the hub for another path).
+    for (key, value) in [
+        ("config", layout.config),
+        ("train", layout.splits[0]),
+        ("test", layout.splits[1]),
+    ] {
+        if value.is_empty() || value == "." || value == ".." || value.contains(['/', '\\']) {
+            return Err(unavailable(
+                source,
+                format!(
+                    "#{key}={}: a configuration or split is one name (not empty, `.`, `..` or holding a `/`)",
+                    crate::excerpt::quote(value)
+                ),
+            ));
+        }
+    }
     if layout.splits[0] == layout.splits[1] {
         return Err(unavailable(
             source,
             format!(
-                "the training and test splits are both {:?}",
-                layout.splits[0]
+                "the training and test splits are both {}",
+                crate::excerpt::quote(layout.splits[0])
             ),
         ));
     }
     if source.path().is_dir() {
         return from_folder(source, source.path(), &layout, "the folder");
+    }
+    // A path that exists but is not a folder is not a hub id (ORG/NAME names no local file).
+    if crate::io::is_present(source.path()) {
+        return Err(DataError::format(
+            source.path(),
+            "not a folder: hf:PATH reads a folder in the hub's Parquet layout (<config>/<split>/*.parquet)",
+        ));
     }
     // A run resolves its files at configuration, at set-up's digest check and at load: the hub
     // is asked once per process; the files then lie in the cache, read-only blobs by content.

@@ -17,6 +17,7 @@ use super::{Modality, Split};
 pub mod classes;
 pub mod folder;
 pub mod hf;
+pub mod images;
 pub mod parquet;
 pub mod pool;
 pub mod table;

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
-use rayon::prelude::*;
 
+use super::Loaded;
 use super::classes::{self, Label};
+use super::images::{Encoded, decode_set};
 use super::pool::Splits;
-use super::{Loaded, folder};
 use crate::data::files::{DataError, Result};
 use crate::data::{Inputs, Split};
 
@@ -51,12 +51,15 @@ struct Rows {
 /// The dataset of `files` (names in the hub's layout, train's first).
 pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Loaded> {
     let mut parts: Vec<(&str, Rows)> = Vec::new();
+    // Each part's first file, named when its images as a whole are over the memory budget.
+    let mut part_files: Vec<&Path> = Vec::new();
     let mut class_label: Option<(PathBuf, Vec<String>)> = None;
     for (name, path) in files {
         let split = name.split('/').nth(1).unwrap_or("train");
         let split = split.strip_prefix("partial-").unwrap_or(split);
         if parts.last().is_none_or(|(s, _)| *s != split) {
             parts.push((split, Rows::default()));
+            part_files.push(path);
         }
         let rows = &mut parts.last_mut().unwrap().1;
         let names = read_file(path, input, label, rows)?;
@@ -96,17 +99,18 @@ pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Lo
     let mut indices = indices.into_iter();
     let mut warnings = Vec::new();
     let mut splits = Vec::new();
-    for (_, rows) in parts {
+    for (k, (_, rows)) in parts.into_iter().enumerate() {
+        let path = part_files[k];
         let labels: Vec<u32> = indices.by_ref().take(rows.labels.len()).collect();
         let inputs = match input {
             Input::Text(_) => Inputs::Texts(rows.texts),
             Input::Image(_) => {
-                let decoded = rows
+                let sources: Vec<Encoded> = rows
                     .images
-                    .into_par_iter()
-                    .map(|(at, bytes)| folder::decode_bytes(&at, bytes))
-                    .collect::<Result<Vec<_>>>()?;
-                let (images, notes) = folder::uniform(decoded);
+                    .into_iter()
+                    .map(|(at, bytes)| Encoded::Bytes { at, bytes })
+                    .collect();
+                let (images, notes) = decode_set(&sources, path)?;
                 warnings.extend(notes);
                 Inputs::Images(images)
             }
