@@ -313,12 +313,12 @@ fn bad_sources_are_one_line_and_leave_nothing() {
         ("csv:no_text.csv", "no_text.csv: no column \"text\""),
         (
             "jsonl:mixed.jsonl",
-            "mixes integers (mixed.jsonl line 1: 1) and words (mixed.jsonl line 2: \"two\")",
+            "mixes integers (mixed.jsonl line 1: \"1\") and words (mixed.jsonl line 2: \"two\")",
         ),
         ("csv:absent.csv", "absent.csv: no such file"),
         (
             "hf:hf_images#image=picture",
-            "default/train/0000.parquet: no image column \"picture\" (its columns: img, label)",
+            "default/train/0000.parquet: no image column \"picture\" (its columns: \"img\", \"label\")",
         ),
     ];
     for (source, expected) in cases {

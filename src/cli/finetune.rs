@@ -225,7 +225,7 @@ impl FinetuneArgs {
 
 /// Refuses a list that holds a value twice: two runs of one configuration would share a folder
 /// (−0 and 0 are one value).
-fn once_each<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Result<()> {
+pub(super) fn once_each<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Result<()> {
     for (k, value) in values.iter().enumerate() {
         if values[..k].contains(value) {
             bail!("{flag}: {value} is given twice; give each value once");

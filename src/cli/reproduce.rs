@@ -279,6 +279,20 @@ fn experiment_name(e: library::Experiment) -> &'static str {
 }
 
 fn grid_of(experiment: library::Experiment, args: &GridArgs) -> Result<library::Grid> {
+    // As finetune: a value given twice is refused, not merged without a word.
+    use super::finetune::once_each;
+    if let Some(v) = &args.seeds {
+        once_each("--seeds", v)?;
+    }
+    if let Some(v) = &args.ns {
+        once_each("--ns", v)?;
+    }
+    if let Some(v) = &args.etas {
+        once_each("--etas", v)?;
+    }
+    if let Some(v) = &args.datasets {
+        once_each("--datasets", v)?;
+    }
     Ok(library::Grid {
         head_classifier: HeadClassifier::for_mode(args.mode(), args.head_classifier),
         ..library::Grid::new(

@@ -244,6 +244,26 @@ mod tests {
         assert_eq!(back, run);
     }
 
+    /// A run folder's config.json replayed with `--dataset` naming other files takes the digest
+    /// of those files, not the recorded one (which would refuse the run as "files changed");
+    /// replayed as it is, it keeps its own.
+    #[test]
+    fn a_replayed_config_with_another_dataset_takes_that_datasets_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.csv"), dir.path().join("b.csv"));
+        std::fs::write(&a, "text,label\nx,0\ny,1\n").unwrap();
+        std::fs::write(&b, "text,label\nx,0\nz,1\n").unwrap();
+        let name = |p: &Path| -> DatasetName { format!("csv:{}", p.display()).parse().unwrap() };
+        let run_a = RunConfig::paper(&name(&a)).unwrap();
+        let json = dir.path().join("config.json");
+        std::fs::write(&json, serde_json::to_string_pretty(&run_a).unwrap()).unwrap();
+        let file = ConfigFile::read(&json).unwrap();
+        let on_b = RunConfig::paper(&name(&b)).unwrap();
+        assert_ne!(run_a.data_digest, on_b.data_digest);
+        assert_eq!(file.overlay(&on_b).unwrap().data_digest, on_b.data_digest);
+        assert_eq!(file.overlay(&run_a).unwrap().data_digest, run_a.data_digest);
+    }
+
     /// An unknown key (also inside a table), a value of the wrong kind and a missing file are
     /// each refused naming the file and the key.
     #[test]
@@ -253,6 +273,8 @@ mod tests {
             ("[optimizer]\nlr = 0.1\n", "unknown key `optimizer.lr`"),
             ("n = \"many\"\n", "key `n`: expected a number, got a string"),
             ("mode = \"tail\"\n", "unknown variant `tail`"),
+            ("epochs = -5\n", "key `epochs`"),
+            ("[optimizer]\nbeta1 = \"x\"\n", "key `optimizer.beta1`"),
         ];
         for (text, expected) in cases {
             let (_dir, path) = written("bad.toml", text);

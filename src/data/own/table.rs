@@ -198,10 +198,13 @@ fn read_csv(path: &Path, columns: &Columns) -> Result<Vec<Row>> {
 /// The 1-based line of byte `at` in `bytes`, counting `\n` (so `\r\n` files count as `\n` ones;
 /// the csv crate's own line count is one short after a quoted field with CRLF line ends).
 fn line_of(bytes: &[u8], at: usize) -> u64 {
-    1 + bytes[..at.min(bytes.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count() as u64
+    // After a CRLF the csv crate starts the next record at the `\n` (the `\r` ended the last):
+    // line ends at the start belong to the line before. A record never starts with a blank line.
+    let mut at = at.min(bytes.len());
+    while at < bytes.len() && matches!(bytes[at], b'\r' | b'\n') {
+        at += 1;
+    }
+    1 + bytes[..at].iter().filter(|&&b| b == b'\n').count() as u64
 }
 
 fn read_jsonl(path: &Path, columns: &Columns) -> Result<Vec<Row>> {
