@@ -487,7 +487,7 @@ fn settings_out_of_range_are_refused_by_key() {
         ),
         (
             "[optimizer]\nlearning_rate = nan\n",
-            "key `optimizer.learning_rate`: nan and inf",
+            "key `[optimizer] learning_rate`: nan and inf",
         ),
         ("epochs = -5\n", "key `epochs`"),
         ("seed = -1\n", "key `seed`"),
@@ -579,6 +579,9 @@ for part in ['train', 'test', 'val']:
     for c in ['08', '09', '10']:
         os.makedirs(f'DIR/split/{part}/{c}')
         for k in range(3): Image.new('L', (8, 8), k).save(f'DIR/split/{part}/{c}/{k}.png')
+for c in ['08', '09', '10']:
+    os.makedirs(f'DIR/padded_folder/{c}')
+    for k in range(5): Image.new('L', (8, 8), k).save(f'DIR/padded_folder/{c}/{k}.png')
 os.makedirs('DIR/medplus/medmnist')
 np.savez_compressed('DIR/medplus/medmnist/dermamnist.npz', train_images=np.zeros((4, 28, 28, 3), np.uint8))
 "#,
@@ -590,6 +593,7 @@ np.savez_compressed('DIR/medplus/medmnist/dermamnist.npz', train_images=np.zeros
         (spec("csv", "huge.csv"), "(-5, 18446744073709551616)"),
         (spec("hf", "uint"), "(0, 1)"),
         (spec("hf", "nonames"), "(0, 1)"),
+        (spec("folder", "padded_folder"), "(08, 09, 10)"),
     ] {
         let ended = run(&["data", "verify", &source], &cache, None);
         assert_eq!(ended.code, Some(0), "{source}: {}", excerpt(&ended.stderr));
@@ -693,7 +697,7 @@ fn a_long_text_is_cut_before_tokenizing_without_changing_its_ids() {
     let sentence = "Où est la gare? The quick brown fox jumps over 13 lazy dogs, naïvely. ";
     let medium = sentence.repeat(4_000);
     let ids = preprocessor
-        .encode(&[medium.clone()])
+        .encode(std::slice::from_ref(&medium))
         .unwrap()
         .input_ids
         .remove(0);
@@ -701,14 +705,14 @@ fn a_long_text_is_cut_before_tokenizing_without_changing_its_ids() {
     // Long whitespace runs and a word straddling the first cut.
     let spaced = format!("{}{}", "a ".repeat(2_040), "x".repeat(5_000) + " tail");
     let ids = preprocessor
-        .encode(&[spaced.clone()])
+        .encode(std::slice::from_ref(&spaced))
         .unwrap()
         .input_ids
         .remove(0);
     assert_eq!(ids, whole_ids(&spaced));
     let word = "y".repeat(20_000);
     let ids = preprocessor
-        .encode(&[word.clone()])
+        .encode(std::slice::from_ref(&word))
         .unwrap()
         .input_ids
         .remove(0);
@@ -717,7 +721,7 @@ fn a_long_text_is_cut_before_tokenizing_without_changing_its_ids() {
     // cut saves).
     let huge = "word ".repeat(10_000_000);
     let ids = preprocessor
-        .encode(&[huge.clone()])
+        .encode(std::slice::from_ref(&huge))
         .unwrap()
         .input_ids
         .remove(0);

@@ -514,7 +514,7 @@ impl DatasetOutcome {
             Rule::Registered => lo <= PREDICTED_RATIO && PREDICTED_RATIO <= hi,
             // M3: the point ratio within ×2 of the prediction.
             Rule::Mended => r.point.is_some_and(|v| {
-                PREDICTED_RATIO / P4_FACTOR <= v && v <= PREDICTED_RATIO * P4_FACTOR
+                (PREDICTED_RATIO / P4_FACTOR..=PREDICTED_RATIO * P4_FACTOR).contains(&v)
             }),
         };
         (near && !holds_one, holds_one)

@@ -35,7 +35,10 @@ impl ConfigFile {
                 toml::from_str(&text).with_context(|| format!("{shown}: not valid TOML"))?;
             // JSON has no nan or inf: said here, not later as "got null".
             if let Some(key) = non_finite_key(&table, "") {
-                bail!("{shown}: key `{key}`: nan and inf are not values a run takes");
+                bail!(
+                    "{shown}: key `{}`: nan and inf are not values a run takes",
+                    key_path(&key)
+                );
             }
             serde_json::to_value(table)?
         };
@@ -110,8 +113,9 @@ impl ConfigFile {
                     .map(|o| o.keys().collect())
                     .unwrap_or_default();
                 bail!(
-                    "{}: unknown key `{name}` (known: {})",
+                    "{}: unknown key `{}` (known: {})",
                     self.path,
+                    key_path(&crate::excerpt::line(&name, crate::excerpt::SHOWN)),
                     keys.iter()
                         .map(|k| k.as_str())
                         .collect::<Vec<_>>()
@@ -124,8 +128,9 @@ impl ConfigFile {
                 }
                 (_, Value::Null) if nullable(&name) => {}
                 (expected, value) if kind(expected) != kind(value) => bail!(
-                    "{}: key `{name}`: expected {}, got {}",
+                    "{}: key `{}`: expected {}, got {}",
                     self.path,
+                    key_path(&name),
                     kind(expected),
                     kind(value)
                 ),
@@ -270,11 +275,11 @@ mod tests {
     fn unknown_keys_wrong_kinds_and_missing_files_are_refused() {
         let cases = [
             ("epoch = 3\n", "unknown key `epoch`"),
-            ("[optimizer]\nlr = 0.1\n", "unknown key `optimizer.lr`"),
+            ("[optimizer]\nlr = 0.1\n", "unknown key `[optimizer] lr`"),
             ("n = \"many\"\n", "key `n`: expected a number, got a string"),
             ("mode = \"tail\"\n", "unknown variant `tail`"),
             ("epochs = -5\n", "key `epochs`"),
-            ("[optimizer]\nbeta1 = \"x\"\n", "key `optimizer.beta1`"),
+            ("[optimizer]\nbeta1 = \"x\"\n", "key `[optimizer] beta1`"),
         ];
         for (text, expected) in cases {
             let (_dir, path) = written("bad.toml", text);

@@ -55,6 +55,19 @@ pub struct Evaluation {
     pub predictions: Vec<u32>,
 }
 
+/// A training loss that turned non-finite stops the run: its accuracies mean nothing, and a
+/// summary or a cached classifier holding them would be averaged into a grid. `phase` and
+/// `epoch` name where.
+pub fn finite_loss(phase: &str, epoch: usize, loss: f64) -> Result<()> {
+    if loss.is_finite() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{phase} epoch {epoch}: the training loss is {loss} (not finite); the run stops without a \
+         summary and nothing is kept — lower [optimizer] learning_rate or check the data"
+    )
+}
+
 pub fn evaluate(logits: &Tensor, labels: &[u32]) -> Result<Evaluation> {
     let targets = Tensor::from_slice(labels, labels.len(), logits.device())?;
     let loss = crate::kernels::host_reads::scalar::<f64>(
@@ -118,6 +131,19 @@ pub fn attention_stats(attention: &Tensor) -> Result<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_non_finite_loss_stops_the_run_naming_phase_and_epoch() {
+        assert!(finite_loss("phase-2", 3, 0.7).is_ok());
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let err = finite_loss("phase-2", 3, bad).unwrap_err().to_string();
+            assert!(
+                err.starts_with("phase-2 epoch 3: the training loss is")
+                    && err.contains("learning_rate"),
+                "{err}"
+            );
+        }
+    }
     use candle_core::Device;
 
     #[test]

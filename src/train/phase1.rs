@@ -313,13 +313,8 @@ fn train_phase1(
         }
     }
     // A classifier trained to a non-finite loss is neither kept nor cached.
-    if let Some(epoch) = losses.iter().position(|l| !l.is_finite()) {
-        anyhow::bail!(
-            "phase-1 epoch {}: the training loss is {} (not finite); nothing was kept — lower \
-             [optimizer] learning_rate or check the data",
-            epoch + 1,
-            losses[epoch]
-        );
+    for (k, loss) in losses.iter().enumerate() {
+        crate::train::metrics::finite_loss("phase-1", k + 1, *loss)?;
     }
     Ok(losses)
 }

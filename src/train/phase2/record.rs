@@ -127,15 +127,9 @@ fn metrics_of(
         None => None,
     };
     let train_loss = batch_losses.map_or(f64::NAN, |l| l.iter().sum::<f64>() / l.len() as f64);
-    // A run whose loss turned non-finite stops here: its accuracies mean nothing, and a summary
-    // with them would be averaged into a grid.
-    if epoch > 0 && !(train_loss.is_finite() && train.loss.is_finite()) {
-        anyhow::bail!(
-            "phase-2 epoch {epoch}: the training loss is {} (evaluated: {}), not finite; the run \
-             stops without a summary — lower [optimizer] learning_rate or check the data",
-            train_loss,
-            train.loss
-        );
+    if epoch > 0 {
+        crate::train::metrics::finite_loss("phase-2", epoch, train_loss)?;
+        crate::train::metrics::finite_loss("phase-2", epoch, train.loss)?;
     }
     Ok(EpochMetrics {
         epoch,
