@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::Loaded;
 use super::classes::{self, Label};
-use super::images::{Encoded, decode_set};
+use super::images::{EncodedImage, decode_set};
 use super::pool::Splits;
 use crate::data::files::{DataError, Result};
 use crate::data::{Inputs, Split};
@@ -160,9 +160,9 @@ pub fn load(root: &Path) -> Result<Loaded> {
             samples.extend(files.iter().map(|f| (*part, class, f.clone())));
         }
     }
-    let sources: Vec<Encoded> = samples
+    let sources: Vec<EncodedImage> = samples
         .iter()
-        .map(|(_, _, path)| Encoded::File(path.clone()))
+        .map(|(_, _, path)| EncodedImage::File(path.clone()))
         .collect();
     let (images, warnings) = decode_set(&sources, root)?;
     let split_of = |part: &str| -> Split {

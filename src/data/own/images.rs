@@ -1,4 +1,4 @@
-//! Encoded images (a `folder:` source's files, an `hf:` Image column's bytes) decoded into one
+//! EncodedImage images (a `folder:` source's files, an `hf:` Image column's bytes) decoded into one
 //! [`ImageSet`] under a memory budget that no input can exceed:
 //!
 //! 1. every image's dimensions are read from its header first (nothing decoded), and the set's
@@ -38,24 +38,24 @@ const DECODE_SHARE: f64 = 0.25;
 const DECODED_ALONE: u64 = 64 << 20;
 
 /// One encoded image: a file, or bytes read from one (named in errors as `at`).
-pub enum Encoded {
+pub enum EncodedImage {
     File(PathBuf),
     Bytes { at: PathBuf, bytes: Vec<u8> },
 }
 
-impl Encoded {
+impl EncodedImage {
     fn at(&self) -> &Path {
         match self {
-            Encoded::File(path) => path,
-            Encoded::Bytes { at, .. } => at,
+            EncodedImage::File(path) => path,
+            EncodedImage::Bytes { at, .. } => at,
         }
     }
 
     /// A reader of the encoded bytes with the format guessed from them.
     fn reader(&self) -> Result<image::io::Reader<Box<dyn BufReadSeek + '_>>> {
         let inner: Box<dyn BufReadSeek> = match self {
-            Encoded::File(path) => Box::new(BufReader::new(crate::data::files::open_data(path)?)),
-            Encoded::Bytes { bytes, .. } => Box::new(Cursor::new(&bytes[..])),
+            EncodedImage::File(path) => Box::new(BufReader::new(crate::data::files::open_data(path)?)),
+            EncodedImage::Bytes { bytes, .. } => Box::new(Cursor::new(&bytes[..])),
         };
         image::io::Reader::new(inner)
             .with_guessed_format()
@@ -79,7 +79,7 @@ fn not_an_image(at: &Path, e: impl std::fmt::Display) -> DataError {
 
 /// The images of `sources` as one [`ImageSet`] and the deviations to say; `what` (the folder or
 /// file they come from) is named when the set as a whole is over the budget.
-pub fn decode_set(sources: &[Encoded], what: &Path) -> Result<(ImageSet, Vec<String>)> {
+pub fn decode_set(sources: &[EncodedImage], what: &Path) -> Result<(ImageSet, Vec<String>)> {
     let sizes: Vec<(u32, u32)> = sources
         .par_iter()
         .map(|source| {

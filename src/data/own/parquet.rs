@@ -12,7 +12,7 @@ use parquet::record::{Field, Row};
 
 use super::Loaded;
 use super::classes::{self, Label};
-use super::images::{Encoded, decode_set};
+use super::images::{EncodedImage, decode_set};
 use super::pool::Splits;
 use crate::data::files::{DataError, Result};
 use crate::data::{Inputs, Split};
@@ -43,7 +43,7 @@ impl Input<'_> {
 #[derive(Default)]
 struct Rows {
     texts: Vec<String>,
-    /// Encoded images, each with where it was read (for the error of one that does not decode).
+    /// EncodedImage images, each with where it was read (for the error of one that does not decode).
     images: Vec<(PathBuf, Vec<u8>)>,
     labels: Vec<(Label, String)>,
 }
@@ -105,10 +105,10 @@ pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Lo
         let inputs = match input {
             Input::Text(_) => Inputs::Texts(rows.texts),
             Input::Image(_) => {
-                let sources: Vec<Encoded> = rows
+                let sources: Vec<EncodedImage> = rows
                     .images
                     .into_iter()
-                    .map(|(at, bytes)| Encoded::Bytes { at, bytes })
+                    .map(|(at, bytes)| EncodedImage::Bytes { at, bytes })
                     .collect();
                 let (images, notes) = decode_set(&sources, path)?;
                 warnings.extend(notes);
