@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
-use super::DataDirArg;
+use super::common_args::DataDirArg;
 use crate::data::noise::NoiseModel;
 use crate::data::prepare::{NoiseSpec, prepare};
 use crate::data::split::SplitPlan;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
-use super::DataDirArg;
+use super::common_args::DataDirArg;
 use crate::data::{self, DatasetName};
 use crate::encoder::{
     self,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 
-use super::PlaceArgs;
+use super::common_args::{PlaceArgs, once_each};
 use crate::data::DatasetName;
 use crate::data::noise::NoiseModel;
 use crate::report;
@@ -221,17 +221,6 @@ impl FinetuneArgs {
         }
         .with_noise_draw()
     }
-}
-
-/// Refuses a list that holds a value twice: two runs of one configuration would share a folder
-/// (−0 and 0 are one value).
-pub(super) fn once_each<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Result<()> {
-    for (k, value) in values.iter().enumerate() {
-        if values[..k].contains(value) {
-            bail!("{flag}: {value} is given twice; give each value once");
-        }
-    }
-    Ok(())
 }
 
 pub fn run(args: FinetuneArgs) -> Result<()> {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
-use super::PlaceArgs;
+use super::common_args::PlaceArgs;
 use crate::data::DatasetName;
 use crate::report;
 use crate::reproduce as library;
@@ -280,7 +280,7 @@ fn experiment_name(e: library::Experiment) -> &'static str {
 
 fn grid_of(experiment: library::Experiment, args: &GridArgs) -> Result<library::Grid> {
     // As finetune: a value given twice is refused, not merged without a word.
-    use super::finetune::once_each;
+    use super::common_args::once_each;
     if let Some(v) = &args.seeds {
         once_each("--seeds", v)?;
     }
@@ -537,7 +537,7 @@ fn doses(experiment: library::Experiment, args: &GridArgs) -> Result<Vec<f64>> {
 /// `reproduce table2|fig8|fig9|dose`: the grid (or a shard of it), then its report.
 fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode> {
     let args = with_experiment_defaults(experiment, args.with_file()?);
-    super::check_jobs(args.jobs)?;
+    super::common_args::check_jobs(args.jobs)?;
     let token_noises = doses(experiment, &args)?;
     let stack_memory = args.stack_memory();
     if !(stack_memory.is_finite() && stack_memory > 0.0) {

@@ -258,7 +258,7 @@ fn run_grid(
 ) -> Result<(SyntheticConfig, synthetic::GridProgress, f64)> {
     let base = shared.config()?;
     base.validate_for(shared.engine())?;
-    super::check_jobs(flags.jobs)?;
+    super::common_args::check_jobs(flags.jobs)?;
     let mut pool = rayon::ThreadPoolBuilder::new();
     if let Some(jobs) = flags.jobs {
         pool = pool.num_threads(jobs);
