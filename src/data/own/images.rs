@@ -54,7 +54,9 @@ impl EncodedImage {
     /// A reader of the encoded bytes with the format guessed from them.
     fn reader(&self) -> Result<image::io::Reader<Box<dyn BufReadSeek + '_>>> {
         let inner: Box<dyn BufReadSeek> = match self {
-            EncodedImage::File(path) => Box::new(BufReader::new(crate::data::files::open_data(path)?)),
+            EncodedImage::File(path) => {
+                Box::new(BufReader::new(crate::data::files::open_data(path)?))
+            }
             EncodedImage::Bytes { bytes, .. } => Box::new(Cursor::new(&bytes[..])),
         };
         image::io::Reader::new(inner)
