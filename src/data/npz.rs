@@ -83,22 +83,8 @@ pub fn read_array<T: NpyElement>(path: &Path, name: &str) -> Result<(Vec<usize>,
         ));
     }
     let item = std::mem::size_of::<T>() as u64;
-    let count = header
-        .shape
-        .iter()
-        .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
-    let data_bytes = count.and_then(|c| c.checked_mul(item));
     let held = declared_size.saturating_sub(header_bytes as u64);
-    match data_bytes {
-        Some(bytes) if bytes == held => {}
-        _ => {
-            return Err(bad(format!(
-                "its header declares shape {:?} of {}, which its zip entry's {held} data bytes do not hold",
-                header.shape, header.descr
-            )));
-        }
-    }
-    let bytes = data_bytes.expect("checked above");
+    let bytes = declared_bytes(&header, item, held).map_err(&bad)?;
     let room = crate::limits::Available::now();
     if bytes as f64 > room.bytes {
         return Err(bad(format!(
@@ -127,6 +113,23 @@ pub fn read_array<T: NpyElement>(path: &Path, name: &str) -> Result<(Vec<usize>,
         raw.chunks_exact(item as usize).map(T::from_le).collect()
     };
     Ok((header.shape, values))
+}
+
+/// The data bytes `header` declares at `item` bytes an element, which must be the `held` bytes
+/// its zip entry holds after the header (no product overflows: a lie is refused, not wrapped).
+fn declared_bytes(header: &Header, item: u64, held: u64) -> std::result::Result<u64, String> {
+    header
+        .shape
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+        .and_then(|count| count.checked_mul(item))
+        .filter(|&bytes| bytes == held)
+        .ok_or_else(|| {
+            format!(
+                "its header declares shape {:?} of {}, which its zip entry's {held} data bytes do not hold",
+                header.shape, header.descr
+            )
+        })
 }
 
 /// candle's name of an npy dtype, for messages (`<f4` is F32).

@@ -460,9 +460,9 @@ struct DatasetOutcome {
     ratio: Option<Ratio>,
 }
 
-/// Which rule an answer is read under (PREREGISTRATION.md): as registered on 2026-12-01, or as
-/// mended after check 1 on 2026-12-02, before the full grid's analysis was read. The mended
-/// rule decides the answer line; the registered one is printed beside it.
+/// Which rule an answer is read under (PREREGISTRATION.md): as first registered, or as mended
+/// after check 1 showed the first could not say Yes, before the full grid's analysis was read.
+/// The mended rule decides the answer line; the registered one is printed beside it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {
     Registered,

@@ -102,19 +102,8 @@ pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Lo
     for (k, (_, rows)) in parts.into_iter().enumerate() {
         let path = part_files[k];
         let labels: Vec<u32> = indices.by_ref().take(rows.labels.len()).collect();
-        let inputs = match input {
-            Input::Text(_) => Inputs::Texts(rows.texts),
-            Input::Image(_) => {
-                let sources: Vec<EncodedImage> = rows
-                    .images
-                    .into_iter()
-                    .map(|(at, bytes)| EncodedImage::Bytes { at, bytes })
-                    .collect();
-                let (images, notes) = decode_set(&sources, path)?;
-                warnings.extend(notes);
-                Inputs::Images(images)
-            }
-        };
+        let (inputs, notes) = inputs_of(rows, input, path)?;
+        warnings.extend(notes);
         splits.push(Split::complete(inputs, labels));
     }
     if let [train, test] = &splits[..]
@@ -136,6 +125,23 @@ pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Lo
         splits,
         warnings,
     })
+}
+
+/// A split's inputs from its rows: the texts, or its images decoded under the memory budget
+/// (`path`, its first file, named when they are over it), with the deviations to say.
+fn inputs_of(rows: Rows, input: Input, path: &Path) -> Result<(Inputs, Vec<String>)> {
+    match input {
+        Input::Text(_) => Ok((Inputs::Texts(rows.texts), Vec::new())),
+        Input::Image(_) => {
+            let sources: Vec<EncodedImage> = rows
+                .images
+                .into_iter()
+                .map(|(at, bytes)| EncodedImage::Bytes { at, bytes })
+                .collect();
+            let (images, notes) = decode_set(&sources, path)?;
+            Ok((Inputs::Images(images), notes))
+        }
+    }
 }
 
 /// Label indices against ClassLabel names: integers below their count (a `-1`, the hub's "no
