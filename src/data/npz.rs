@@ -38,7 +38,7 @@ const MAX_HEADER: usize = 1 << 16;
 
 /// What an npy header declares.
 #[derive(Debug, PartialEq)]
-struct Header {
+struct NpyHeader {
     descr: String,
     fortran_order: bool,
     shape: Vec<usize>,
@@ -117,7 +117,7 @@ pub fn read_array<T: NpyElement>(path: &Path, name: &str) -> Result<(Vec<usize>,
 
 /// The data bytes `header` declares at `item` bytes an element, which must be the `held` bytes
 /// its zip entry holds after the header (no product overflows: a lie is refused, not wrapped).
-fn declared_bytes(header: &Header, item: u64, held: u64) -> std::result::Result<u64, String> {
+fn declared_bytes(header: &NpyHeader, item: u64, held: u64) -> std::result::Result<u64, String> {
     header
         .shape
         .iter()
@@ -148,7 +148,7 @@ fn dtype_name(descr: &str) -> &'static str {
 }
 
 /// The npy header at the start of `reader`, and its length in bytes (magic and length included).
-fn read_header(reader: &mut impl Read) -> std::result::Result<(Header, usize), String> {
+fn read_header(reader: &mut impl Read) -> std::result::Result<(NpyHeader, usize), String> {
     let mut start = [0u8; 8];
     reader
         .read_exact(&mut start)
@@ -183,7 +183,7 @@ fn read_header(reader: &mut impl Read) -> std::result::Result<(Header, usize), S
 }
 
 /// The Python dict literal numpy writes: `{'descr': '<i8', 'fortran_order': False, 'shape': (3, 1), }`.
-fn parse_header(text: &str) -> std::result::Result<Header, String> {
+fn parse_header(text: &str) -> std::result::Result<NpyHeader, String> {
     let quoted = |text: &str| crate::excerpt::quote(text);
     let value_after = |key: &str| -> std::result::Result<&str, String> {
         let at = text
@@ -222,7 +222,7 @@ fn parse_header(text: &str) -> std::result::Result<Header, String> {
                 .map_err(|_| format!("npy header: shape entry {} is not a size", quoted(d)))
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(Header {
+    Ok(NpyHeader {
         descr,
         fortran_order,
         shape,
@@ -250,7 +250,7 @@ pub(crate) mod tests {
             parse_header("{'descr': '<i8', 'fortran_order': False, 'shape': (3, 1), }").unwrap();
         assert_eq!(
             h,
-            Header {
+            NpyHeader {
                 descr: "<i8".into(),
                 fortran_order: false,
                 shape: vec![3, 1]

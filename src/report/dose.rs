@@ -464,7 +464,7 @@ struct DatasetOutcome {
 /// after check 1 showed the first could not say Yes, before the full grid's analysis was read.
 /// The mended rule decides the answer line; the registered one is printed beside it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rule {
+pub enum DoseRule {
     Registered,
     Mended,
 }
@@ -479,11 +479,11 @@ impl DatasetOutcome {
     }
 
     /// P1 and P2 both hold.
-    fn trends_hold(&self, rule: Rule) -> bool {
+    fn trends_hold(&self, rule: DoseRule) -> bool {
         match rule {
-            Rule::Registered => Self::holds(&self.p1) && Self::holds(&self.p2),
+            DoseRule::Registered => Self::holds(&self.p1) && Self::holds(&self.p2),
             // M1: P2 ("Δ falls or stays") holds unless Δ rises at p < α; M4: P1 pooled over n.
-            Rule::Mended => {
+            DoseRule::Mended => {
                 self.p1_pooled.is_some_and(|t| t.p < ALPHA)
                     && self.delta_rise.is_some_and(|t| t.p >= ALPHA)
             }
@@ -491,10 +491,10 @@ impl DatasetOutcome {
     }
 
     /// P1 or P2 runs against the theorem.
-    fn trends_wrong(&self, rule: Rule) -> bool {
+    fn trends_wrong(&self, rule: DoseRule) -> bool {
         match rule {
-            Rule::Registered => Self::wrong_signed(&self.p1) || Self::wrong_signed(&self.p2),
-            Rule::Mended => {
+            DoseRule::Registered => Self::wrong_signed(&self.p1) || Self::wrong_signed(&self.p2),
+            DoseRule::Mended => {
                 self.p1_pooled.is_some_and(|t| t.wrong_signed)
                     || self.delta_rise.is_some_and(|t| t.p < ALPHA)
             }
@@ -502,7 +502,7 @@ impl DatasetOutcome {
     }
 
     /// (P4 holds, P4 holds 1).
-    fn p4(&self, rule: Rule) -> (bool, bool) {
+    fn p4(&self, rule: DoseRule) -> (bool, bool) {
         let Some(r) = self.ratio.as_ref() else {
             return (false, false);
         };
@@ -511,9 +511,9 @@ impl DatasetOutcome {
         };
         let holds_one = lo <= 1.0 && 1.0 <= hi;
         let near = match rule {
-            Rule::Registered => lo <= PREDICTED_RATIO && PREDICTED_RATIO <= hi,
+            DoseRule::Registered => lo <= PREDICTED_RATIO && PREDICTED_RATIO <= hi,
             // M3: the point ratio within ×2 of the prediction.
-            Rule::Mended => r.point.is_some_and(|v| {
+            DoseRule::Mended => r.point.is_some_and(|v| {
                 (PREDICTED_RATIO / P4_FACTOR..=PREDICTED_RATIO * P4_FACTOR).contains(&v)
             }),
         };
@@ -703,15 +703,15 @@ fn show_trend(t: Option<Trend>) -> String {
 }
 
 /// The counts `rule` reads and its answer.
-fn counts_under(outcomes: &[DatasetOutcome], rule: Rule) -> (String, &'static str) {
+fn counts_under(outcomes: &[DatasetOutcome], rule: DoseRule) -> (String, &'static str) {
     let hold = outcomes.iter().filter(|o| o.trends_hold(rule)).count();
     let wrong = outcomes.iter().filter(|o| o.trends_wrong(rule)).count();
     let p4_holds = outcomes.iter().filter(|o| o.p4(rule).0).count();
     let p4_one = outcomes.iter().filter(|o| o.p4(rule).1).count();
     let said = answer(hold, p4_holds, wrong, p4_one);
     let p4 = match rule {
-        Rule::Registered => "interval holds 5 and excludes 1",
-        Rule::Mended => "point within ×2 of 5 and interval excludes 1",
+        DoseRule::Registered => "interval holds 5 and excludes 1",
+        DoseRule::Mended => "point within ×2 of 5 and interval excludes 1",
     };
     let counts = format!(
         "P1 and P2 hold in {hold} of {} datasets; wrong-signed in {wrong}; P4's {p4} in \
@@ -724,8 +724,8 @@ fn counts_under(outcomes: &[DatasetOutcome], rule: Rule) -> (String, &'static st
 /// The counts each rule reads and the answer line (the mended rule's), written to `md`.
 fn answer_line(md: &mut String, outcomes: &[DatasetOutcome], label: &str) -> &'static str {
     let reversals: usize = outcomes.iter().map(|o| o.reversals).sum();
-    let (registered, registered_said) = counts_under(outcomes, Rule::Registered);
-    let (mended, said) = counts_under(outcomes, Rule::Mended);
+    let (registered, registered_said) = counts_under(outcomes, DoseRule::Registered);
+    let (mended, said) = counts_under(outcomes, DoseRule::Mended);
     let _ = writeln!(
         *md,
         "\nAs registered (per n, P2 a significant fall): {registered}: {registered_said}.\n\n\
