@@ -142,6 +142,26 @@ fn assert_refused(case: &str, ended: &Ended, needles: &[&str]) {
     }
 }
 
+/// `finetune --dataset source --eta 0.2` refused as [`assert_refused`] says, leaving no run folder.
+fn assert_finetune_refused(source: &str, dir: &Path, cache: &Path, needles: &[&str]) {
+    let out = dir.join("out");
+    let ended = run(
+        &[
+            "finetune",
+            "--dataset",
+            source,
+            "--eta",
+            "0.2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        cache,
+        None,
+    );
+    assert_refused(source, &ended, needles);
+    assert!(!out.exists(), "{source}: left {}", out.display());
+}
+
 fn excerpt(text: &str) -> String {
     text.chars().take(2000).collect()
 }
@@ -383,22 +403,7 @@ with open('DIR/many_keys.jsonl', 'w') as f:
             vec!["many_keys.jsonl", "no key \"text\"", "(100000 in all)"],
         ),
     ] {
-        let out = dir.path().join("out");
-        let ended = run(
-            &[
-                "finetune",
-                "--dataset",
-                &source,
-                "--eta",
-                "0.2",
-                "--out",
-                out.to_str().unwrap(),
-            ],
-            &cache,
-            None,
-        );
-        assert_refused(&source, &ended, &needles);
-        assert!(!out.exists());
+        assert_finetune_refused(&source, dir.path(), &cache, &needles);
     }
 }
 
@@ -434,22 +439,7 @@ with open('DIR/blank.jsonl', 'w') as f:
     ] {
         let (kind, name) = source.split_once(':').unwrap();
         let spec = format!("{kind}:{}", dir.path().join(name).display());
-        let out = dir.path().join("out");
-        let ended = run(
-            &[
-                "finetune",
-                "--dataset",
-                &spec,
-                "--eta",
-                "0.2",
-                "--out",
-                out.to_str().unwrap(),
-            ],
-            &cache,
-            None,
-        );
-        assert_refused(source, &ended, &needles);
-        assert!(!out.exists(), "{source}: left {}", out.display());
+        assert_finetune_refused(&spec, dir.path(), &cache, &needles);
         assert!(
             entries(&cache).is_empty(),
             "{source}: left {:?}",
@@ -600,7 +590,6 @@ np.savez_compressed('DIR/medplus/medmnist/dermamnist.npz', train_images=np.zeros
         assert!(ended.stdout.contains(classes), "{source}: {}", ended.stdout);
     }
     // Refused in one line.
-    let out = dir.path().join("out");
     for (source, needles) in [
         (
             spec("csv", "testonly"),
@@ -626,21 +615,7 @@ np.savez_compressed('DIR/medplus/medmnist/dermamnist.npz', train_images=np.zeros
             vec!["#config=\"..\""],
         ),
     ] {
-        let ended = run(
-            &[
-                "finetune",
-                "--dataset",
-                &source,
-                "--eta",
-                "0.2",
-                "--out",
-                out.to_str().unwrap(),
-            ],
-            &cache,
-            None,
-        );
-        assert_refused(&source, &ended, &needles);
-        assert!(!out.exists(), "{source}: left {}", out.display());
+        assert_finetune_refused(&source, dir.path(), &cache, &needles);
     }
     let root = dir.path().join("medplus");
     let ended = run(

@@ -154,8 +154,11 @@ fn class_label_indices(
     labels
         .iter()
         .map(|(label, at)| match label {
-            Label::Number(k) if k.parse::<usize>().is_ok_and(|k| k < names.len()) => {
-                Ok(k.parse::<u32>().expect("below the class count"))
+            Label::Number(k)
+                if let Ok(k) = k.parse::<u32>()
+                    && (k as usize) < names.len() =>
+            {
+                Ok(k)
             }
             other => Err(DataError::format(
                 path,
