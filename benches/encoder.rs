@@ -9,7 +9,11 @@
 //!   all-MiniLM-L6-v2, real weights, batch 32 × 128 tokens, all attended    → sentences/s
 //!
 //! Inputs as in bench_torch.py: pixel_values[b,c,y,x] = ((b*7 + c*3 + y + 2*x) % 255)/127.5 − 1,
-//! input_ids[b,t] = 1000 + (b*131 + t*17) % 20000. Two warm-up batches, median of 5.
+//! input_ids[b,t] = 1000 + (b*131 + t*17) % 20000. Two warm-up batches, median of 5. Each model
+//! in f32 and, where the CPU has AVX512-BF16, with `--precision bf16`'s products
+//! (`bench_torch.py --dtype bfloat16 --attn sdpa` is that row's baseline), each beside the
+//! machine's limit in its precision measured in this process. BENIGN_BENCH_NO_PROFILE=1 skips
+//! the profile below.
 //!
 //! Then a profile: the per-op time of one layer of ViT-Ti and of MiniLM on the same batch, op by
 //! op through candle's generic ops (the path before the fused attention: separate Q/K/V products,
@@ -27,6 +31,7 @@ use benign_attention::encoder::dense::{Dense, Then, activate};
 use benign_attention::encoder::layers::{SelfAttention, additive_mask};
 use benign_attention::encoder::vit::{Vit, VitConfig, VitLayer};
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
+use benign_attention::kernels::Precision;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Module, VarBuilder, VarMap};
 
@@ -81,12 +86,69 @@ fn forward_macs(
     layers as f64 * layer + embed
 }
 
-fn row(model: &str, batch: usize, seconds: f64, unit: &str, macs_per_input: f64, limit: f64) {
+fn row(model: &str, batch: usize, seconds: f64, unit: &str, macs_per_input: f64, limit: &Limit) {
     println!(
-        "| {model} | {batch} | {seconds:.3} | {:.1} {unit}/s | {} |",
+        "| {model} | {} | {batch} | {seconds:.3} | {:.1} {unit}/s | {} |",
+        limit.precision.name(),
         batch as f64 / seconds,
-        common::rate_line(batch as f64 * macs_per_input / seconds, limit)
+        limit.line(batch as f64 * macs_per_input / seconds)
     );
+}
+
+/// The machine's limit in one precision, measured in this process: f32, candle's (gemm's)
+/// large product; bf16, which no crate here computes on the CPU's bf16 units, our own packed bf16
+/// product through a 1024 → 1024 dense layer over 1024 rows (extraction's path), beside its f32
+/// twin so the two precisions' products compare on one footing.
+struct Limit {
+    precision: Precision,
+    /// Multiply-adds per second of the large product (f32) or of the packed layer (bf16).
+    rate: f64,
+    what: &'static str,
+}
+
+impl Limit {
+    fn line(&self, macs_per_second: f64) -> String {
+        format!(
+            "{:.1} G multiply-adds/s, {:.0} % of {} {:.1} G",
+            macs_per_second / 1e9,
+            100.0 * macs_per_second / self.rate,
+            self.what,
+            self.rate / 1e9
+        )
+    }
+}
+
+/// Multiply-adds per second of a 1024 → 1024 frozen dense layer over 1024 rows in `precision`.
+fn packed_layer_rate(precision: Precision) -> f64 {
+    let side = 1024;
+    let values: Vec<f32> = (0..side * side)
+        .map(|k| ((k * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let weight = Tensor::from_vec(values, (side, side), &Device::Cpu).unwrap();
+    let layer = Dense::new(candle_nn::Linear::new(weight.clone(), None)).in_precision(precision);
+    let seconds = median_seconds(&Device::Cpu, || {
+        drop(layer.forward_then(&weight, Then::Nothing).unwrap())
+    });
+    (side * side * side) as f64 / seconds
+}
+
+/// The precisions this machine computes in: f32, and bf16 where the CPU has its units.
+fn precisions(device: &Device) -> Vec<Precision> {
+    let bf16 = device.is_cpu() && Precision::Bf16.check_supported().is_ok();
+    if !bf16 {
+        println!(
+            "(bf16: {})",
+            if device.is_cpu() {
+                "this CPU has no AVX512-BF16; its rows skipped"
+            } else {
+                "the GPU backbone computes in f32"
+            }
+        );
+    }
+    [Precision::F32]
+        .into_iter()
+        .chain(bf16.then_some(Precision::Bf16))
+        .collect()
 }
 
 fn main() {
@@ -94,63 +156,101 @@ fn main() {
     // SAFETY: first statement of main, no other thread exists yet.
     unsafe { benign_attention::runtime::configure_process() };
     let device = common::bench_device();
-    // The machine's limit in this process (and thread pool), the baseline of the rate column.
-    let limit = common::large_product_rate_on(&device);
     let runs_on = match &device {
-        Device::Cpu => format!("{} threads", rayon::current_num_threads()),
+        Device::Cpu => format!(
+            "{} threads, {}",
+            rayon::current_num_threads(),
+            benign_attention::runtime::float_kernels()
+        ),
         _ => "GPU 0".to_string(),
     };
-    println!("| model (candle, {runs_on}) | batch | s/batch | throughput | arithmetic rate |");
-    println!("|---|---|---|---|---|");
-    let load = |id: &str| {
+    let precisions = precisions(&device);
+    // The machine's limits in this process (and thread pool), the baselines of the rate column.
+    let large = common::large_product_rate_on(&device);
+    let limits: Vec<Limit> = precisions
+        .iter()
+        .map(|&precision| match precision {
+            Precision::F32 => Limit {
+                precision,
+                rate: large,
+                what: "the large product's",
+            },
+            Precision::Bf16 => Limit {
+                precision,
+                rate: packed_layer_rate(precision),
+                what: "our bf16 packed product's",
+            },
+        })
+        .collect();
+    if device.is_cpu() {
+        println!(
+            "packed 1024³ layer: f32 {:.1} G multiply-adds/s{}",
+            packed_layer_rate(Precision::F32) / 1e9,
+            limits
+                .get(1)
+                .map_or(String::new(), |l| format!(", bf16 {:.1} G", l.rate / 1e9))
+        );
+    }
+    println!(
+        "| model (candle, {runs_on}) | precision | batch | s/batch | throughput | arithmetic rate |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let load = |id: &str, precision: Precision| {
         Backbone::load(
             resolve(id, None).expect("set BENIGN_MODELS_DIR"),
             &device,
             TextOptions::default(),
         )
         .unwrap()
-    };
-
-    let vit_tiny = load("timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k");
-    let Model::Vit(vit) = &vit_tiny.model else {
-        panic!("ViT-Ti is a ViT")
+        .in_precision(precision)
+        .unwrap()
     };
     let x = pixels(16, &device);
     let full = |vit: &Vit| {
         let states = vit.hidden_states(&x).unwrap();
         vit.layernorm.forward(states.last().unwrap()).unwrap()
     };
-    row(
-        "ViT-Ti/16 (real weights)",
-        16,
-        median_seconds(&device, || drop(full(vit))),
-        "images",
-        forward_macs(12, 197, 192, 768, Some(16)),
-        limit,
-    );
-
+    let vit_id = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k";
+    for limit in &limits {
+        let vit_tiny = load(vit_id, limit.precision);
+        let Model::Vit(vit) = &vit_tiny.model else {
+            panic!("ViT-Ti is a ViT")
+        };
+        row(
+            "ViT-Ti/16 (real weights)",
+            16,
+            median_seconds(&device, || drop(full(vit))),
+            "images",
+            forward_macs(12, 197, 192, 768, Some(16)),
+            limit,
+        );
+    }
     // ViT-B/16 with random weights: HF ViTConfig defaults.
-    let vit_base = random_vit_base(&device);
-    row(
-        "ViT-B/16 (random weights)",
-        16,
-        median_seconds(&device, || drop(full(&vit_base))),
-        "images",
-        forward_macs(12, 197, 768, 3072, Some(16)),
-        limit,
-    );
+    let mut vit = random_vit_base(&device);
+    for limit in &limits {
+        vit.layers = vit
+            .layers
+            .iter()
+            .map(|l| l.in_precision(limit.precision))
+            .collect();
+        row(
+            "ViT-B/16 (random weights)",
+            16,
+            median_seconds(&device, || drop(full(&vit))),
+            "images",
+            forward_macs(12, 197, 768, 3072, Some(16)),
+            limit,
+        );
+    }
 
     // A GPU machine is sent what fits in its lease's transfer: the 91 MB MiniLM may stay behind.
-    let Ok(minilm_dir) = resolve("sentence-transformers/all-MiniLM-L6-v2", None) else {
+    let minilm_id = "sentence-transformers/all-MiniLM-L6-v2";
+    if resolve(minilm_id, None).is_err() {
         println!(
             "\n(all-MiniLM-L6-v2 is not under BENIGN_MODELS_DIR: its row and the profile skipped)"
         );
         return;
-    };
-    let minilm = Backbone::load(minilm_dir, &device, TextOptions::default()).unwrap();
-    let Model::Bert(bert) = &minilm.model else {
-        panic!("MiniLM is a BERT")
-    };
+    }
     let ids: Vec<u32> = (0..32 * 128)
         .map(|k| (1000 + ((k / 128) * 131 + (k % 128) * 17) % 20000) as u32)
         .collect();
@@ -161,15 +261,29 @@ fn main() {
         input_ids,
     };
     let run = |bert: &Bert| drop(bert.hidden_states(&batch).unwrap());
-    row(
-        "all-MiniLM-L6-v2 (real weights), length 128",
-        32,
-        median_seconds(&device, || run(bert)),
-        "sentences",
-        forward_macs(6, 128, 384, 1536, None),
-        limit,
-    );
+    for limit in &limits {
+        let minilm = load(minilm_id, limit.precision);
+        let Model::Bert(bert) = &minilm.model else {
+            panic!("MiniLM is a BERT")
+        };
+        row(
+            "all-MiniLM-L6-v2 (real weights), length 128",
+            32,
+            median_seconds(&device, || run(bert)),
+            "sentences",
+            forward_macs(6, 128, 384, 1536, None),
+            limit,
+        );
+    }
+    if std::env::var_os("BENIGN_BENCH_NO_PROFILE").is_some() {
+        return;
+    }
     if device.is_cpu() {
+        let vit_tiny = load(vit_id, Precision::F32);
+        let minilm = load(minilm_id, Precision::F32);
+        let (Model::Vit(vit), Model::Bert(bert)) = (&vit_tiny.model, &minilm.model) else {
+            panic!("ViT-Ti is a ViT, MiniLM a BERT")
+        };
         profile(vit, bert, &x, &batch);
     } else {
         println!("\n(the per-op profile times the CPU kernels; it runs only on the CPU)");

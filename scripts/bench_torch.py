@@ -20,11 +20,17 @@ Inputs (integer arithmetic, then f32):
   attention_mask = 1, token_type_ids = 0
 
 Settings: torch.set_num_threads(--threads, default os.cpu_count()), eval mode,
-torch.inference_mode(), float32, attn_implementation="eager". Two warm-up
+torch.inference_mode(), --dtype float32 (default) or bfloat16 (the model's weights and
+inputs cast, oneDNN's bf16 kernels on a CPU that has them), --attn eager (default) or sdpa
+(attn_implementation; with bf16, SDPA is PyTorch's fastest CPU path). Two warm-up
 iterations, then the median of --iters (>= 5) timed iterations. With
 --device cuda, model and inputs live on GPU 0, each iteration is timed until
 torch.cuda.synchronize(), and f32 products stay IEEE f32 (no TF32), as
 candle's do by default.
+
+Then (--large-product, default on) one line for a 2048 x 2048 x 2048 torch.matmul in the same
+dtype and threads: {"model": "large_product_2048", "macs_per_second", ...}, the library's own
+limit beside which the models' rates read.
 
 Prints one JSON line per model:
   {"model", "batch", "seconds_per_batch", "items_per_second", "threads", "torch", ...}
@@ -88,23 +94,26 @@ def text_inputs(batch: int, seq_len: int) -> dict:
     }
 
 
-def load_vit_tiny():
+def load_vit_tiny(attn: str):
     path = models_dir() / "timm" / "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
     return ViTModel.from_pretrained(
-        str(path), add_pooling_layer=False, attn_implementation="eager", torch_dtype=torch.float32
+        str(path), add_pooling_layer=False, attn_implementation=attn, torch_dtype=torch.float32
     )
 
 
-def load_vit_base_random():
+def load_vit_base_random(attn: str):
     torch.manual_seed(0)
     config = ViTConfig()  # hidden 768, 12 layers, 12 heads, 224 px, patch 16
-    config._attn_implementation = "eager"
+    config._attn_implementation = attn
     return ViTModel(config, add_pooling_layer=False)
 
 
-def load_minilm():
+def load_minilm(attn: str):
     path = models_dir() / "sentence-transformers" / "all-MiniLM-L6-v2"
-    return BertModel.from_pretrained(str(path), attn_implementation="eager", torch_dtype=torch.float32)
+    return BertModel.from_pretrained(str(path), attn_implementation=attn, torch_dtype=torch.float32)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 # name -> (loader, batch, input builder, input description)
@@ -116,11 +125,14 @@ MODELS = {
 }
 
 
-def bench(name: str, iters: int, threads: int, device: str) -> dict:
+def bench(name: str, iters: int, threads: int, device: str, dtype: str, attn: str) -> dict:
     loader, batch, make_inputs, shape = MODELS[name]
-    model = loader().eval().to(device=device, dtype=torch.float32)
-    assert model.config._attn_implementation == "eager", model.config._attn_implementation
-    inputs = {key: value.to(device) for key, value in make_inputs().items()}
+    model = loader(attn).eval().to(device=device, dtype=DTYPES[dtype])
+    assert model.config._attn_implementation == attn, model.config._attn_implementation
+    inputs = {
+        key: value.to(device=device, dtype=DTYPES[dtype]) if value.is_floating_point() else value.to(device)
+        for key, value in make_inputs().items()
+    }
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     times = []
     cpu = 0.0
@@ -146,6 +158,33 @@ def bench(name: str, iters: int, threads: int, device: str) -> dict:
         # CPU seconds this process used per wall second while timed: close to `threads` on an
         # idle machine, well below it when other work competes for the cores.
         "cpu_per_wall": round(cpu / sum(times), 2),
+        "dtype": dtype,
+        "attn": attn,
+        "torch": torch.__version__,
+    }
+
+
+def large_product(iters: int, threads: int, device: str, dtype: str) -> dict:
+    side = 2048
+    values = ((torch.arange(side * side) * 37 % 101).to(torch.float32) - 50.0) / 50.0
+    a = values.view(side, side).to(device=device, dtype=DTYPES[dtype])
+    b = a.t().contiguous()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times = []
+    with torch.inference_mode():
+        for i in range(WARMUP + iters):
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            sync()
+            if i >= WARMUP:
+                times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return {
+        "model": f"large_product_{side}",
+        "seconds": round(seconds, 6),
+        "macs_per_second": round(side**3 / seconds),
+        "threads": threads,
+        "dtype": dtype,
         "torch": torch.__version__,
     }
 
@@ -155,6 +194,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: os.cpu_count())")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the models run (default: cpu)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations, median reported (>= 5)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weights and inputs (default: float32)")
+    parser.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="attn_implementation (default: eager)")
+    parser.add_argument("--no-large-product", action="store_true", help="skip the 2048^3 matmul line")
     parser.add_argument(
         "--models",
         default=",".join(MODELS),
@@ -176,7 +218,9 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     for name in names:
-        print(json.dumps(bench(name, args.iters, args.threads, args.device)), flush=True)
+        print(json.dumps(bench(name, args.iters, args.threads, args.device, args.dtype, args.attn)), flush=True)
+    if not args.no_large_product:
+        print(json.dumps(large_product(args.iters, args.threads, args.device, args.dtype)), flush=True)
 
 
 if __name__ == "__main__":

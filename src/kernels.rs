@@ -5,10 +5,14 @@
 //! trained matrix ([`linear_backward`], the synthetic encoder's weights). They sit below the encoder, the model and the
 //! runtime, and import nothing of the crate.
 
+pub(crate) mod arm;
+pub mod bf16;
 pub mod host_reads;
 mod linear;
 mod packed;
+mod tiles;
 
+pub use bf16::Precision;
 pub(crate) use linear::{
     WeightGradient, linear_backward, linear_forward, transposed_backward, transposed_forward,
 };

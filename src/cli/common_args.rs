@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 
+use crate::kernels::Precision;
 use crate::runtime::DeviceKind;
 
 /// Where a real-data run finds its data and checkpoints, caches features and computes.
@@ -28,6 +29,11 @@ pub struct PlaceArgs {
     /// run fastest today; docs/design.md, "Placement"]
     #[arg(long, value_enum)]
     pub train_device: Option<DeviceKind>,
+    /// What the frozen backbone's products compute in: f32 (HF parity), or bf16 on the CPU's bf16
+    /// units (AVX512-BF16), features close to f32's but not the same; phases 1 and 2 stay f32
+    /// [default: f32]
+    #[arg(long, value_enum)]
+    pub precision: Option<Precision>,
 }
 
 impl PlaceArgs {

@@ -11,6 +11,7 @@ use crate::encoder::{
     self,
     cache::{Contents, FeatureCache, cache_root},
 };
+use crate::kernels::Precision;
 use crate::runtime::DeviceKind;
 
 #[derive(Args, Debug)]
@@ -34,6 +35,10 @@ pub struct BackboneArgs {
     /// and tokenization stay on the CPU. GPU features are cached apart from CPU ones
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
+    /// What the backbone's products compute in: f32, or bf16 on the CPU's bf16 units
+    /// (AVX512-BF16); bf16 features are cached apart from f32 ones
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub precision: Precision,
 }
 
 impl BackboneArgs {
@@ -41,13 +46,14 @@ impl BackboneArgs {
         if self.batch_size == 0 {
             anyhow::bail!("--batch-size must be at least 1, got 0");
         }
+        self.precision.check_supported()?;
         let device = self.device.device()?;
         let files = encoder::resolve(&self.backbone, self.models_dir.as_deref())?;
         let text = encoder::TextOptions {
             special_tokens: self.special_tokens,
             ..Default::default()
         };
-        encoder::Backbone::load(files, &device, text)
+        encoder::Backbone::load(files, &device, text)?.in_precision(self.precision)
     }
 }
 

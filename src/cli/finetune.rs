@@ -216,6 +216,7 @@ impl FinetuneArgs {
             token_noise: self.token_noise.unwrap_or(base.token_noise),
             train_threads: self.train_threads.unwrap_or(base.train_threads),
             device: self.places.device.unwrap_or(base.device),
+            precision: self.places.precision.unwrap_or(base.precision),
             train_device: self.places.train_device.or(base.train_device),
             ..base.clone()
         }

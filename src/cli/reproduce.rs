@@ -183,6 +183,9 @@ impl GridArgs {
         if let Some(device) = &self.places.train_device {
             flags.extend(["--train-device".into(), value(device)]);
         }
+        if let Some(precision) = &self.places.precision {
+            flags.extend(["--precision".into(), value(precision)]);
+        }
         flags
     }
 }
@@ -562,6 +565,7 @@ fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode>
             .device
             .unwrap_or(crate::runtime::DeviceKind::Cpu),
         train_device: args.places.train_device,
+        precision: args.places.precision.unwrap_or_default(),
         rng: args.rng(),
         token_noises,
     };

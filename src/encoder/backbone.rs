@@ -17,6 +17,7 @@ use super::text::TextPreprocessor;
 use super::vit::{Vit, VitConfig};
 use crate::data::files::digests;
 use crate::data::{ImageSet, Inputs};
+use crate::kernels::Precision;
 
 pub enum Model {
     Vit(Vit),
@@ -53,6 +54,9 @@ pub struct Backbone {
     pub model: Model,
     pub preprocessing: Preprocessing,
     pub device: Device,
+    /// What the frozen layers' products compute in during extraction (`--precision`; part of the
+    /// cache key when bf16).
+    pub precision: Precision,
     /// Batches run through the network, for tests that assert the cache did the work instead.
     forward_batches: AtomicUsize,
 }
@@ -232,8 +236,37 @@ impl Backbone {
             model,
             preprocessing,
             device: device.clone(),
+            precision: Precision::F32,
             forward_batches: AtomicUsize::new(0),
         }
+    }
+
+    /// This backbone with its frozen layers' extraction products in `precision`; an error naming
+    /// the flag where this CPU cannot compute in it (bf16 without AVX512-BF16), or where the
+    /// backbone runs on a GPU (candle's CUDA kernels there are f32).
+    pub fn in_precision(mut self, precision: Precision) -> Result<Self> {
+        if precision == self.precision {
+            return Ok(self);
+        }
+        if !self.device.is_cpu() {
+            bail!(
+                "--precision {}: only the CPU backbone computes in bf16; use --precision f32 with --device cuda",
+                precision.name()
+            );
+        }
+        precision.check_supported()?;
+        self.model = match self.model {
+            Model::Vit(mut m) => {
+                m.layers = m.layers.iter().map(|l| l.in_precision(precision)).collect();
+                Model::Vit(m)
+            }
+            Model::Bert(mut m) => {
+                m.layers = m.layers.iter().map(|l| l.in_precision(precision)).collect();
+                Model::Bert(m)
+            }
+        };
+        self.precision = precision;
+        Ok(self)
     }
 
     pub fn hidden_size(&self) -> usize {

@@ -167,6 +167,17 @@ impl BertLayer {
         })
     }
 
+    /// This block with its extraction products in `precision`.
+    pub fn in_precision(&self, precision: crate::kernels::Precision) -> Self {
+        Self {
+            attention: self.attention.in_precision(precision),
+            attention_output: self.attention_output.in_precision(precision),
+            intermediate: self.intermediate.in_precision(precision),
+            output: self.output.in_precision(precision),
+            ..self.clone()
+        }
+    }
+
     /// This block with its dense layers in phase 2's form ([`Dense::frozen`]).
     pub fn frozen(&self) -> anyhow::Result<Self> {
         Ok(Self {

@@ -101,6 +101,10 @@ struct ShardKey {
     /// was recorded, which are therefore never reused.
     #[serde(default)]
     extraction: Option<String>,
+    /// The products' precision when not f32 ("bf16"); absent for f32, whose shards keep their
+    /// names and folders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    precision: Option<String>,
 }
 
 /// The version of extraction's arithmetic (the backbones' forward, the preprocessing): raised
@@ -209,14 +213,16 @@ impl FeatureCache {
     }
 
     fn dir(&self, backbone: &Backbone, dataset: &str, split: &str) -> PathBuf {
-        let inputs = sha256_hex(
-            format!(
-                "{}\n{}",
-                backbone.preprocessing_fingerprint(),
-                backbone.config_sha256
-            )
-            .as_bytes(),
+        let mut inputs = format!(
+            "{}\n{}",
+            backbone.preprocessing_fingerprint(),
+            backbone.config_sha256
         );
+        if !backbone.precision.is_f32() {
+            // bf16 features in a folder of their own: f32 and bf16 runs never evict each other.
+            inputs.push_str(&format!("\nprecision {}", backbone.precision.name()));
+        }
+        let inputs = sha256_hex(inputs.as_bytes());
         self.root
             .join(format!(
                 "{}-{}",
@@ -361,6 +367,7 @@ impl FeatureCache {
                 DeviceLocation::Metal { .. } => Some("metal".into()),
             },
             extraction: Some(extraction_stamp()),
+            precision: (!backbone.precision.is_f32()).then(|| backbone.precision.name().into()),
         }
     }
 }
@@ -606,6 +613,7 @@ mod tests {
             sample_digest: vec!["d".into()],
             device: None,
             extraction: Some(extraction_stamp()),
+            precision: None,
         };
         let json = serde_json::to_string(&key).unwrap();
         assert!(!json.contains("device"), "{json}");

@@ -19,7 +19,7 @@ use candle_nn::{Activation, Linear};
 use rayon::prelude::*;
 
 use crate::kernels::{
-    GeluErf, PackedMatrix, ProductPart, contiguous_f32, products_parallel, with_host_f32,
+    GeluErf, PackedMatrix, Precision, ProductPart, contiguous_f32, products_parallel, with_host_f32,
 };
 
 /// One of the backbone's dense layers.
@@ -36,6 +36,8 @@ pub enum Dense {
 #[derive(Debug)]
 pub struct LoadedLinear {
     linear: Linear,
+    /// What the host products compute in (`--precision`).
+    precision: Precision,
     /// Made by the first host product: a second copy of the weight, which CUDA runs and runs
     /// from a warm cache never make.
     host: OnceLock<HostWeights>,
@@ -51,12 +53,12 @@ struct HostWeights {
 }
 
 impl HostWeights {
-    fn of(linear: &Linear) -> candle_core::Result<Self> {
+    fn of(linear: &Linear, precision: Precision) -> candle_core::Result<Self> {
         let (out_dim, in_dim) = linear.weight().dims2()?;
         let weight = linear.weight().contiguous()?;
         // Wᵀ: B[r][c] = W[c][r].
         let packed = with_host_f32(&weight, |w| {
-            PackedMatrix::new(w, (in_dim, out_dim), (1, in_dim))
+            PackedMatrix::new_in(precision, w, (in_dim, out_dim), (1, in_dim))
         })?;
         let bias = match linear.bias() {
             Some(b) => b.to_vec1::<f32>()?,
@@ -91,8 +93,21 @@ impl Dense {
     pub fn new(linear: Linear) -> Self {
         Self::Linear(Arc::new(LoadedLinear {
             linear,
+            precision: Precision::F32,
             host: OnceLock::new(),
         }))
+    }
+
+    /// This layer with its extraction products in `precision` (phase 2's form keeps f32).
+    pub fn in_precision(&self, precision: Precision) -> Self {
+        match self {
+            Self::Linear(l) if l.precision != precision => Self::Linear(Arc::new(LoadedLinear {
+                linear: l.linear.clone(),
+                precision,
+                host: OnceLock::new(),
+            })),
+            other => other.clone(),
+        }
     }
 
     /// x Wᵀ + b followed by `then`. Extraction (CPU, f32, nothing tracking gradients) runs it as
@@ -174,7 +189,7 @@ fn host_product(
         Some(weights) => weights,
         // Two threads may pack at once; the first one's copy is kept.
         None => {
-            let weights = HostWeights::of(linear)?;
+            let weights = HostWeights::of(linear, layer.precision)?;
             layer.host.get_or_init(|| weights)
         }
     };

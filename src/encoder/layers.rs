@@ -5,7 +5,7 @@
 use candle_core::{CpuStorage, CustomOp1, D, Layout, Result, Shape, Tensor};
 
 use super::dense::{Dense, Then};
-use crate::kernels::{PackedMatrix, contiguous_f32, softmax};
+use crate::kernels::{PackedMatrix, Precision, contiguous_f32, softmax};
 pub use crate::kernels::{additive_mask, unpadded_lengths};
 use candle_nn::{Linear, Module, VarBuilder};
 use rayon::prelude::*;
@@ -20,6 +20,8 @@ pub struct SelfAttention {
     qkv: Dense,
     pub num_heads: usize,
     pub head_dim: usize,
+    /// What the fused pass's products compute in (`--precision`).
+    precision: Precision,
 }
 
 impl SelfAttention {
@@ -49,7 +51,18 @@ impl SelfAttention {
             value,
             num_heads,
             head_dim: hidden_size / num_heads,
+            precision: Precision::F32,
         })
+    }
+
+    /// This attention with its fused pass's products (Q, K, V; the scores and the weighted sums)
+    /// in `precision`.
+    pub fn in_precision(&self, precision: Precision) -> Self {
+        Self {
+            qkv: self.qkv.in_precision(precision),
+            precision,
+            ..self.clone()
+        }
     }
 
     /// (B, T, D) → (B, H, T, d_h).
@@ -90,6 +103,7 @@ impl SelfAttention {
             heads: self.num_heads,
             head_dim: self.head_dim,
             mask,
+            precision: self.precision,
         })
     }
 
@@ -119,6 +133,7 @@ struct FusedSelfAttention {
     head_dim: usize,
     /// Additive, (B·T), when text is padded.
     mask: Option<Vec<f32>>,
+    precision: Precision,
 }
 
 impl CustomOp1 for FusedSelfAttention {
@@ -155,14 +170,24 @@ impl CustomOp1 for FusedSelfAttention {
                     );
                     // S (T×L) = Q_h (T×d_h, row stride 3D) · K_hᵀ, K_hᵀ packed once for
                     // all T query rows.
-                    let keys = PackedMatrix::new(&qkv[k..], (self.head_dim, len), (1, three_d));
+                    let keys = PackedMatrix::new_in(
+                        self.precision,
+                        &qkv[k..],
+                        (self.head_dim, len),
+                        (1, three_d),
+                    );
                     keys.product(t, (&qkv[q..], three_d), (&mut scores, len));
                     for row in scores.chunks_mut(len) {
                         let mask = mask.map(|m| &m[..len]);
                         softmax(row, scale, mask);
                     }
                     // O_h (T×d_h, row stride D) = P (T×L) · V_h (L×d_h, row stride 3D).
-                    let values = PackedMatrix::new(&qkv[v..], (len, self.head_dim), (three_d, 1));
+                    let values = PackedMatrix::new_in(
+                        self.precision,
+                        &qkv[v..],
+                        (len, self.head_dim),
+                        (three_d, 1),
+                    );
                     values.product(t, (&scores, len), (&mut out[h * self.head_dim..], d));
                 }
             });

@@ -6,10 +6,15 @@
 //! ViT-B's 768 → 3072 it ran at 6 G multiply-adds per second for 8 rows on one AVX2 core, 17 G
 //! for 24 (25–27 G for ViT-Ti's shapes at 8 rows; a separate probe of gemm alone), and its
 //! 6-column kernel took 8 rows as 6 + 2, reading every weight twice. Here the matrix is laid out
-//! once in panels of [`PANEL`] columns, each panel's rows contiguous, and every product streams
-//! each panel once: blocks of up to 6 rows take it in turn while it is in L1/L2, with 6 × 2
-//! eight-lane accumulators in registers (one panel row: two loads, then a broadcast and two
-//! fused multiply-adds per row).
+//! once in panels of 16 columns, each panel's rows contiguous, and every product streams each
+//! panel once: blocks of rows take it in turn while it is in L1/L2, their sums in registers
+//! ([`super::tiles`]: 6 rows of one panel on AVX2, 12 rows of two panels on AVX-512).
+//!
+//! A matrix packed in bf16 ([`Precision::Bf16`], the frozen backbone's products at
+//! `--precision bf16`) holds pairs of consecutive rows rounded to bf16 in 32-bit lanes, and its
+//! products round their rows the same way and sum with `vdpbf16ps` (f32 accumulators) where the
+//! CPU has AVX512-BF16, or with the instruction's model in plain Rust elsewhere
+//! ([`super::bf16`]), bit for bit the same.
 //!
 //! In [`products_parallel`] (phase 2 at ViT-B's width), while a product takes a
 //! panel, each of its blocks of rows asks for a share of the next panel's rows, one cache line
@@ -19,45 +24,82 @@
 //! Extraction's products, whose weights serve many blocks of rows in a row and stay in cache, do
 //! without: asking there slowed MiniLM's forward.
 //!
-//! Every output sums its k terms in order, one fused multiply-add each, whatever the number of
-//! rows or the block a row falls in: a row's numbers do not depend on the batch.
+//! Every output sums its k terms in order, one fused multiply-add each (bf16: one instruction
+//! lane a pair), whatever the number of rows, the block a row falls in or the vector arm: a row's
+//! numbers do not depend on the batch or the CPU.
 
-use super::avx2_fma;
+use super::arm::{SimdArm, bf16_dot};
+use super::bf16::{Precision, pair};
+#[cfg(target_arch = "x86_64")]
+use super::tiles::{Avx2F32, Avx512Bf16, Avx512F32};
+use super::tiles::{PANEL, PortableBf16, PortableF32, walk};
 
-/// Columns of a panel: two 8-lane registers.
-const PANEL: usize = 16;
-/// Rows a block holds: 6 × 2 accumulators, two panel loads and a broadcast fit the 16 registers.
-const BLOCK_ROWS: usize = 6;
-
-/// A constant k × n matrix in column panels: panel p holds columns 16p..16p+16 as k rows of 16
-/// contiguous values, the last panel zero-padded.
+/// A constant k × n matrix in column panels: panel p holds columns 16p..16p+16, the last panel
+/// zero-padded, as k rows of 16 f32 or (bf16) k/2 rows of 16 pairs of consecutive rows' values.
 #[derive(Debug)]
 pub(crate) struct PackedMatrix {
-    data: Vec<f32>,
+    panels: Panels,
     k: usize,
     n: usize,
 }
 
+/// A packed matrix's values.
+#[derive(Debug)]
+enum Panels {
+    F32(Vec<f32>),
+    /// Lane (i, c) of a panel: rows 2i (low half) and 2i + 1 (high half) of column c, rounded to
+    /// bf16 ([`pair`]); an odd k's last pair padded with 0.
+    Bf16(Vec<u32>),
+}
+
 impl PackedMatrix {
-    /// B[r][c] = `values[r·row_stride + c·col_stride]` for r < k, c < n.
-    pub(crate) fn new(
+    /// B[r][c] = `values[r·row_stride + c·col_stride]` for r < k, c < n, in f32.
+    pub(crate) fn new(values: &[f32], dims: (usize, usize), strides: (usize, usize)) -> Self {
+        Self::new_in(Precision::F32, values, dims, strides)
+    }
+
+    /// [`Self::new`] in `precision`: a bf16 matrix's products round their rows to bf16 too.
+    pub(crate) fn new_in(
+        precision: Precision,
         values: &[f32],
         (k, n): (usize, usize),
         (row_stride, col_stride): (usize, usize),
     ) -> Self {
+        let at = |r: usize, c: usize| {
+            if r < k && c < n {
+                values[r * row_stride + c * col_stride]
+            } else {
+                0.0
+            }
+        };
         let panels = n.div_ceil(PANEL);
-        let mut data = vec![0f32; panels * k * PANEL];
-        for (p, panel) in data.chunks_exact_mut(k * PANEL).enumerate() {
-            for (r, row) in panel.chunks_exact_mut(PANEL).enumerate() {
-                for (j, v) in row.iter_mut().enumerate() {
-                    let c = p * PANEL + j;
-                    if c < n {
-                        *v = values[r * row_stride + c * col_stride];
+        let panels = match precision {
+            Precision::F32 => {
+                let mut data = vec![0f32; panels * k * PANEL];
+                for (p, panel) in data.chunks_exact_mut(k * PANEL).enumerate() {
+                    for (r, row) in panel.chunks_exact_mut(PANEL).enumerate() {
+                        for (j, v) in row.iter_mut().enumerate() {
+                            *v = at(r, p * PANEL + j);
+                        }
                     }
                 }
+                Panels::F32(data)
             }
-        }
-        Self { data, k, n }
+            Precision::Bf16 => {
+                let steps = k.div_ceil(2);
+                let mut data = vec![0u32; panels * steps * PANEL];
+                for (p, panel) in data.chunks_exact_mut(steps * PANEL).enumerate() {
+                    for (i, row) in panel.chunks_exact_mut(PANEL).enumerate() {
+                        for (j, v) in row.iter_mut().enumerate() {
+                            let c = p * PANEL + j;
+                            *v = pair(at(2 * i, c), at(2 * i + 1, c));
+                        }
+                    }
+                }
+                Panels::Bf16(data)
+            }
+        };
+        Self { panels, k, n }
     }
 
     /// dst (m × n, row stride `dst_stride`) = a (m × k, row stride `a_stride`) · B; dst's
@@ -112,7 +154,7 @@ impl PackedMatrix {
         self.check(m, (a.len(), a_stride), (dst.len(), dst_stride));
         let all = 0..self.n.div_ceil(PANEL);
         let dst = (dst.as_mut_ptr(), dst_stride);
-        let modes = (avx2_fma(), false);
+        let modes = (SimdArm::detected(), false);
         // SAFETY: `check` put every row and column written inside dst, borrowed mutably here.
         unsafe { product_panels::<ADD>(self, all, m, (a, a_stride), dst, modes) }
     }
@@ -172,7 +214,7 @@ pub(crate) fn products_parallel(
     } else {
         rayon::current_num_threads().min(total)
     };
-    let avx2 = avx2_fma();
+    let arm = SimdArm::detected();
     /// dst's first value, shared by the threads, each writing the columns of its own panels.
     struct Shared(*mut f32);
     // SAFETY: the threads write disjoint columns of dst (below), and dst outlives them.
@@ -193,7 +235,7 @@ pub(crate) fn products_parallel(
                     let dst = (shared.0.add(part.column), dst_stride);
                     let local = own.start - first..own.end - first;
                     let a = (part.a, a_stride);
-                    product_panels::<false>(part.matrix, local, m, a, dst, (avx2, true));
+                    product_panels::<false>(part.matrix, local, m, a, dst, (arm, true));
                 }
             }
             first += count;
@@ -208,240 +250,154 @@ pub(crate) fn products_parallel(
 }
 
 /// [`PackedMatrix::product`] over panels `panels` only, into dst at `dst.0` (row stride
-/// `dst.1`); the sums added to dst's values when `ADD`; the next panel asked for as each is
-/// taken when `prefetch` (module doc).
+/// `dst.1`); the sums added to dst's values when `ADD`; the next panels asked for as each is taken
+/// when `prefetch` (module doc); through the tile of `arm` (f32) or, for a bf16 matrix, the
+/// AVX512-BF16 tile where the CPU has it and the instruction's model elsewhere.
 ///
 /// # Safety
 /// Rows < m and the columns of `panels` of dst must lie in memory the caller may write, and no
-/// other thread may touch them meanwhile; `avx2` only where the CPU has AVX2 and FMA.
+/// other thread may touch them meanwhile; `arm` no wider than the CPU's.
 unsafe fn product_panels<const ADD: bool>(
     b: &PackedMatrix,
     panels: std::ops::Range<usize>,
     m: usize,
     (a, a_stride): (&[f32], usize),
     (dst, dst_stride): (*mut f32, usize),
-    (avx2, prefetch): (bool, bool),
+    (arm, prefetch): (SimdArm, bool),
 ) {
     if m == 0 || b.n == 0 {
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn with_avx2<const ADD: bool>(
-        b: &PackedMatrix,
-        panels: std::ops::Range<usize>,
-        m: usize,
-        a: (&[f32], usize),
-        dst: (*mut f32, usize),
-        prefetch: bool,
-    ) {
-        // SAFETY: the caller's.
-        unsafe { product_kernel::<true, ADD>(b, panels, m, a, dst, prefetch) }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: the caller's; the CPU has the features `with_avx2` is compiled for.
-        return unsafe {
-            with_avx2::<ADD>(b, panels, m, (a, a_stride), (dst, dst_stride), prefetch)
-        };
-    }
-    let _ = avx2;
-    // SAFETY: the caller's.
-    unsafe {
-        product_kernel::<false, ADD>(b, panels, m, (a, a_stride), (dst, dst_stride), prefetch)
+    let (k, n) = (b.k, b.n);
+    match &b.panels {
+        Panels::F32(data) => {
+            let matrix = (&data[..], k * PANEL, k, n);
+            let a = (a, a_stride);
+            let dst = (dst, dst_stride);
+            // SAFETY (each arm): the caller's; the CPU has the arm's features.
+            #[cfg(target_arch = "x86_64")]
+            match arm {
+                SimdArm::Avx512 => {
+                    return unsafe { walk_avx512::<ADD>(matrix, panels, m, a, dst, prefetch) };
+                }
+                SimdArm::Avx2 => {
+                    return unsafe { walk_avx2::<ADD>(matrix, panels, m, a, dst, prefetch) };
+                }
+                SimdArm::Portable => {}
+            }
+            unsafe { walk::<PortableF32, ADD>(matrix, panels, m, a, dst, false) }
+        }
+        Panels::Bf16(data) => {
+            let steps = k.div_ceil(2);
+            let pairs = bf16_rows(m, (a, a_stride), k);
+            let matrix = (&data[..], steps * PANEL, steps, n);
+            let a = (&pairs[..], steps);
+            let dst = (dst, dst_stride);
+            #[cfg(target_arch = "x86_64")]
+            if arm == SimdArm::Avx512 && bf16_dot() {
+                // SAFETY: the caller's; the CPU has AVX-512F and AVX512-BF16.
+                return unsafe { walk_avx512_bf16::<ADD>(matrix, panels, m, a, dst, prefetch) };
+            }
+            // SAFETY: the caller's.
+            unsafe { walk::<PortableBf16, ADD>(matrix, panels, m, a, dst, false) }
+        }
     }
 }
 
-/// Panel by panel; in each, blocks of up to 6 rows. `AVX2`: compiled into a function with AVX2
-/// and FMA enabled, where the blocks use their intrinsics. `ADD`: the sums are added to dst.
+/// m rows of k values (`a_stride` apart) as rows of k/2 bf16 pairs (the last padded with 0).
+fn bf16_rows(m: usize, (a, a_stride): (&[f32], usize), k: usize) -> Vec<u32> {
+    let steps = k.div_ceil(2);
+    let mut pairs = Vec::with_capacity(m * steps);
+    for r in 0..m {
+        let row = &a[r * a_stride..][..k];
+        let mut chunks = row.chunks_exact(2);
+        pairs.extend(chunks.by_ref().map(|p| pair(p[0], p[1])));
+        if let [last] = chunks.remainder() {
+            pairs.push(pair(*last, 0.0));
+        }
+    }
+    pairs
+}
+
+/// The matrix of [`walk`]: lanes, lanes per panel, steps of k, columns.
+type Matrix<'a, L> = (&'a [L], usize, usize, usize);
+
+/// [`walk`] with the AVX2 tile, compiled for AVX2 and FMA.
 ///
 /// # Safety
-/// As [`product_panels`].
-#[inline(always)]
-unsafe fn product_kernel<const AVX2: bool, const ADD: bool>(
-    b: &PackedMatrix,
+/// [`walk`]'s; the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn walk_avx2<const ADD: bool>(
+    matrix: Matrix<f32>,
     panels: std::ops::Range<usize>,
     m: usize,
-    (a, a_stride): (&[f32], usize),
-    (dst, dst_stride): (*mut f32, usize),
+    a: (&[f32], usize),
+    dst: (*mut f32, usize),
     prefetch: bool,
 ) {
-    let k = b.k;
-    let chunks = b.data.chunks_exact(k * PANEL).enumerate();
-    let blocks = m.div_ceil(BLOCK_ROWS);
-    for (p, panel) in chunks.skip(panels.start).take(panels.len()) {
-        let col = p * PANEL;
-        let width = PANEL.min(b.n - col);
-        // The next panel of this call: each block of rows asks for its share of its rows.
-        let next =
-            (prefetch && p + 1 < panels.end).then(|| &b.data[(p + 1) * k * PANEL..][..k * PANEL]);
-        let mut r0 = 0;
-        let mut nth = 0;
-        while r0 < m {
-            let rows = next_block_rows(m - r0);
-            let mut out = [[0f32; PANEL]; BLOCK_ROWS];
-            let a_rows = &a[r0 * a_stride..];
-            let ahead = next.map(|next| Ahead {
-                next,
-                first: nth * k / blocks,
-                every: blocks,
-            });
-            match rows {
-                6 => block::<6, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
-                5 => block::<5, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
-                4 => block::<4, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
-                3 => block::<3, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
-                2 => block::<2, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
-                _ => block::<1, AVX2>(panel, k, a_rows, a_stride, &mut out, ahead),
-            }
-            nth += 1;
-            for (r, values) in out[..rows].iter().enumerate() {
-                let at = (r0 + r) * dst_stride + col;
-                // SAFETY: the caller's contract (in bounds, and no other thread's columns).
-                let dst = unsafe { std::slice::from_raw_parts_mut(dst.add(at), width) };
-                if ADD {
-                    dst.iter_mut().zip(values).for_each(|(d, v)| *d += v);
-                } else {
-                    dst.copy_from_slice(&values[..width]);
-                }
-            }
-            r0 += rows;
-        }
-    }
+    // SAFETY: the caller's.
+    unsafe { walk::<Avx2F32, ADD>(matrix, panels, m, a, dst, prefetch) }
 }
 
-/// Rows of the next block when `left` rows remain: the fewest blocks of at most [`BLOCK_ROWS`],
-/// as even as they can be. A block of 2 rows has 4 accumulators, too few to cover the fused
-/// multiply-add's latency, and it reads the panel as often as a block of 6: a phase-2 chunk's 8
-/// rows go as 4 + 4, not 6 + 2. The split does not change the numbers (module doc).
-fn next_block_rows(left: usize) -> usize {
-    left.div_ceil(left.div_ceil(BLOCK_ROWS))
-}
-
-/// What a block asks for while it works: rows `first`, `first + 1`, … of the next panel (each
-/// 64 bytes, one cache line), one every `every` steps.
-#[derive(Clone, Copy)]
-struct Ahead<'a> {
-    next: &'a [f32],
-    first: usize,
-    every: usize,
-}
-
-impl Ahead<'_> {
-    /// Nothing to ask for.
-    const NONE: Ahead<'static> = Ahead {
-        next: &[],
-        first: 0,
-        every: 1,
-    };
-}
-
-/// R rows of `a` (row stride `a_stride`, k values each) times one panel into `out[..R]`.
-#[inline(always)]
-fn block<const R: usize, const AVX2: bool>(
-    panel: &[f32],
-    k: usize,
-    a: &[f32],
-    a_stride: usize,
-    out: &mut [[f32; PANEL]; BLOCK_ROWS],
-    ahead: Option<Ahead>,
-) {
-    let rows: [&[f32]; R] = std::array::from_fn(|r| &a[r * a_stride..][..k]);
-    let panel = &panel[..k * PANEL];
-    #[cfg(target_arch = "x86_64")]
-    if AVX2 {
-        // SAFETY: `AVX2` is set only inside a function compiled for AVX2 and FMA, on a CPU that
-        // has them; the slices above hold what the loads read.
-        unsafe {
-            match ahead {
-                Some(ahead) => block_avx2::<R, true>(panel, k, rows, out, ahead),
-                None => block_avx2::<R, false>(panel, k, rows, out, Ahead::NONE),
-            }
-        }
-        return;
-    }
-    let _ = ahead;
-    for (r, row) in rows.iter().enumerate() {
-        let mut acc = [0f32; PANEL];
-        for (kk, &x) in row.iter().enumerate() {
-            for (v, &w) in acc.iter_mut().zip(&panel[kk * PANEL..(kk + 1) * PANEL]) {
-                *v = x.mul_add(w, *v);
-            }
-        }
-        out[r] = acc;
-    }
-}
-
-/// [`block`] with AVX2 and FMA: the same fused multiply-adds in the same order. The accumulators
-/// are an array of registers that the compiler keeps in registers once R is known (checked in the
-/// disassembly: no stack stores in the loop).
+/// [`walk`] with the AVX-512 f32 tile, compiled for AVX-512F.
+///
+/// # Safety
+/// [`walk`]'s; the CPU has AVX-512F, AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn block_avx2<const R: usize, const AHEAD: bool>(
-    panel: &[f32],
-    k: usize,
-    rows: [&[f32]; R],
-    out: &mut [[f32; PANEL]; BLOCK_ROWS],
-    ahead: Ahead,
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn walk_avx512<const ADD: bool>(
+    matrix: Matrix<f32>,
+    panels: std::ops::Range<usize>,
+    m: usize,
+    a: (&[f32], usize),
+    dst: (*mut f32, usize),
+    prefetch: bool,
 ) {
-    use std::arch::x86_64::{
-        __m256, _MM_HINT_T0, _mm_prefetch, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps,
-        _mm256_setzero_ps, _mm256_storeu_ps,
-    };
-    // The next panel's rows this block asks for, from `line` to `end`, one every `every` steps.
-    let (next, mut line, every) = (ahead.next.as_ptr(), ahead.first, ahead.every.max(1));
-    let end = (line + k.div_ceil(every))
-        .min(k)
-        .min(ahead.next.len() / PANEL);
-    let mut countdown = every;
-    let rows = rows.map(<[f32]>::as_ptr);
-    let w = panel.as_ptr();
-    // SAFETY (every intrinsic): the caller's CPU has AVX2 and FMA; the panel holds k·PANEL
-    // values and each row k, so every load is in bounds.
-    unsafe {
-        let mut lo: [__m256; R] = [_mm256_setzero_ps(); R];
-        let mut hi: [__m256; R] = [_mm256_setzero_ps(); R];
-        for kk in 0..k {
-            if AHEAD && line < end {
-                countdown -= 1;
-                if countdown == 0 {
-                    countdown = every;
-                    // A prefetch reads nothing; `line` < k rows of the next panel.
-                    _mm_prefetch::<_MM_HINT_T0>(next.add(line * PANEL).cast());
-                    line += 1;
-                }
-            }
-            let w_lo = _mm256_loadu_ps(w.add(kk * PANEL));
-            let w_hi = _mm256_loadu_ps(w.add(kk * PANEL + 8));
-            for r in 0..R {
-                let x = _mm256_broadcast_ss(&*rows[r].add(kk));
-                lo[r] = _mm256_fmadd_ps(x, w_lo, lo[r]);
-                hi[r] = _mm256_fmadd_ps(x, w_hi, hi[r]);
-            }
-        }
-        for r in 0..R {
-            _mm256_storeu_ps(out[r].as_mut_ptr(), lo[r]);
-            _mm256_storeu_ps(out[r].as_mut_ptr().add(8), hi[r]);
-        }
-    }
+    // SAFETY: the caller's.
+    unsafe { walk::<Avx512F32, ADD>(matrix, panels, m, a, dst, prefetch) }
+}
+
+/// [`walk`] with the AVX512-BF16 tile.
+///
+/// # Safety
+/// [`walk`]'s; the CPU has AVX-512F and AVX512-BF16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
+unsafe fn walk_avx512_bf16<const ADD: bool>(
+    matrix: Matrix<u32>,
+    panels: std::ops::Range<usize>,
+    m: usize,
+    a: (&[u32], usize),
+    dst: (*mut f32, usize),
+    prefetch: bool,
+) {
+    // SAFETY: the caller's.
+    unsafe { walk::<Avx512Bf16, ADD>(matrix, panels, m, a, dst, prefetch) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::bf16::dot_step;
     use crate::kernels::test_values as values;
+    use crate::kernels::tiles::next_block_rows;
 
-    /// Rows split into the fewest blocks of at most 6, as even as they can be.
+    /// Rows split into the fewest blocks of at most 6 (12), as even as they can be.
     #[test]
     fn rows_split_into_even_blocks() {
-        let split = |mut m: usize| {
+        let split_by = |mut m: usize, most: usize| {
             let mut blocks = Vec::new();
             while m > 0 {
-                blocks.push(next_block_rows(m));
+                blocks.push(next_block_rows(m, most));
                 m -= blocks.last().unwrap();
             }
             blocks
         };
+        let split = |m| split_by(m, 6);
+        assert_eq!(split_by(48, 12), [12, 12, 12, 12]);
+        assert_eq!(split_by(8, 12), [8]);
+        assert_eq!(split_by(13, 12), [7, 6]);
         assert_eq!(split(8), [4, 4]);
         assert_eq!(split(6), [6]);
         assert_eq!(split(7), [4, 3]);
@@ -503,19 +459,16 @@ mod tests {
                         "{m}×{k}×{n} [{r}][{c}]: {got} vs {exact}"
                     );
                 }
-                // The row alone, through the portable form.
-                let mut alone = vec![0f32; n];
-                // SAFETY: one row of n values into `alone`, all panels, no AVX2.
-                unsafe {
-                    product_panels::<false>(
-                        &packed,
-                        0..n.div_ceil(PANEL),
-                        1,
-                        (&a[r * a_stride..r * a_stride + k], a_stride),
-                        (alone.as_mut_ptr(), n),
-                        (false, false),
-                    )
-                };
+                // The row alone, through every arm this CPU has.
+                for arm in SimdArm::available() {
+                    let alone = row_alone(&packed, &a[r * a_stride..][..k], arm);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&alone),
+                        bits(&dst[r * dst_stride..r * dst_stride + n]),
+                        "{m}×{k}×{n} row {r}, {arm:?}"
+                    );
+                }
                 // Added to a start value: the start plus the same sum, bit for bit.
                 let start = values(n, 3);
                 let mut added = start.clone();
@@ -524,11 +477,109 @@ mod tests {
                     let sum = dst[r * dst_stride + c];
                     assert_eq!(added[c].to_bits(), (start[c] + sum).to_bits());
                 }
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            }
+        }
+    }
+
+    /// One row through all of a matrix's panels on `arm`.
+    fn row_alone(packed: &PackedMatrix, row: &[f32], arm: SimdArm) -> Vec<f32> {
+        let n = packed.n;
+        let mut alone = vec![0f32; n];
+        // SAFETY: one row of n values into `alone`, all panels, an arm this CPU has.
+        unsafe {
+            product_panels::<false>(
+                packed,
+                0..n.div_ceil(PANEL),
+                1,
+                (row, row.len()),
+                (alone.as_mut_ptr(), n),
+                (arm, false),
+            )
+        };
+        alone
+    }
+
+    /// bf16 products are the instruction's model summed over the pairs of k in order, written
+    /// here without panels (so the packing, the odd k's padding, the partial last panel and the
+    /// rows' layout are what is checked), bit for bit: on every arm this CPU has (the AVX512-BF16
+    /// tile where it has one), every block size, strided rows, added to a start or not, and on 1
+    /// to 3 threads; and within bf16's rounding of the f64 product.
+    #[test]
+    fn bf16_products_are_the_instruction_model() {
+        for (m, k, n) in [
+            (1, 5, 3),
+            (2, 9, 20),
+            (7, 13, 17),
+            (13, 64, 40),
+            (24, 33, 48),
+            (25, 192, 80),
+        ] {
+            let source = values(n * k, 4); // (n × k): B = sourceᵀ
+            let packed = PackedMatrix::new_in(Precision::Bf16, &source, (k, n), (1, k));
+            let a_stride = k + 1;
+            let a = values(m * a_stride, 5);
+            let b_at = |r: usize, c: usize| if r < k { source[c * k + r] } else { 0.0 };
+            let a_at = |i: usize, t: usize| if t < k { a[i * a_stride + t] } else { 0.0 };
+            let model: Vec<f32> = (0..m * n)
+                .map(|at| {
+                    let (i, c) = (at / n, at % n);
+                    (0..k.div_ceil(2)).fold(0.0, |acc, s| {
+                        let x = pair(a_at(i, 2 * s), a_at(i, 2 * s + 1));
+                        let w = pair(b_at(2 * s, c), b_at(2 * s + 1, c));
+                        dot_step(acc, x, w)
+                    })
+                })
+                .collect();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let mut dst = vec![f32::NAN; m * n];
+            packed.product(m, (&a, a_stride), (&mut dst, n));
+            assert_eq!(bits(&dst), bits(&model), "{m}×{k}×{n}");
+            for arm in SimdArm::available() {
+                for r in 0..m {
+                    let alone = row_alone(&packed, &a[r * a_stride..][..k], arm);
+                    assert_eq!(
+                        bits(&alone),
+                        bits(&model[r * n..(r + 1) * n]),
+                        "{m}×{k}×{n} {arm:?}"
+                    );
+                }
+            }
+            let start = values(m * n, 6);
+            let mut added = start.clone();
+            packed.product_add(m, (&a, a_stride), (&mut added, n));
+            let expected: Vec<f32> = start.iter().zip(&model).map(|(s, v)| s + v).collect();
+            assert_eq!(bits(&added), bits(&expected));
+            for threads in 1..=3 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut shared = vec![f32::NAN; m * n];
+                let part = ProductPart {
+                    matrix: &packed,
+                    a: &a,
+                    column: 0,
+                };
+                pool.install(|| products_parallel(&[part], m, a_stride, (&mut shared, n)));
                 assert_eq!(
-                    bits(&alone),
-                    bits(&dst[r * dst_stride..r * dst_stride + n]),
-                    "{m}×{k}×{n} row {r}"
+                    bits(&shared),
+                    bits(&model),
+                    "{m}×{k}×{n} on {threads} threads"
+                );
+            }
+            // bf16 rounds each operand by at most 2^-9 relative: the sum is within 2^-7 of
+            // Σ|a||b| of the exact one.
+            for (at, &got) in model.iter().enumerate() {
+                let (i, c) = (at / n, at % n);
+                let exact: f64 = (0..k)
+                    .map(|t| f64::from(a_at(i, t)) * f64::from(b_at(t, c)))
+                    .sum();
+                let scale: f64 = (0..k)
+                    .map(|t| f64::from(a_at(i, t) * b_at(t, c)).abs())
+                    .sum();
+                assert!(
+                    (f64::from(got) - exact).abs() <= scale / 128.0 + 1e-6,
+                    "{got} vs {exact}"
                 );
             }
         }

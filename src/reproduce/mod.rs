@@ -207,6 +207,8 @@ pub struct DriverOptions {
     pub device: DeviceKind,
     /// Where phases 1 and 2 run, when not on the host.
     pub train_device: Option<DeviceKind>,
+    /// What the backbone's products compute in during extraction.
+    pub precision: crate::kernels::Precision,
     /// Whose random draws pick each run's split, label noise and batch orders.
     pub rng: RngChoice,
     /// The SNR doses of the grid's runs (`[0]`: none, every experiment but the dose).
@@ -232,6 +234,10 @@ impl DriverOptions {
         if self.token_noises != [0.0] {
             // Likewise: grids without a dose keep their digest.
             definition.push_str(&format!(" doses {:?}", self.token_noises));
+        }
+        if !self.precision.is_f32() {
+            // Likewise: f32 grids keep their digest.
+            definition.push_str(&format!(" precision {}", self.precision.name()));
         }
         Ok(crate::io::json_digest(&definition)?[..16].to_string())
     }
@@ -271,6 +277,7 @@ impl DriverOptions {
             carve_train_from_test: carve.then_some(CARVE_FRACTION),
             device: self.device,
             train_device: self.train_device,
+            precision: self.precision,
             rng: self.rng,
             token_noise: job.token_noise,
             ..paper

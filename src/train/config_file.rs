@@ -180,6 +180,7 @@ fn known_keys() -> Result<Value> {
         train_device: Some(crate::runtime::DeviceKind::Cpu),
         data_digest: Some(String::new()),
         token_noise: 1.0,
+        precision: crate::kernels::Precision::Bf16,
         ..RunConfig::paper(&DatasetName::BreastMnist)?
     };
     Ok(serde_json::to_value(full)?)

@@ -16,6 +16,7 @@ use super::config::dataset_config;
 use super::optim::OptimizerConfig;
 use crate::data::DatasetName;
 use crate::data::noise::{NoiseModel, authors_only_symmetric};
+use crate::kernels::Precision;
 use crate::rng::{AuthorsNoiseDraw, RngChoice};
 use crate::runtime::{DeviceKind, Placement};
 
@@ -154,6 +155,10 @@ pub struct RunConfig {
     pub train_threads: usize,
     /// Where the backbone makes the features.
     pub device: DeviceKind,
+    /// What the backbone's products compute in during extraction (`--precision`); phases 1 and
+    /// 2 stay f32. Absent from config.json for f32, so runs made before it keep their names.
+    #[serde(default, skip_serializing_if = "Precision::is_f32")]
+    pub precision: Precision,
     /// Where phases 1 and 2 run when not on the host ([`Placement::of`]); absent from a
     /// config.json that leaves them there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,6 +204,7 @@ impl RunConfig {
             token_noise: 0.0,
             train_threads: 1,
             device: DeviceKind::Cpu,
+            precision: Precision::F32,
             train_device: None,
         })
     }
@@ -224,6 +230,7 @@ impl RunConfig {
         if let Some(why) = crate::data::noise::eta_out_of_range(self.eta) {
             bail!("--eta {why}");
         }
+        self.precision.check_supported()?;
         let at_least_one = [
             ("--n", self.n),
             ("--pretrain-n", self.pretrain_n),

@@ -111,11 +111,10 @@ pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
             special_tokens: config.special_tokens,
             ..Default::default()
         };
-        Arc::new(Backbone::load(
-            backbone.files.clone(),
-            &feature_device,
-            text,
-        )?)
+        Arc::new(
+            Backbone::load(backbone.files.clone(), &feature_device, text)?
+                .in_precision(config.precision)?,
+        )
     } else {
         Arc::clone(&backbone)
     };
@@ -210,7 +209,8 @@ pub(super) fn load_backbone(
     let Some(backbone) = loaded else {
         bail!("no backbone could be loaded; tried {}", skipped.join(" | "));
     };
-    let deviations = config
+    let backbone = backbone.in_precision(config.precision)?;
+    let mut deviations: Vec<String> = config
         .backbones
         .first()
         .filter(|paper| !skipped.is_empty() && **paper != backbone.files.id)
@@ -223,6 +223,14 @@ pub(super) fn load_backbone(
         })
         .into_iter()
         .collect();
+    if !config.precision.is_f32() {
+        deviations.push(format!(
+            "--precision {}: the backbone's dense and attention products took {} operands (f32 \
+             sums), so its features differ from the f32 forward's in their last bits and beyond",
+            config.precision.name(),
+            config.precision.name()
+        ));
+    }
     let wanted = if config.dataset.modality() == Modality::Image {
         "vit"
     } else {
@@ -437,6 +445,7 @@ pub fn fill_cache(jobs: &[FinetuneJob], progress: &dyn Progress) -> Result<()> {
             c.carve_train_from_test.map(f64::to_bits),
             c.special_tokens,
             c.device,
+            c.precision,
         )
     };
     for job in jobs {

@@ -1,0 +1,63 @@
+//! Which vector instructions the kernels run with, chosen once per process from what the CPU
+//! reports. The crate's baseline target is SSE2; every hand-written kernel is also compiled for
+//! AVX2 + FMA and for AVX-512, and [`SimdArm::detected`] picks among them at run time. The arms
+//! make the same IEEE operations in the same order per output, so they agree bit for bit (the
+//! kernels' tests compare each arm the CPU has with the portable one).
+
+use std::sync::OnceLock;
+
+/// The widest set of vector instructions a kernel may use on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum SimdArm {
+    /// Plain Rust, whatever the compiler makes of it for the baseline target.
+    Portable,
+    /// AVX2 and FMA: 8 f32 lanes, 16 registers.
+    Avx2,
+    /// AVX-512F (with AVX2 and FMA): 16 lanes, 32 registers.
+    Avx512,
+}
+
+impl SimdArm {
+    /// What this CPU has, detected once.
+    pub(crate) fn detected() -> Self {
+        static ARM: OnceLock<SimdArm> = OnceLock::new();
+        *ARM.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+                if avx2 && is_x86_feature_detected!("avx512f") {
+                    return SimdArm::Avx512;
+                }
+                if avx2 {
+                    return SimdArm::Avx2;
+                }
+            }
+            SimdArm::Portable
+        })
+    }
+
+    /// The arms this CPU can run, the portable one first: what the kernels' tests compare.
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Self> {
+        [Self::Portable, Self::Avx2, Self::Avx512]
+            .into_iter()
+            .filter(|&arm| arm <= Self::detected())
+            .collect()
+    }
+}
+
+/// Whether the CPU computes bf16 dot products in hardware (`vdpbf16ps`: AVX512-BF16, on AMD Zen 4
+/// and later and Intel Cooper Lake and later), which `--precision bf16` runs on.
+pub(crate) fn bf16_dot() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            SimdArm::detected() == SimdArm::Avx512 && is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
