@@ -289,31 +289,35 @@ unsafe fn product_panels<const ADD: bool>(
         }
         Panels::Bf16(data) => {
             let steps = k.div_ceil(2);
-            let pairs = bf16_rows(m, (a, a_stride), k);
             let matrix = (&data[..], steps * PANEL, steps, n);
-            let a = (&pairs[..], steps);
+            let a = (a, a_stride);
             let dst = (dst, dst_stride);
             #[cfg(target_arch = "x86_64")]
             if arm == SimdArm::Avx512 && bf16_dot() {
                 // SAFETY: the caller's; the CPU has AVX-512F and AVX512-BF16.
+                let a = (a.0, a.1, k);
                 return unsafe { walk_avx512_bf16::<ADD>(matrix, panels, m, a, dst, prefetch) };
             }
+            let pairs = bf16_rows(m, a, k);
             // SAFETY: the caller's.
-            unsafe { walk::<PortableBf16, ADD>(matrix, panels, m, a, dst, false) }
+            unsafe { walk::<PortableBf16, ADD>(matrix, panels, m, (&pairs, steps), dst, false) }
         }
     }
 }
 
-/// m rows of k values (`a_stride` apart) as rows of k/2 bf16 pairs (the last padded with 0).
+/// m rows of k values (`a_stride` apart) as rows of k/2 bf16 pairs (the last padded with 0). A
+/// plain loop, vectorised where it is inlined into a function compiled for AVX-512.
+#[inline(always)]
 fn bf16_rows(m: usize, (a, a_stride): (&[f32], usize), k: usize) -> Vec<u32> {
     let steps = k.div_ceil(2);
-    let mut pairs = Vec::with_capacity(m * steps);
-    for r in 0..m {
+    let mut pairs = vec![0u32; m * steps];
+    for (r, out) in pairs.chunks_exact_mut(steps).enumerate() {
         let row = &a[r * a_stride..][..k];
-        let mut chunks = row.chunks_exact(2);
-        pairs.extend(chunks.by_ref().map(|p| pair(p[0], p[1])));
-        if let [last] = chunks.remainder() {
-            pairs.push(pair(*last, 0.0));
+        for (o, p) in out.iter_mut().zip(row.chunks_exact(2)) {
+            *o = pair(p[0], p[1]);
+        }
+        if k % 2 == 1 {
+            out[steps - 1] = pair(row[k - 1], 0.0);
         }
     }
     pairs
@@ -358,7 +362,7 @@ unsafe fn walk_avx512<const ADD: bool>(
     unsafe { walk::<Avx512F32, ADD>(matrix, panels, m, a, dst, prefetch) }
 }
 
-/// [`walk`] with the AVX512-BF16 tile.
+/// [`walk`] with the AVX512-BF16 tile, the f32 rows `a` rounded to bf16 pairs first.
 ///
 /// # Safety
 /// [`walk`]'s; the CPU has AVX-512F and AVX512-BF16.
@@ -368,12 +372,14 @@ unsafe fn walk_avx512_bf16<const ADD: bool>(
     matrix: Matrix<u32>,
     panels: std::ops::Range<usize>,
     m: usize,
-    a: (&[u32], usize),
+    (a, a_stride, k): (&[f32], usize, usize),
     dst: (*mut f32, usize),
     prefetch: bool,
 ) {
+    let steps = matrix.2;
+    let pairs = bf16_rows(m, (a, a_stride), k);
     // SAFETY: the caller's.
-    unsafe { walk::<Avx512Bf16, ADD>(matrix, panels, m, a, dst, prefetch) }
+    unsafe { walk::<Avx512Bf16, ADD>(matrix, panels, m, (&pairs, steps), dst, prefetch) }
 }
 
 #[cfg(test)]
