@@ -13,7 +13,7 @@
 //! in f32 and, where the CPU has AVX512-BF16, with `--precision bf16`'s products
 //! (`bench_torch.py --dtype bfloat16 --attn sdpa` is that row's baseline), each beside the
 //! machine's limit in its precision measured in this process. BENIGN_BENCH_NO_PROFILE=1 skips
-//! the profile below.
+//! the profile below; BENIGN_BENCH_MODELS=vit_tiny,vit_base,minilm keeps only those rows.
 //!
 //! Then a profile: the per-op time of one layer of ViT-Ti and of MiniLM on the same batch, op by
 //! op through candle's generic ops (the path before the fused attention: separate Q/K/V products,
@@ -134,6 +134,12 @@ fn packed_layer_rate(precision: Precision) -> f64 {
 
 /// The precisions this machine computes in: f32, and bf16 where the CPU has its units.
 fn precisions(device: &Device) -> Vec<Precision> {
+    let capped = std::env::var("BENIGN_SIMD_ARM").is_ok_and(|arm| arm != "avx512");
+    if capped {
+        // Below AVX-512 bf16 products run the instruction's model in plain Rust: a test, not a speed.
+        println!("(bf16: skipped, BENIGN_SIMD_ARM caps the kernels below AVX-512)");
+        return vec![Precision::F32];
+    }
     let bf16 = device.is_cpu() && Precision::Bf16.check_supported().is_ok();
     if !bf16 {
         println!(
@@ -210,8 +216,12 @@ fn main() {
         let states = vit.hidden_states(&x).unwrap();
         vit.layernorm.forward(states.last().unwrap()).unwrap()
     };
+    // BENIGN_BENCH_MODELS=vit_tiny,vit_base,minilm: only these rows (for a profiler's run).
+    let wanted = |name: &str| {
+        std::env::var("BENIGN_BENCH_MODELS").map_or(true, |m| m.split(',').any(|w| w == name))
+    };
     let vit_id = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k";
-    for limit in &limits {
+    for limit in limits.iter().filter(|_| wanted("vit_tiny")) {
         let vit_tiny = load(vit_id, limit.precision);
         let Model::Vit(vit) = &vit_tiny.model else {
             panic!("ViT-Ti is a ViT")
@@ -227,7 +237,7 @@ fn main() {
     }
     // ViT-B/16 with random weights: HF ViTConfig defaults.
     let mut vit = random_vit_base(&device);
-    for limit in &limits {
+    for limit in limits.iter().filter(|_| wanted("vit_base")) {
         vit.layers = vit
             .layers
             .iter()
@@ -261,7 +271,7 @@ fn main() {
         input_ids,
     };
     let run = |bert: &Bert| drop(bert.hidden_states(&batch).unwrap());
-    for limit in &limits {
+    for limit in limits.iter().filter(|_| wanted("minilm")) {
         let minilm = load(minilm_id, limit.precision);
         let Model::Bert(bert) = &minilm.model else {
             panic!("MiniLM is a BERT")

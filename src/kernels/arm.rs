@@ -18,22 +18,34 @@ pub(crate) enum SimdArm {
 }
 
 impl SimdArm {
-    /// What this CPU has, detected once.
+    /// What this CPU has, detected once; `BENIGN_SIMD_ARM=avx2` (or `portable`) caps it, so that
+    /// a bench can time the narrower arms on one machine (the packed products' numbers are the
+    /// same on every arm).
     pub(crate) fn detected() -> Self {
         static ARM: OnceLock<SimdArm> = OnceLock::new();
         *ARM.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-                if avx2 && is_x86_feature_detected!("avx512f") {
-                    return SimdArm::Avx512;
-                }
-                if avx2 {
-                    return SimdArm::Avx2;
-                }
-            }
-            SimdArm::Portable
+            let cap = match std::env::var("BENIGN_SIMD_ARM").as_deref() {
+                Ok("portable") => SimdArm::Portable,
+                Ok("avx2") => SimdArm::Avx2,
+                _ => SimdArm::Avx512,
+            };
+            Self::of_cpu().min(cap)
         })
+    }
+
+    /// The widest arm this CPU runs.
+    fn of_cpu() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            if avx2 && is_x86_feature_detected!("avx512f") {
+                return SimdArm::Avx512;
+            }
+            if avx2 {
+                return SimdArm::Avx2;
+            }
+        }
+        SimdArm::Portable
     }
 
     /// The arms this CPU can run, the portable one first: what the kernels' tests compare.
@@ -41,7 +53,7 @@ impl SimdArm {
     pub(crate) fn available() -> Vec<Self> {
         [Self::Portable, Self::Avx2, Self::Avx512]
             .into_iter()
-            .filter(|&arm| arm <= Self::detected())
+            .filter(|&arm| arm <= Self::of_cpu())
             .collect()
     }
 }
@@ -53,7 +65,7 @@ pub(crate) fn bf16_dot() -> bool {
     *HAS.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            SimdArm::detected() == SimdArm::Avx512 && is_x86_feature_detected!("avx512bf16")
+            SimdArm::of_cpu() == SimdArm::Avx512 && is_x86_feature_detected!("avx512bf16")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

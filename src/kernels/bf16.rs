@@ -146,7 +146,10 @@ mod tests {
                 ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
             }
         };
-        for bits in (0..=u32::MAX).step_by(4099).chain([0x3f80_8000, 0x3f81_8000, 0x7f7f_ffff]) {
+        for bits in (0..=u32::MAX)
+            .step_by(4099)
+            .chain([0x3f80_8000, 0x3f81_8000, 0x7f7f_ffff])
+        {
             let x = f32::from_bits(bits);
             assert_eq!(to_bf16(x), plain(x), "{bits:#x}");
         }
