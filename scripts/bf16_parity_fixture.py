@@ -57,34 +57,9 @@ MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
 RUNS = (("f32", torch.float32, "eager"), ("bf16", torch.bfloat16, "sdpa"))
 
 
-def models_dir() -> Path:
-    value = os.environ.get("BENIGN_MODELS_DIR")
-    if not value:
-        sys.exit("error: environment variable BENIGN_MODELS_DIR is not set (it must point at the offline model mirror)")
-    path = Path(value)
-    if not path.is_dir():
-        sys.exit(f"error: BENIGN_MODELS_DIR={value} is not a directory")
-    return path
-
-
-def pixel_values(batch: int, channels: int = 3, size: int = 224) -> torch.Tensor:
-    b = torch.arange(batch, dtype=torch.int64).view(-1, 1, 1, 1)
-    c = torch.arange(channels, dtype=torch.int64).view(1, -1, 1, 1)
-    y = torch.arange(size, dtype=torch.int64).view(1, 1, -1, 1)
-    x = torch.arange(size, dtype=torch.int64).view(1, 1, 1, -1)
-    v = (b * 7 + c * 3 + y + 2 * x) % 255
-    return (v.to(torch.float32) / 127.5 - 1.0).contiguous()
-
-
-def text_inputs(batch: int, seq_len: int) -> dict:
-    b = torch.arange(batch, dtype=torch.int64).view(-1, 1)
-    t = torch.arange(seq_len, dtype=torch.int64).view(1, -1)
-    input_ids = 1000 + (b * 131 + t * 17) % 20000
-    return {
-        "input_ids": input_ids.contiguous(),
-        "attention_mask": torch.ones((batch, seq_len), dtype=torch.int64),
-        "token_type_ids": torch.zeros((batch, seq_len), dtype=torch.int64),
-    }
+# The inputs and the models root as the PyTorch bench makes them (this file's folder is on sys.path
+# when it runs as a script): the fixture's inputs are the benches' inputs by construction.
+from bench_torch import models_dir, pixel_values, text_inputs  # noqa: E402
 
 
 def cls(model_class, path: Path, inputs: dict, dtype: torch.dtype, attn: str, **kwargs) -> torch.Tensor:
