@@ -56,7 +56,7 @@ pub struct Backbone {
     pub device: Device,
     /// What the frozen layers' products compute in during extraction (`--precision`; part of the
     /// cache key when bf16).
-    pub precision: Precision,
+    pub(crate) precision: Precision,
     /// Batches run through the network, for tests that assert the cache did the work instead.
     forward_batches: AtomicUsize,
 }

@@ -627,13 +627,12 @@ mod tests {
 
     /// Features that another version of extraction (or another family of float kernels) made
     /// are extracted again, with a warning naming both, not served.
-    #[test]
-    fn features_of_another_extraction_are_extracted_again_with_a_warning() {
+    /// The tiny ViT fixture with a 32-pixel preprocessor written into `dir`, and four images.
+    fn tiny_vit_and_images(dir: &Path) -> (Backbone, Split) {
         use crate::data::{ImageSet, Inputs};
         use crate::encoder::{BackboneFiles, TextOptions};
-        let dir = tempfile::tempdir().unwrap();
         let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_vit");
-        let preprocessor = dir.path().join("preprocessor_config.json");
+        let preprocessor = dir.join("preprocessor_config.json");
         std::fs::write(
             &preprocessor,
             r#"{"size": {"height": 32, "width": 32}, "resample": 2}"#,
@@ -660,6 +659,61 @@ mod tests {
             labels: vec![0; count],
             release_index: (0..count).collect(),
         };
+        (backbone, data)
+    }
+
+    /// bf16 features live in a folder and under a key of their own: a bf16 request after an f32
+    /// one extracts again (no warning: nothing stale was found), and an f32 request after both is
+    /// still served from the f32 shard.
+    #[test]
+    fn bf16_features_are_cached_apart_from_f32_ones() {
+        if crate::kernels::Precision::Bf16.check_supported().is_err() {
+            eprintln!("skipped: this CPU has no AVX512-BF16");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (f32_backbone, data) = tiny_vit_and_images(dir.path());
+        let (bf16_backbone, _) = tiny_vit_and_images(dir.path());
+        let bf16_backbone = bf16_backbone
+            .in_precision(crate::kernels::Precision::Bf16)
+            .unwrap();
+        let cache = FeatureCache::open(dir.path().join("cache")).unwrap();
+        assert_ne!(
+            cache.dir(&f32_backbone, "toy", "test"),
+            cache.dir(&bf16_backbone, "toy", "test")
+        );
+        let all: Vec<usize> = (0..4).collect();
+        let features = |backbone: &Backbone| {
+            cache
+                .features(
+                    backbone,
+                    "toy",
+                    "test",
+                    &data,
+                    &all,
+                    Contents::Cls,
+                    4,
+                    &mut |_| {},
+                )
+                .unwrap()
+        };
+        let (f32_features, first) = features(&f32_backbone);
+        assert_eq!(first.computed, 4);
+        let (bf16_features, second) = features(&bf16_backbone);
+        assert_eq!(second.computed, 4, "bf16 was served f32 features");
+        assert!(second.warnings.is_empty(), "{:?}", second.warnings);
+        let (again, third) = features(&f32_backbone);
+        assert_eq!(third.computed, 0);
+        let cls = |f: &Features| f.cls.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(cls(&again), cls(&f32_features));
+        assert_ne!(cls(&bf16_features), cls(&f32_features), "bf16 computed f32");
+    }
+
+    #[test]
+    fn features_of_another_extraction_are_extracted_again_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let (backbone, data) = tiny_vit_and_images(dir.path());
+        let count = 4;
         let all: Vec<usize> = (0..count).collect();
         let cache = FeatureCache::open(dir.path().join("cache")).unwrap();
         // A shard of these very samples, as an older extraction would have left it.
