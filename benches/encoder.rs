@@ -13,7 +13,8 @@
 //! in f32 and, where the CPU has AVX512-BF16, with `--precision bf16`'s products
 //! (`bench_torch.py --dtype bfloat16 --attn sdpa` is that row's baseline), each beside the
 //! machine's limit in its precision measured in this process. BENIGN_BENCH_NO_PROFILE=1 skips
-//! the profile below; BENIGN_BENCH_MODELS=vit_tiny,vit_base,minilm keeps only those rows.
+//! the profile below; BENIGN_BENCH_MODELS=vit_tiny,vit_base,minilm keeps only those rows, and
+//! BENIGN_BENCH_PRECISION=f32 (or bf16) only that precision's (to profile one).
 //!
 //! Then a profile: the per-op time of one layer of ViT-Ti and of MiniLM on the same batch, op by
 //! op through candle's generic ops (the path before the fused attention: separate Q/K/V products,
@@ -151,9 +152,11 @@ fn precisions(device: &Device) -> Vec<Precision> {
             }
         );
     }
+    let wanted = std::env::var("BENIGN_BENCH_PRECISION").ok();
     [Precision::F32]
         .into_iter()
         .chain(bf16.then_some(Precision::Bf16))
+        .filter(|p| wanted.as_deref().is_none_or(|w| w == p.name()))
         .collect()
 }
 

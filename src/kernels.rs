@@ -5,6 +5,7 @@
 //! trained matrix ([`linear_backward`], the synthetic encoder's weights). They sit below the encoder, the model and the
 //! runtime, and import nothing of the crate.
 
+mod amx;
 pub(crate) mod arm;
 pub mod bf16;
 pub mod host_reads;

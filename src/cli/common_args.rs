@@ -30,7 +30,7 @@ pub struct PlaceArgs {
     #[arg(long, value_enum)]
     pub train_device: Option<DeviceKind>,
     /// What the frozen backbone's products compute in: f32 (HF parity), or bf16 on the CPU's bf16
-    /// units (AVX512-BF16), features close to f32's but not the same; phases 1 and 2 stay f32
+    /// units (AMX or AVX512-BF16), features close to f32's but not the same; phases 1 and 2 stay f32
     /// [default: f32]
     #[arg(long, value_enum)]
     pub precision: Option<Precision>,

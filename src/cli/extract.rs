@@ -36,7 +36,7 @@ pub struct BackboneArgs {
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
     /// What the backbone's products compute in: f32, or bf16 on the CPU's bf16 units
-    /// (AVX512-BF16); bf16 features are cached apart from f32 ones
+    /// (AMX or AVX512-BF16); bf16 features are cached apart from f32 ones
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     pub precision: Precision,
 }

@@ -101,7 +101,7 @@ struct ShardKey {
     /// was recorded, which are therefore never reused.
     #[serde(default)]
     extraction: Option<String>,
-    /// The products' precision when not f32 ("bf16"); absent for f32, whose shards keep their
+    /// The products' arithmetic when not f32 ("bf16", "bf16-amx"); absent for f32, whose shards keep their
     /// names and folders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     precision: Option<String>,
@@ -220,7 +220,8 @@ impl FeatureCache {
         );
         if !backbone.precision.is_f32() {
             // bf16 features in a folder of their own: f32 and bf16 runs never evict each other.
-            inputs.push_str(&format!("\nprecision {}", backbone.precision.name()));
+            // The AMX tiles' sums differ from `vdpbf16ps`'s: their features too.
+            inputs.push_str(&format!("\nprecision {}", backbone.precision.arithmetic()));
         }
         let inputs = sha256_hex(inputs.as_bytes());
         self.root
@@ -367,7 +368,8 @@ impl FeatureCache {
                 DeviceLocation::Metal { .. } => Some("metal".into()),
             },
             extraction: Some(extraction_stamp()),
-            precision: (!backbone.precision.is_f32()).then(|| backbone.precision.name().into()),
+            precision: (!backbone.precision.is_f32())
+                .then(|| backbone.precision.arithmetic().into()),
         }
     }
 }

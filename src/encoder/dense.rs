@@ -202,8 +202,9 @@ fn host_product(
     let xs = xs.contiguous()?;
     with_host_f32(&xs, |x| {
         // Blocks of rows are independent: a row's numbers do not depend on the threads.
-        x.par_chunks(HOST_ROWS * in_dim)
-            .zip(ys.par_chunks_mut(HOST_ROWS * out_dim))
+        let task_rows = weights.packed.task_rows(HOST_ROWS);
+        x.par_chunks(task_rows * in_dim)
+            .zip(ys.par_chunks_mut(task_rows * out_dim))
             .for_each(|(x, y)| {
                 let rows = x.len() / in_dim;
                 weights.packed.product_add(rows, (x, in_dim), (y, out_dim));
@@ -218,7 +219,8 @@ fn host_product(
 /// Rows a task of an extraction product takes: each streams the packed weight once per block
 /// of rows, whose inputs stay in L1/L2 meanwhile. In a probe on one AVX2 machine, 48 and 24
 /// ran alike on one thread (each ahead at some shapes), and 48 on two threads beat gemm's
-/// threaded product at every ViT-Ti, MiniLM and ViT-B shape.
+/// threaded product at every ViT-Ti, MiniLM and ViT-B shape. The AMX tiles take more
+/// ([`PackedMatrix::task_rows`]).
 const HOST_ROWS: usize = 48;
 
 /// The exact GELU over `values` in place, a cache-sized piece at a time.

@@ -42,12 +42,24 @@ impl Precision {
         *self == Self::F32
     }
 
+    /// The arithmetic this process computes this precision in, as cache folders, shard keys and
+    /// `deviations` name it: "f32"; "bf16" (`vdpbf16ps`'s sums, [`dot_step`]); "bf16-amx" (the
+    /// AMX tiles' sums, another order: `super::amx`'s `tile_step`). The two bf16 forms differ in
+    /// their last bits, so neither is served the other's cached features.
+    pub fn arithmetic(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 if super::arm::SimdArm::detected() == super::arm::SimdArm::Amx => "bf16-amx",
+            Self::Bf16 => "bf16",
+        }
+    }
+
     /// Whether this process can compute in this precision at speed: bf16 needs the CPU's bf16
     /// dot products; the error names the flag and what the CPU lacks.
     pub fn check_supported(self) -> Result<()> {
         if self == Self::Bf16 && !super::arm::bf16_dot() {
             bail!(
-                "--precision bf16: this CPU has no bf16 dot-product instructions (AVX512-BF16); use --precision f32"
+                "--precision bf16: this CPU has no bf16 dot-product instructions (AVX512-BF16 or AMX-BF16); use --precision f32"
             );
         }
         Ok(())

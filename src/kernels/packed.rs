@@ -11,10 +11,11 @@
 //! ([`super::tiles`]: 6 rows of one panel on AVX2, 12 rows of two panels on AVX-512).
 //!
 //! A matrix packed in bf16 ([`Precision::Bf16`], the frozen backbone's products at
-//! `--precision bf16`) holds pairs of consecutive rows rounded to bf16 in 32-bit lanes, and its
-//! products round their rows the same way and sum with `vdpbf16ps` (f32 accumulators) where the
-//! CPU has AVX512-BF16, or with the instruction's model in plain Rust elsewhere
-//! ([`super::bf16`]), bit for bit the same.
+//! `--precision bf16`) holds pairs of consecutive rows rounded to bf16 in 32-bit lanes (each
+//! panel zero-padded to whole steps of the AMX tiles), and its products round their rows the
+//! same way and sum on the AMX tiles where the CPU has them ([`super::amx`]), else with
+//! `vdpbf16ps` (f32 accumulators) where it has AVX512-BF16, else with that instruction's model in
+//! plain Rust ([`super::bf16`]); each arm bit for bit its model.
 //!
 //! In [`products_parallel`] (phase 2 at ViT-B's width), while a product takes a
 //! panel, each of its blocks of rows asks for a share of the next panel's rows, one cache line
@@ -28,6 +29,9 @@
 //! lane a pair), whatever the number of rows, the block a row falls in or the vector arm: a row's
 //! numbers do not depend on the batch or the CPU.
 
+use super::amx;
+#[cfg(test)]
+use super::amx::TILE_STEPS;
 use super::arm::{SimdArm, bf16_dot};
 use super::bf16::{Precision, pair};
 #[cfg(target_arch = "x86_64")]
@@ -35,7 +39,8 @@ use super::tiles::{Avx2F32, Avx512Bf16, Avx512F32};
 use super::tiles::{PANEL, PortableBf16, PortableF32, walk};
 
 /// A constant k × n matrix in column panels: panel p holds columns 16p..16p+16, the last panel
-/// zero-padded, as k rows of 16 f32 or (bf16) k/2 rows of 16 pairs of consecutive rows' values.
+/// zero-padded, as k rows of 16 f32 or (bf16) k/2 rows of 16 pairs of consecutive rows' values
+/// (zero rows after them to a whole number of [`TILE_STEPS`]).
 #[derive(Debug)]
 pub(crate) struct PackedMatrix {
     panels: Panels,
@@ -65,34 +70,55 @@ impl PackedMatrix {
         (k, n): (usize, usize),
         (row_stride, col_stride): (usize, usize),
     ) -> Self {
-        let at = |r: usize, c: usize| {
-            if r < k && c < n {
-                values[r * row_stride + c * col_stride]
-            } else {
-                0.0
-            }
-        };
         let panels = n.div_ceil(PANEL);
+        // Column c's place in a panel row: the panel's first lane plus c mod 16. The padding
+        // (columns past n, rows past k) stays zero. Each loop reads the source in its own order
+        // (a transposed source, such as attention's keys, column by column), with no per-value
+        // test: the attention packs two matrices per sample and head.
+        let lane = |c: usize, panel_len: usize| (c / PANEL) * panel_len + c % PANEL;
+        let column = |c: usize| &values[c * col_stride..];
         let panels = match precision {
             Precision::F32 => {
-                let mut data = vec![0f32; panels * k * PANEL];
-                for (p, panel) in data.chunks_exact_mut(k * PANEL).enumerate() {
-                    for (r, row) in panel.chunks_exact_mut(PANEL).enumerate() {
-                        for (j, v) in row.iter_mut().enumerate() {
-                            *v = at(r, p * PANEL + j);
+                let panel_len = k * PANEL;
+                let mut data = vec![0f32; panels * panel_len];
+                if row_stride == 1 {
+                    for c in 0..n {
+                        let (at, column) = (lane(c, panel_len), &column(c)[..k]);
+                        for (r, &v) in column.iter().enumerate() {
+                            data[at + r * PANEL] = v;
+                        }
+                    }
+                } else {
+                    for r in 0..k {
+                        let row = &values[r * row_stride..];
+                        for c in 0..n {
+                            data[lane(c, panel_len) + r * PANEL] = row[c * col_stride];
                         }
                     }
                 }
                 Panels::F32(data)
             }
             Precision::Bf16 => {
-                let steps = k.div_ceil(2);
-                let mut data = vec![0u32; panels * steps * PANEL];
-                for (p, panel) in data.chunks_exact_mut(steps * PANEL).enumerate() {
-                    for (i, row) in panel.chunks_exact_mut(PANEL).enumerate() {
-                        for (j, v) in row.iter_mut().enumerate() {
-                            let c = p * PANEL + j;
-                            *v = pair(at(2 * i, c), at(2 * i + 1, c));
+                let panel_len = amx::tile_stride(k) * PANEL;
+                let mut data = vec![0u32; panels * panel_len];
+                let pairs = k / 2;
+                if row_stride == 1 {
+                    for c in 0..n {
+                        let (at, column) = (lane(c, panel_len), &column(c)[..k]);
+                        for (i, two) in column.chunks_exact(2).enumerate() {
+                            data[at + i * PANEL] = pair(two[0], two[1]);
+                        }
+                        if k % 2 == 1 {
+                            data[at + pairs * PANEL] = pair(column[k - 1], 0.0);
+                        }
+                    }
+                } else {
+                    for i in 0..k.div_ceil(2) {
+                        let even = &values[2 * i * row_stride..];
+                        let odd = (2 * i + 1 < k).then(|| &values[(2 * i + 1) * row_stride..]);
+                        for c in 0..n {
+                            let high = odd.map_or(0.0, |odd| odd[c * col_stride]);
+                            data[lane(c, panel_len) + i * PANEL] = pair(even[c * col_stride], high);
                         }
                     }
                 }
@@ -100,6 +126,17 @@ impl PackedMatrix {
             }
         };
         Self { panels, k, n }
+    }
+
+    /// Rows a task of a threaded product should take, `vector_rows` on the vector arms: the AMX
+    /// tiles run a panel pair's product some 8 times as fast, so that streaming the panels for
+    /// few rows would bound them; 256 rows read each panel pair once from L2 per 8 blocks.
+    pub(crate) fn task_rows(&self, vector_rows: usize) -> usize {
+        if matches!(self.panels, Panels::Bf16(_)) && SimdArm::detected() == SimdArm::Amx {
+            AMX_TASK_ROWS
+        } else {
+            vector_rows
+        }
     }
 
     /// dst (m × n, row stride `dst_stride`) = a (m × k, row stride `a_stride`) · B; dst's
@@ -159,6 +196,9 @@ impl PackedMatrix {
         unsafe { product_panels::<ADD>(self, all, m, (a, a_stride), dst, modes) }
     }
 }
+
+/// [`PackedMatrix::task_rows`] on the AMX tiles.
+const AMX_TASK_ROWS: usize = 256;
 
 /// Multiply-adds below which [`products_parallel`] stays on one thread: a fork and join costs
 /// more than it saves (phase 2's classifier backward at ViT-B's width: 16 × 10 × 768, 123 k,
@@ -251,8 +291,9 @@ pub(crate) fn products_parallel(
 
 /// [`PackedMatrix::product`] over panels `panels` only, into dst at `dst.0` (row stride
 /// `dst.1`); the sums added to dst's values when `ADD`; the next panels asked for as each is taken
-/// when `prefetch` (module doc); through the tile of `arm` (f32) or, for a bf16 matrix, the
-/// AVX512-BF16 tile where the CPU has it and the instruction's model elsewhere.
+/// when `prefetch` (module doc); through the tile of `arm` (f32) or, for a bf16 matrix, the AMX
+/// tiles on [`SimdArm::Amx`], the AVX512-BF16 tile on AVX-512 where the CPU has it, and the
+/// instruction's model elsewhere.
 ///
 /// # Safety
 /// Rows < m and the columns of `panels` of dst must lie in memory the caller may write, and no
@@ -276,8 +317,8 @@ unsafe fn product_panels<const ADD: bool>(
             let dst = (dst, dst_stride);
             // SAFETY (each arm): the caller's; the CPU has the arm's features.
             #[cfg(target_arch = "x86_64")]
-            match arm {
-                SimdArm::Avx512 => {
+            match arm.vector() {
+                SimdArm::Avx512 | SimdArm::Amx => {
                     return unsafe { walk_avx512::<ADD>(matrix, panels, m, a, dst, prefetch) };
                 }
                 SimdArm::Avx2 => {
@@ -289,29 +330,43 @@ unsafe fn product_panels<const ADD: bool>(
         }
         Panels::Bf16(data) => {
             let steps = k.div_ceil(2);
-            let matrix = (&data[..], steps * PANEL, steps, n);
+            let panel_len = amx::tile_stride(k) * PANEL;
+            let matrix = (&data[..], panel_len, steps, n);
             let a = (a, a_stride);
             let dst = (dst, dst_stride);
+            #[cfg(target_arch = "x86_64")]
+            if arm == SimdArm::Amx {
+                // SAFETY: the caller's; the arm is detected only with the tiles and Linux's leave.
+                return unsafe {
+                    product_amx::<ADD>((data, panel_len, n), panels, m, (a.0, a.1, k), dst)
+                };
+            }
             #[cfg(target_arch = "x86_64")]
             if arm == SimdArm::Avx512 && bf16_dot() {
                 // SAFETY: the caller's; the CPU has AVX-512F and AVX512-BF16.
                 let a = (a.0, a.1, k);
                 return unsafe { walk_avx512_bf16::<ADD>(matrix, panels, m, a, dst, prefetch) };
             }
-            let pairs = bf16_rows(m, a, k);
+            let pairs = bf16_rows(m, a, k, (m, steps));
             // SAFETY: the caller's.
             unsafe { walk::<PortableBf16, ADD>(matrix, panels, m, (&pairs, steps), dst, false) }
         }
     }
 }
 
-/// m rows of k values (`a_stride` apart) as rows of k/2 bf16 pairs (the last padded with 0). A
-/// plain loop, vectorised where it is inlined into a function compiled for AVX-512.
+/// m rows of k values (`a_stride` apart) as `rows` ≥ m rows of `stride` ≥ k/2 bf16 pairs (an odd
+/// k's last pair padded with 0, and zeros after the values). A plain loop, vectorised where it
+/// is inlined into a function compiled for AVX-512.
 #[inline(always)]
-fn bf16_rows(m: usize, (a, a_stride): (&[f32], usize), k: usize) -> Vec<u32> {
+fn bf16_rows(
+    m: usize,
+    (a, a_stride): (&[f32], usize),
+    k: usize,
+    (rows, stride): (usize, usize),
+) -> Vec<u32> {
     let steps = k.div_ceil(2);
-    let mut pairs = vec![0u32; m * steps];
-    for (r, out) in pairs.chunks_exact_mut(steps).enumerate() {
+    let mut pairs = vec![0u32; rows * stride];
+    for (r, out) in pairs.chunks_exact_mut(stride).take(m).enumerate() {
         let row = &a[r * a_stride..][..k];
         for (o, p) in out.iter_mut().zip(row.chunks_exact(2)) {
             *o = pair(p[0], p[1]);
@@ -377,9 +432,29 @@ unsafe fn walk_avx512_bf16<const ADD: bool>(
     prefetch: bool,
 ) {
     let steps = matrix.2;
-    let pairs = bf16_rows(m, (a, a_stride), k);
+    let pairs = bf16_rows(m, (a, a_stride), k, (m, steps));
     // SAFETY: the caller's.
     unsafe { walk::<Avx512Bf16, ADD>(matrix, panels, m, (&pairs, steps), dst, prefetch) }
+}
+
+/// The AMX tiles' product ([`amx::product`]), the f32 rows `a` rounded to bf16 pairs in the
+/// tiles' layout first.
+///
+/// # Safety
+/// [`amx::product`]'s, but for the rows' layout, which this makes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
+unsafe fn product_amx<const ADD: bool>(
+    matrix: (&[u32], usize, usize),
+    panels: std::ops::Range<usize>,
+    m: usize,
+    (a, a_stride, k): (&[f32], usize, usize),
+    dst: (*mut f32, usize),
+) {
+    let stride = amx::tile_stride(k);
+    let pairs = bf16_rows(m, (a, a_stride), k, (m.next_multiple_of(16), stride));
+    // SAFETY: the caller's; `pairs` has the tiles' layout.
+    unsafe { amx::product::<ADD>(matrix, panels, m, (&pairs, stride), dst) }
 }
 
 #[cfg(test)]
@@ -487,6 +562,36 @@ mod tests {
         }
     }
 
+    /// A matrix packed from its rows (row stride > 1, columns adjacent: attention's values) and
+    /// from its transpose (columns contiguous: the keys, the dense weights) is the same packed
+    /// matrix, in both precisions, odd k and a partial panel included.
+    #[test]
+    fn either_source_order_packs_the_same_matrix() {
+        for (k, n) in [(1, 1), (5, 3), (13, 17), (64, 40), (33, 70)] {
+            let source = values(n * k, 8); // (n × k): B = sourceᵀ
+            let row_stride = n + 2;
+            let mut rows = vec![f32::NAN; k * row_stride];
+            for r in 0..k {
+                for c in 0..n {
+                    rows[r * row_stride + c] = source[c * k + r];
+                }
+            }
+            for precision in [Precision::F32, Precision::Bf16] {
+                let by_columns = PackedMatrix::new_in(precision, &source, (k, n), (1, k));
+                let by_rows = PackedMatrix::new_in(precision, &rows, (k, n), (row_stride, 1));
+                let same = match (&by_columns.panels, &by_rows.panels) {
+                    (Panels::F32(a), Panels::F32(b)) => a
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .eq(b.iter().map(|v| v.to_bits())),
+                    (Panels::Bf16(a), Panels::Bf16(b)) => a == b,
+                    _ => false,
+                };
+                assert!(same, "{k}×{n} {precision:?}");
+            }
+        }
+    }
+
     /// One row through all of a matrix's panels on `arm`.
     fn row_alone(packed: &PackedMatrix, row: &[f32], arm: SimdArm) -> Vec<f32> {
         let n = packed.n;
@@ -505,11 +610,12 @@ mod tests {
         alone
     }
 
-    /// bf16 products are the instruction's model summed over the pairs of k in order, written
-    /// here without panels (so the packing, the odd k's padding, the partial last panel and the
-    /// rows' layout are what is checked), bit for bit: on every arm this CPU has (the AVX512-BF16
-    /// tile where it has one), every block size, strided rows, added to a start or not, and on 1
-    /// to 3 threads; and within bf16's rounding of the f64 product.
+    /// bf16 products are the instruction's model summed over the pairs of k in order (the AMX
+    /// tiles': [`amx::tile_step`] over each 16 pairs), written here without panels (so the
+    /// packing, the odd k's padding, the partial last panel and the rows' layout are what is
+    /// checked), bit for bit: on every arm this CPU has (the AVX512-BF16 tile and the AMX tiles
+    /// where it has them), every block size, strided rows, added to a start or not, and on 1 to
+    /// 3 threads; and within bf16's rounding of the f64 product.
     #[test]
     fn bf16_products_are_the_instruction_model() {
         for (m, k, n) in [
@@ -519,6 +625,7 @@ mod tests {
             (13, 64, 40),
             (24, 33, 48),
             (25, 192, 80),
+            (40, 70, 50),
         ] {
             let source = values(n * k, 4); // (n × k): B = sourceᵀ
             let packed = PackedMatrix::new_in(Precision::Bf16, &source, (k, n), (1, k));
@@ -526,26 +633,47 @@ mod tests {
             let a = values(m * a_stride, 5);
             let b_at = |r: usize, c: usize| if r < k { source[c * k + r] } else { 0.0 };
             let a_at = |i: usize, t: usize| if t < k { a[i * a_stride + t] } else { 0.0 };
-            let model: Vec<f32> = (0..m * n)
+            let lanes = |i: usize, c: usize, s: usize| {
+                let x = pair(a_at(i, 2 * s), a_at(i, 2 * s + 1));
+                (x, pair(b_at(2 * s, c), b_at(2 * s + 1, c)))
+            };
+            let steps = k.div_ceil(2);
+            let dot_model: Vec<f32> = (0..m * n)
                 .map(|at| {
                     let (i, c) = (at / n, at % n);
-                    (0..k.div_ceil(2)).fold(0.0, |acc, s| {
-                        let x = pair(a_at(i, 2 * s), a_at(i, 2 * s + 1));
-                        let w = pair(b_at(2 * s, c), b_at(2 * s + 1, c));
+                    (0..steps).fold(0.0, |acc, s| {
+                        let (x, w) = lanes(i, c, s);
                         dot_step(acc, x, w)
                     })
                 })
                 .collect();
+            let tiles_model: Vec<f32> = (0..m * n)
+                .map(|at| {
+                    let (i, c) = (at / n, at % n);
+                    (0..steps).step_by(TILE_STEPS).fold(0.0, |acc, s0| {
+                        let chunk = s0..(s0 + TILE_STEPS).min(steps);
+                        amx::tile_step(acc, chunk.map(|s| lanes(i, c, s)))
+                    })
+                })
+                .collect();
+            let model_of = |arm: SimdArm| {
+                if arm == SimdArm::Amx {
+                    &tiles_model
+                } else {
+                    &dot_model
+                }
+            };
+            let model = model_of(SimdArm::detected());
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let mut dst = vec![f32::NAN; m * n];
             packed.product(m, (&a, a_stride), (&mut dst, n));
-            assert_eq!(bits(&dst), bits(&model), "{m}×{k}×{n}");
+            assert_eq!(bits(&dst), bits(model), "{m}×{k}×{n}");
             for arm in SimdArm::available() {
                 for r in 0..m {
                     let alone = row_alone(&packed, &a[r * a_stride..][..k], arm);
                     assert_eq!(
                         bits(&alone),
-                        bits(&model[r * n..(r + 1) * n]),
+                        bits(&model_of(arm)[r * n..(r + 1) * n]),
                         "{m}×{k}×{n} {arm:?}"
                     );
                 }
@@ -553,7 +681,7 @@ mod tests {
             let start = values(m * n, 6);
             let mut added = start.clone();
             packed.product_add(m, (&a, a_stride), (&mut added, n));
-            let expected: Vec<f32> = start.iter().zip(&model).map(|(s, v)| s + v).collect();
+            let expected: Vec<f32> = start.iter().zip(model).map(|(s, v)| s + v).collect();
             assert_eq!(bits(&added), bits(&expected));
             for threads in 1..=3 {
                 let pool = rayon::ThreadPoolBuilder::new()
@@ -569,13 +697,14 @@ mod tests {
                 pool.install(|| products_parallel(&[part], m, a_stride, (&mut shared, n)));
                 assert_eq!(
                     bits(&shared),
-                    bits(&model),
+                    bits(model),
                     "{m}×{k}×{n} on {threads} threads"
                 );
             }
             // bf16 rounds each operand by at most 2^-9 relative: the sum is within 2^-7 of
             // Σ|a||b| of the exact one.
-            for (at, &got) in model.iter().enumerate() {
+            for (at, &got) in dot_model.iter().chain(&tiles_model).enumerate() {
+                let at = at % (m * n);
                 let (i, c) = (at / n, at % n);
                 let exact: f64 = (0..k)
                     .map(|t| f64::from(a_at(i, t)) * f64::from(b_at(t, c)))

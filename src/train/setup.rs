@@ -226,9 +226,14 @@ pub(super) fn load_backbone(
     if !config.precision.is_f32() {
         deviations.push(format!(
             "--precision {}: the backbone's dense and attention products took {} operands (f32 \
-             sums), so its features differ from the f32 forward's in their last bits and beyond",
+             sums, {}), so its features differ from the f32 forward's in their last bits and beyond",
             config.precision.name(),
-            config.precision.name()
+            config.precision.name(),
+            if config.precision.arithmetic() == "bf16-amx" {
+                "on the AMX tiles"
+            } else {
+                "by vdpbf16ps"
+            }
         ));
     }
     let wanted = if config.dataset.modality() == Modality::Image {
