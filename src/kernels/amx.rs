@@ -12,7 +12,7 @@
 //!
 //! The sums: within one instruction the unit adds the even terms' products in order of k, the
 //! odd terms' apart, then the two, then that to C, each addition rounded to nearest even (measured
-//! on a Xeon with AMX, 2026-12-02, and checked by `tile_step_matches_the_tiles`): not
+//! on a Xeon with AMX, and checked by `tile_step_matches_the_tiles`): not
 //! `vdpbf16ps`'s order, so features made here differ from AVX512-BF16's in their last bits.
 //! `tile_step` (the tests') is that model in plain Rust; a zero-padded step adds nothing to it, so neither
 //! the padding nor the rows beside a row change its numbers.
