@@ -39,6 +39,10 @@ pub enum ReproduceCommand {
     /// noise, its three-token signal planted: a regime map over n (20, 200) × n·SNR² (0.3 … 100)
     /// × 3 seeds on the paper's clock, and the answer line (map.md; resumes; docs/design.md)
     ReferenceMap(ReferenceMapArgs),
+    /// Each verdict cell of a Table 2 result folder beside its twin: the reference map's model
+    /// on the cell's own tokens at its n and pooled n·SNR², η 0 and 0.2 × 3 seeds, judged by the
+    /// real cells' rule (twins.md; resumes; docs/design.md, "The paper's model on real noise")
+    Twins(TwinsArgs),
     /// Add the n·SNR² estimate (see `diagnose snr`) to every finished run of a result folder
     /// whose summary.json lacks one, from the runs' cached features and phase 1; then run
     /// `reproduce report` to see it in the table and the figures.
@@ -240,6 +244,27 @@ pub struct ReferenceMapArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct TwinsArgs {
+    /// The Table 2 result folder (holding runs/) whose cells are twinned
+    #[arg(long, value_name = "DIR", default_value = "results/table2-offline")]
+    pub from: PathBuf,
+    /// Where the twin runs (runs/) and twins.md go
+    #[arg(long, value_name = "DIR", default_value = "results/reference-twins")]
+    pub out: PathBuf,
+    /// Only the cells of these sizes, comma-separated [default: every size]
+    #[arg(long, value_delimiter = ',')]
+    pub ns: Vec<usize>,
+    /// Only the cells of these datasets, comma-separated [default: every dataset]
+    #[arg(long, value_delimiter = ',')]
+    pub datasets: Vec<DatasetName>,
+    /// Write twins.md from the runs kept in --out and make none
+    #[arg(long)]
+    pub report_only: bool,
+    #[command(flatten)]
+    pub places: PlaceArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct SnrArgs {
     /// Result folder (holding runs/)
     #[arg(value_name = "DIR")]
@@ -320,6 +345,7 @@ pub fn run(command: ReproduceCommand) -> Result<ExitCode> {
         ReproduceCommand::DoseReport(args) => dose_report(args),
         ReproduceCommand::DoseCheck(args) => dose_check(args),
         ReproduceCommand::ReferenceMap(args) => reference_map(args),
+        ReproduceCommand::Twins(args) => twins(args),
         ReproduceCommand::Snr(args) => snr_backfill(args),
         ReproduceCommand::Slurm(args) => slurm_script(args),
     }
@@ -420,6 +446,50 @@ fn reference_map(args: ReferenceMapArgs) -> Result<ExitCode> {
         runs.len(),
         args.out.join("map.md").display()
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `reproduce twins`: the chosen cells' twins made (unless --report-only), then twins.md over
+/// every cell.
+fn twins(args: TwinsArgs) -> Result<ExitCode> {
+    use crate::reproduce::reference_map as map;
+    let rows: Vec<report::results::ResultRow> =
+        report::results::collect(std::slice::from_ref(&args.from))?
+            .into_iter()
+            .map(|(row, _)| row)
+            .collect();
+    let targets = report::theory::twin_targets(&rows)?;
+    if !args.report_only {
+        let chosen: Vec<&report::theory::TwinTarget> = targets
+            .iter()
+            .filter(|t| args.ns.is_empty() || args.ns.contains(&t.n))
+            .filter(|t| args.datasets.is_empty() || args.datasets.contains(&t.config.dataset))
+            .collect();
+        let bar = crate::progress_bar::bar((2 * 3 * chosen.len()) as u64, "runs");
+        let bars = report::finetune::Bars::default();
+        let places = args.places.places();
+        map::twins::all_twins(&chosen, (&args.out, &places), &bars, &|run| {
+            bar.inc(1);
+            eprintln!(
+                "{} {} n {} n·SNR² {:.2} η {} seed {}: {}",
+                run.dataset,
+                run.mode,
+                run.n,
+                run.n_snr2,
+                run.config.noise_ratio,
+                run.seed,
+                run.call.name()
+            );
+        })?;
+        bar.finish_and_clear();
+    }
+    let runs = if args.out.join("runs").is_dir() {
+        map::kept_runs(&args.out)?
+    } else {
+        Vec::new()
+    };
+    let summary = map::twin_table::write(&args.out, &targets, &runs)?;
+    println!("{summary} → {}", args.out.join("twins.md").display());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -107,7 +107,7 @@ pub struct Call {
 
 impl Call {
     /// `[mean, std]` test accuracies in percent at η = 0 and η = 0.2.
-    fn of(memorisation: Memorisation, clean: [f64; 2], noisy: [f64; 2], seeds: usize) -> Self {
+    pub fn of(memorisation: Memorisation, clean: [f64; 2], noisy: [f64; 2], seeds: usize) -> Self {
         let delta = noisy[0] - clean[0];
         let spread = clean[1].hypot(noisy[1]);
         Call {

@@ -85,15 +85,16 @@ pub fn run_with_engine(
     )
 }
 
-/// The token selector trained by the exact subspace engine on sets made elsewhere (real tokens as
-/// the noise, `reproduce reference-map`): `config` gives the step, the length, the seed of W₀ and
+/// The token selector trained by `engine_kind` on sets made elsewhere (real tokens as the noise,
+/// `reproduce reference-map` and `twins`): `config` gives the step, the length, the seed of W₀ and
 /// ‖μ‖ (the head ν's scale), and must agree with the sets' shapes.
 pub fn run_on_sets(
     config: &SyntheticConfig,
+    engine_kind: EngineKind,
     trace: Trace,
     (train, test): (TokenSet, TokenSet),
 ) -> Result<SyntheticRun> {
-    config.validate_run(EngineKind::Subspace, trace == Trace::Full)?;
+    config.validate_run(engine_kind, trace == Trace::Full)?;
     let shape = |set: &TokenSet| (set.num_samples, set.seq_len, set.embed_dim);
     if shape(&train) != (config.train_n, config.seq_len, config.embed_dim)
         || shape(&test) != (config.test_n, config.seq_len, config.embed_dim)
@@ -109,18 +110,31 @@ pub fn run_on_sets(
         );
     }
     let w0 = initial_key_query(config.embed_dim, config.seed);
-    let engine = SubspaceEngine::new(&train, config.signal_norm, &w0, config.learning_rate)?;
+    let engine: Box<dyn Engine> = match engine_kind {
+        EngineKind::Subspace => Box::new(SubspaceEngine::new(
+            &train,
+            config.signal_norm,
+            &w0,
+            config.learning_rate,
+        )?),
+        // f64, as the subspace engine computes: the two give one trajectory up to rounding.
+        EngineKind::Dense => Box::new(DenseEngine::new(
+            &train,
+            config.signal_norm,
+            &w0,
+            config.learning_rate,
+            DType::F64,
+        )?),
+    };
     drop(w0);
     let sets = (
         EvalSet::new(train, config.signal_norm)?,
         EvalSet::new(test, config.signal_norm)?,
     );
-    let mut selector = TokenSelector {
-        engine: Box::new(engine),
-    };
+    let mut selector = TokenSelector { engine };
     run_model(
         config,
-        Some(EngineKind::Subspace),
+        Some(engine_kind),
         trace,
         &mut |_| {},
         &mut selector,

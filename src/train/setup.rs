@@ -394,38 +394,53 @@ pub(super) fn run_features(
     progress: &dyn Progress,
 ) -> Result<RunFeatures> {
     let source = train_source(&setup.dataset, prepared.partition.train_source)?;
-    let get = |what: &str, split, positions: &[usize], contents| {
+    let pretrain = cached_features(
+        &setup.cache,
+        &setup.feature_backbone,
+        &job.config.dataset,
+        source,
+        &prepared.partition.pretrain,
+        pretrain_contents(&job.config),
+        job.encode_batch,
+        ("pretrain features", progress),
+    )?;
+    let (finetune, test) = evaluation_features(setup, prepared, job, progress)?;
+    Ok(RunFeatures {
+        pretrain,
+        finetune,
+        test,
+    })
+}
+
+/// The fine-tune and test sets' features only (what a model standing in for phase 2 reads, with
+/// no phase 1 to train).
+pub(super) fn evaluation_features(
+    setup: &Setup,
+    prepared: &PreparedData,
+    job: &FinetuneJob,
+    progress: &dyn Progress,
+) -> Result<(Features, Features)> {
+    let source = train_source(&setup.dataset, prepared.partition.train_source)?;
+    let get = |what: &str, split, positions: &[usize]| {
         cached_features(
             &setup.cache,
             &setup.feature_backbone,
             &job.config.dataset,
             split,
             positions,
-            contents,
+            Contents::Full,
             job.encode_batch,
             (what, progress),
         )
     };
-    Ok(RunFeatures {
-        pretrain: get(
-            "pretrain features",
-            source,
-            &prepared.partition.pretrain,
-            pretrain_contents(&job.config),
-        )?,
-        finetune: get(
-            "fine-tune features",
-            source,
-            &prepared.partition.finetune,
-            Contents::Full,
-        )?,
-        test: get(
+    Ok((
+        get("fine-tune features", source, &prepared.partition.finetune)?,
+        get(
             "test features",
             (SplitName::Test, &setup.dataset.test),
             &prepared.partition.test,
-            Contents::Full,
         )?,
-    })
+    ))
 }
 
 /// What phase 1 reads of the pretrain set: the CLS and mean features, or for head mode's

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::progress::Progress;
 use super::run::{FinetuneJob, Mode};
-use super::setup::{layer_inputs, prepare_data, run_features, setup};
+use super::setup::{evaluation_features, layer_inputs, prepare_data, setup};
 use crate::diagnostics::plant::{ClassSignals, NearestMean, PlantDraw};
 use crate::diagnostics::snr::{OtherTokens, SnrEstimate, confident_choice, estimate_from};
 use crate::encoder::Model;
@@ -152,17 +152,11 @@ pub fn mode_tokens(
 ) -> Result<ModeTokens> {
     let setup = setup(job)?;
     let prepared = prepare_data(&setup, job)?;
-    let features = run_features(&setup, &prepared, job, progress)?;
+    let (finetune, test) = evaluation_features(&setup, &prepared, job, progress)?;
     let model = &setup.backbone.model;
     let mode = job.config.mode;
-    let finetune = measured_tokens(
-        model,
-        layer_inputs(&features.finetune)?,
-        None,
-        mode,
-        &setup.device,
-    )?;
-    let test = layer_inputs(&features.test)?;
+    let finetune = measured_tokens(model, layer_inputs(&finetune)?, None, mode, &setup.device)?;
+    let test = layer_inputs(&test)?;
     let count = test.len().min(test_count);
     let test = measured_tokens(model, test, Some(count), mode, &setup.device)?;
     Ok(ModeTokens {

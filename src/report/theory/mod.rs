@@ -16,6 +16,7 @@
 mod cells;
 mod correlation;
 mod figures;
+mod pooled;
 mod stats;
 mod twins;
 
@@ -36,6 +37,7 @@ use twins::{LONGER, SyntheticRuns, TwinCall, boundary_line, twin_variants};
 
 pub use correlation::Correlation;
 pub use figures::{DELTA_FIGURE, MEMORIZATION_FIGURE};
+pub use pooled::{PooledSnr, TwinTarget};
 pub use stats::{
     Kappa, cohen_kappa, percentile_interval, permutation_p, pooled_rho, spearman,
     stratified_permutation_p,
@@ -92,6 +94,21 @@ fn judged<'a>(point: Point<'a>, estimate: CellEstimate, runs: &SyntheticRuns) ->
     }
 }
 
+/// One pooled SNR² per (dataset, backbone, mode) of the verdict cells (what a cell's twin is set
+/// by).
+pub fn pooled_snr(rows: &[ResultRow], verdict_rows: &[VerdictRow]) -> Vec<PooledSnr> {
+    let points = points(rows, verdict_rows);
+    pooled::pooled(&points.iter().collect::<Vec<_>>())
+}
+
+/// Every verdict cell of `rows` as its twin on the paper's model needs it.
+pub fn twin_targets(rows: &[ResultRow]) -> Result<Vec<TwinTarget>> {
+    let verdict_rows =
+        super::verdict::verdicts(&super::results::aggregate(rows), &super::paper::table2()?);
+    let points = points(rows, &verdict_rows);
+    Ok(pooled::twin_targets(&points.iter().collect::<Vec<_>>()))
+}
+
 /// The report's section (markdown) and the figures it drew, each with its caption.
 pub fn section(
     out: &Path,
@@ -120,6 +137,8 @@ pub fn section(
         return Ok((md, Vec::new()));
     }
     introduction(&mut md)?;
+    let placed_points: Vec<&Point> = placed.iter().map(|(p, _)| p).collect();
+    pooled::pooled_section(&mut md, &placed_points, mode_order)?;
     if !unplaced.is_empty() {
         writeln!(
             md,

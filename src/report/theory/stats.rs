@@ -111,7 +111,7 @@ pub fn pooled_rho(xs: &[f64], ys: &[f64], strata: &[usize]) -> f64 {
 }
 
 /// Shuffles `values` among the positions of each stratum only: every value stays in its stratum.
-fn permute_within(values: &mut [f64], strata: &[usize], rng: &mut ChaCha8Rng) {
+pub(super) fn permute_within(values: &mut [f64], strata: &[usize], rng: &mut ChaCha8Rng) {
     let mut labels: Vec<usize> = strata.to_vec();
     labels.sort_unstable();
     labels.dedup();

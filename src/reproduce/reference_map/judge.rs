@@ -68,7 +68,8 @@ pub struct Checkpoint {
     pub train_loss: f64,
     pub train_acc: f64,
     pub test_acc: f64,
-    /// Share of the flipped labels fitted.
+    /// Share of the flipped labels fitted (NaN, JSON null, where none were flipped: η 0).
+    #[serde(deserialize_with = "crate::io::nan_if_null")]
     pub memorization: f64,
 }
 
@@ -98,7 +99,8 @@ pub fn settled(checkpoints: &[Checkpoint], test_n: usize) -> bool {
     let still = |x: &Checkpoint, y: &Checkpoint| {
         (x.train_acc - y.train_acc).abs() <= SETTLE_ACCURACY
             && (x.test_acc - y.test_acc).abs() <= test_tolerance
-            && (x.memorization - y.memorization).abs() <= SETTLE_ACCURACY
+            && ((x.memorization - y.memorization).abs() <= SETTLE_ACCURACY
+                || (x.memorization.is_nan() && y.memorization.is_nan()))
             && (x.train_loss - y.train_loss).abs() <= SETTLE_LOSS
     };
     b.step == 2 * a.step && c.step == 2 * b.step && still(a, b) && still(b, c)
@@ -234,6 +236,27 @@ mod tests {
         assert_eq!(call(&harmful, 1.0, 1000), Call::Harmful);
         // Relative to a ceiling of 0.72, 0.7 generalises and is benign.
         assert_eq!(call(&harmful, 0.72, 1000), Call::Benign);
+    }
+
+    #[test]
+    fn a_run_with_no_flipped_label_settles_and_reads_back() {
+        let clean = [
+            point(100, 1.0, 0.97, f64::NAN),
+            point(200, 1.0, 0.97, f64::NAN),
+            point(400, 1.0, 0.97, f64::NAN),
+        ];
+        assert_eq!(call(&clean, 1.0, 1000), Call::Benign);
+        // A NaN beside a number is a change, not a settled run.
+        let half = [
+            point(100, 1.0, 0.97, 1.0),
+            point(200, 1.0, 0.97, f64::NAN),
+            point(400, 1.0, 0.97, f64::NAN),
+        ];
+        assert_eq!(call(&half, 1.0, 1000), Call::Unconverged);
+        let text = serde_json::to_string(&clean[0]).unwrap();
+        assert!(text.contains("\"memorization\":null"), "{text}");
+        let back: Checkpoint = serde_json::from_str(&text).unwrap();
+        assert!(back.memorization.is_nan());
     }
 
     #[test]

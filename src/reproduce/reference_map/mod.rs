@@ -16,6 +16,8 @@
 pub mod judge;
 pub mod table;
 pub mod tokens;
+pub mod twin_table;
+pub mod twins;
 
 use std::path::{Path, PathBuf};
 
@@ -27,7 +29,7 @@ use self::judge::{Call, Checkpoint, call};
 use self::tokens::{NoiseBasis, SEQ_LEN, plant, relevant_token_ceiling};
 use crate::io::{ensure_dir, read_input_text, write_json};
 use crate::rng::{Stream, stream};
-use crate::synthetic::{SyntheticConfig, Trace, run_on_sets};
+use crate::synthetic::{EngineKind, SyntheticConfig, Trace, run_on_sets};
 use crate::train::finetune::{FinetuneJob, Progress};
 use crate::train::snr_plant::{ModeTokens, mode_tokens};
 
@@ -49,6 +51,9 @@ const NOISY_ETA: f64 = 0.2;
 pub struct MapRun {
     pub dataset: String,
     pub backbone: String,
+    /// The tokens' mode (the map's own runs: head; absent in files made before it was recorded).
+    #[serde(default = "head_mode")]
+    pub mode: String,
     pub n: usize,
     pub n_snr2: f64,
     pub seed: u64,
@@ -57,11 +62,22 @@ pub struct MapRun {
     /// Digest of the fine-tune and test tokens the noise was drawn from.
     pub tokens_digest: String,
     pub config: SyntheticConfig,
+    /// Which computation trained it (absent in files made before it was recorded: subspace).
+    #[serde(default = "subspace")]
+    pub engine: EngineKind,
     /// Test accuracy of attention entirely on x₁.
     pub ceiling: f64,
     /// At S, 2S and 4S.
     pub checkpoints: Vec<Checkpoint>,
     pub call: Call,
+}
+
+fn subspace() -> EngineKind {
+    EngineKind::Subspace
+}
+
+fn head_mode() -> String {
+    crate::train::finetune::Mode::Head.name().to_string()
 }
 
 /// A part of the map's stream: 0 the basis, then the draws and the labels.
@@ -79,9 +95,9 @@ struct SeedNoise {
     test: Vec<f32>,
 }
 
-fn seed_noise(tokens: &ModeTokens, seed: u64) -> Result<SeedNoise> {
+/// One seed's noise for training sets of up to `largest` samples.
+fn seed_noise(tokens: &ModeTokens, seed: u64, largest: usize) -> Result<SeedNoise> {
     let basis = NoiseBasis::fit(&tokens.test, seed)?;
-    let largest = SIZES[SIZES.len() - 1];
     // Samples shorter than T are passed over (short questions, in TREC).
     let long_enough = |rows: &crate::encoder::layer_rows::LayerRows| {
         rows.lengths().iter().filter(|&&l| l >= SEQ_LEN).count()
@@ -103,12 +119,13 @@ const FIRST_DOUBLINGS: u32 = 2;
 const MOST_DOUBLINGS: u32 = 4;
 
 /// The run's config: ‖μ‖ from n·SNR² (SNR = ‖μ‖/√d at tr Σ̂ = d), lr and steps from the clock,
-/// checkpoints at S·2^j up to S·2^`doublings`.
-fn config_of(
+/// checkpoints at S·2^j up to S·2^`doublings`, at label-noise rate `eta` (the map's runs: 0.2;
+/// a twin's clean runs: 0).
+fn config_at(
     (n, n_snr2, seed): (usize, f64, u64),
+    eta: f64,
     (dim, test_n): (usize, usize),
-    half: bool,
-    doublings: u32,
+    (half, doublings): (bool, u32),
 ) -> SyntheticConfig {
     let signal_norm = (n_snr2 * dim as f64 / n as f64).sqrt();
     let scale = if half { 2 } else { 1 };
@@ -119,7 +136,7 @@ fn config_of(
         test_n,
         rho: RHO,
         signal_norm,
-        noise_ratio: NOISY_ETA,
+        noise_ratio: eta,
         learning_rate: CLOCK / (signal_norm * signal_norm) / scale as f64,
         num_steps: (1 << doublings) * CLOCK_STEPS * scale,
         log_interval: CLOCK_STEPS * scale,
@@ -128,8 +145,12 @@ fn config_of(
     }
 }
 
-/// Trains one run and judges it.
-fn run_point(noise: &SeedNoise, config: &SyntheticConfig) -> Result<(f64, Vec<Checkpoint>, Call)> {
+/// Trains one run by `engine` and judges it.
+fn run_point(
+    noise: &SeedNoise,
+    config: &SyntheticConfig,
+    engine: EngineKind,
+) -> Result<(f64, Vec<Checkpoint>, Call)> {
     let d = noise.dim;
     let n = config.train_n;
     let law = (config.rho, config.signal_norm);
@@ -139,7 +160,7 @@ fn run_point(noise: &SeedNoise, config: &SyntheticConfig) -> Result<(f64, Vec<Ch
         train_noise,
         d,
         law,
-        NOISY_ETA,
+        config.noise_ratio,
         &mut substream(config.seed, 10 + n as u64),
     );
     let test = plant(
@@ -150,7 +171,7 @@ fn run_point(noise: &SeedNoise, config: &SyntheticConfig) -> Result<(f64, Vec<Ch
         &mut substream(config.seed, 3),
     );
     let ceiling = relevant_token_ceiling(&test);
-    let made = run_on_sets(config, Trace::Checkpoints, (train, test))?;
+    let made = run_on_sets(config, engine, Trace::Checkpoints, (train, test))?;
     let checkpoints: Vec<Checkpoint> = made
         .metrics
         .iter()
@@ -167,8 +188,12 @@ fn run_file(out: &Path, dataset: &str, n: usize, n_snr2: f64, seed: u64, half: b
         .join(format!("{dataset}_n{n}_x{n_snr2}_s{seed}{tail}.json"))
 }
 
-/// The kept run at `path` if it is this one.
-fn kept(path: &Path, config: &SyntheticConfig, digest: &str) -> Result<Option<MapRun>> {
+/// The kept run at `path` if it is this one (`engine` included).
+fn kept(
+    path: &Path,
+    (config, engine): (&SyntheticConfig, EngineKind),
+    digest: &str,
+) -> Result<Option<MapRun>> {
     if !path.exists() {
         return Ok(None);
     }
@@ -176,7 +201,11 @@ fn kept(path: &Path, config: &SyntheticConfig, digest: &str) -> Result<Option<Ma
     let run: MapRun = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a reference-map run file", path.display()))?;
     let made_under_rule = call(&run.checkpoints, run.ceiling, run.config.test_n) == run.call;
-    if run.config != *config || run.tokens_digest != digest || !made_under_rule {
+    if run.config != *config
+        || run.engine != engine
+        || run.tokens_digest != digest
+        || !made_under_rule
+    {
         bail!(
             "{}: made from another config, other tokens or another rule than this map's (remove \
              it or choose another --out)",
@@ -210,8 +239,28 @@ struct MapSource<'a> {
     out: &'a Path,
     dataset: &'a str,
     backbone: &'a str,
+    /// Which tokens: the final ones (head) or the last layer's inputs (last-layer).
+    mode: &'a str,
     /// Digest of the tokens the noise is drawn from.
     digest: &'a str,
+    /// The engine a run's config is trained by.
+    engine: fn(&SyntheticConfig) -> EngineKind,
+}
+
+/// The map's engine: the subspace one, which its kept runs were made by.
+fn map_engine(_: &SyntheticConfig) -> EngineKind {
+    EngineKind::Subspace
+}
+
+/// The cheaper of the two engines for `config`: the subspace one costs (nT)² a step, the dense
+/// one d² + nT·d; they train the same trajectory up to rounding.
+pub fn cheaper_engine(config: &SyntheticConfig) -> EngineKind {
+    let (m, d) = (config.train_n * config.seq_len, config.embed_dim);
+    if d * d + m * d < m * m {
+        EngineKind::Dense
+    } else {
+        EngineKind::Subspace
+    }
 }
 
 impl MapSource<'_> {
@@ -219,38 +268,99 @@ impl MapSource<'_> {
     /// not settled) and kept.
     fn run(&self, noise: &SeedNoise, point: (usize, f64, u64), half: bool) -> Result<MapRun> {
         let (n, n_snr2, seed) = point;
-        let shape = (noise.dim, noise.test.len() / (SEQ_LEN * noise.dim));
         let path = run_file(self.out, self.dataset, n, n_snr2, seed, half);
-        let first = config_of(point, shape, half, FIRST_DOUBLINGS);
-        let longer = config_of(point, shape, half, MOST_DOUBLINGS);
-        let found = match kept(&path, &first, self.digest) {
+        self.run_at(noise, (point, NOISY_ETA, half), &path)
+    }
+
+    /// The run at (`point`, η, half step) kept at `path`: read back where it is there, else made
+    /// and kept.
+    fn run_at(
+        &self,
+        noise: &SeedNoise,
+        (point, eta, half): ((usize, f64, u64), f64, bool),
+        path: &Path,
+    ) -> Result<MapRun> {
+        let (n, n_snr2, seed) = point;
+        let shape = (noise.dim, noise.test.len() / (SEQ_LEN * noise.dim));
+        let first = config_at(point, eta, shape, (half, FIRST_DOUBLINGS));
+        let longer = config_at(point, eta, shape, (half, MOST_DOUBLINGS));
+        let engine = (self.engine)(&first);
+        let found = match kept(path, (&first, engine), self.digest) {
             Ok(found) => found,
-            Err(_) => kept(&path, &longer, self.digest)?,
+            Err(_) => kept(path, (&longer, engine), self.digest)?,
         };
         if let Some(run) = found {
             return Ok(run);
         }
-        let (mut config, mut made) = (first.clone(), run_point(noise, &first)?);
+        let (mut config, mut made) = (first.clone(), run_point(noise, &first, engine)?);
         if made.2 == Call::Unconverged {
-            (config, made) = (longer.clone(), run_point(noise, &longer)?);
+            (config, made) = (longer.clone(), run_point(noise, &longer, engine)?);
         }
         let (ceiling, checkpoints, call) = made;
         let run = MapRun {
             dataset: self.dataset.to_string(),
             backbone: self.backbone.to_string(),
+            mode: self.mode.to_string(),
             n,
             n_snr2,
             seed,
             half_step: half,
             tokens_digest: self.digest.to_string(),
             config,
+            engine,
             ceiling,
             checkpoints,
             call,
         };
-        write_json(&path, &run)?;
+        write_json(path, &run)?;
         Ok(run)
     }
+}
+
+/// What names a source's runs: its dataset and backbone, and the digest of its tokens.
+struct SourceNames {
+    dataset: String,
+    backbone: String,
+    digest: String,
+}
+
+impl SourceNames {
+    fn source<'a>(
+        &'a self,
+        out: &'a Path,
+        job: &FinetuneJob,
+        engine: fn(&SyntheticConfig) -> EngineKind,
+    ) -> MapSource<'a> {
+        MapSource {
+            out,
+            dataset: &self.dataset,
+            backbone: &self.backbone,
+            mode: job.config.mode.name(),
+            digest: &self.digest,
+            engine,
+        }
+    }
+}
+
+/// `job`'s tokens (from the feature cache where they are there) and their names; `out`/runs
+/// made.
+fn source_tokens(
+    job: &FinetuneJob,
+    out: &Path,
+    progress: &dyn Progress,
+) -> Result<(ModeTokens, SourceNames)> {
+    let tokens = mode_tokens(job, TEST_N, progress)?;
+    let names = SourceNames {
+        dataset: job.config.dataset.to_string(),
+        backbone: tokens.backbone.clone(),
+        digest: format!(
+            "{}+{}",
+            tokens.finetune.content_digest(),
+            tokens.test.content_digest()
+        ),
+    };
+    ensure_dir(&out.join("runs"))?;
+    Ok((tokens, names))
 }
 
 /// Every run of one dataset's map, kept ones read back; `on_done` after each.
@@ -260,23 +370,11 @@ pub fn dataset_map(
     progress: &dyn Progress,
     on_done: &dyn Fn(&MapRun),
 ) -> Result<Vec<MapRun>> {
-    let dataset = job.config.dataset.to_string();
-    let tokens = mode_tokens(job, TEST_N, progress)?;
-    let digest = format!(
-        "{}+{}",
-        tokens.finetune.content_digest(),
-        tokens.test.content_digest()
-    );
-    ensure_dir(&out.join("runs"))?;
-    let source = MapSource {
-        out,
-        dataset: &dataset,
-        backbone: &tokens.backbone,
-        digest: &digest,
-    };
+    let (tokens, names) = source_tokens(job, out, progress)?;
+    let source = names.source(out, job, map_engine);
     let mut runs = Vec::new();
     for seed in SEEDS {
-        let noise = seed_noise(&tokens, seed)?;
+        let noise = seed_noise(&tokens, seed, SIZES[SIZES.len() - 1])?;
         for n in SIZES {
             for n_snr2 in LADDER {
                 // The half-step check on the first seed only.
