@@ -14,9 +14,9 @@ use super::stats::{
 use crate::report::results::Stat;
 
 /// Bootstrap resamples behind each correlation's intervals.
-const BOOTSTRAP: usize = 2000;
+pub(super) const BOOTSTRAP: usize = 2000;
 /// Permutations behind each correlation's p-value.
-const PERMUTATIONS: usize = 10_000;
+pub(super) const PERMUTATIONS: usize = 10_000;
 
 /// A correlation over cells, with two 95 % percentile intervals and a permutation p-value.
 #[derive(Clone, Copy, Debug)]

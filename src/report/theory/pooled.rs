@@ -17,14 +17,12 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::cells::{Point, modes, number, p_value};
+use super::correlation::{BOOTSTRAP, PERMUTATIONS};
 use super::stats::{
-    percentile_interval, permute_within, pooled_rho, spearman, stratified_permutation_p,
+    percentile_interval, permutation_p_of, pooled_rho, spearman, stratified_permutation_p,
 };
 use crate::diagnostics::snr::SnrEstimate;
 use crate::report::results::{ResultRow, Stat};
-
-const BOOTSTRAP: usize = 2000;
-const PERMUTATIONS: usize = 10_000;
 
 /// The pooled SNR² of one (dataset, backbone, mode).
 #[derive(Clone, Debug, PartialEq)]
@@ -264,19 +262,12 @@ fn partial_rho(xs: &[f64], ys: &[f64], ks: &[f64], strata: &[usize]) -> f64 {
 
 /// [`partial_rho`] with a two-sided p from permutations of `ys` within strata.
 fn partial_within(xs: &[f64], ys: &[f64], ks: &[f64], strata: &[usize]) -> String {
-    let observed = partial_rho(xs, ys, ks, strata);
+    let statistic = |ys: &[f64]| partial_rho(xs, ys, ks, strata);
+    let observed = statistic(ys);
     if !observed.is_finite() {
         return "–".into();
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let mut shuffled = ys.to_vec();
-    let reaching = (0..PERMUTATIONS)
-        .filter(|_| {
-            permute_within(&mut shuffled, strata, &mut rng);
-            partial_rho(xs, &shuffled, ks, strata).abs() >= observed.abs() - 1e-12
-        })
-        .count();
-    let p = (1 + reaching) as f64 / (1 + PERMUTATIONS) as f64;
+    let p = permutation_p_of(&statistic, ys, strata, PERMUTATIONS, 5);
     format!("{} (p {})", number(observed, 2), p_value(p))
 }
 

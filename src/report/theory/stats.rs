@@ -111,7 +111,7 @@ pub fn pooled_rho(xs: &[f64], ys: &[f64], strata: &[usize]) -> f64 {
 }
 
 /// Shuffles `values` among the positions of each stratum only: every value stays in its stratum.
-pub(super) fn permute_within(values: &mut [f64], strata: &[usize], rng: &mut ChaCha8Rng) {
+fn permute_within(values: &mut [f64], strata: &[usize], rng: &mut ChaCha8Rng) {
     let mut labels: Vec<usize> = strata.to_vec();
     labels.sort_unstable();
     labels.dedup();
@@ -134,7 +134,20 @@ pub fn stratified_permutation_p(
     permutations: usize,
     seed: u64,
 ) -> f64 {
-    let observed = pooled_rho(xs, ys, strata).abs();
+    let statistic = |ys: &[f64]| pooled_rho(xs, ys, strata);
+    permutation_p_of(&statistic, ys, strata, permutations, seed)
+}
+
+/// Two-sided permutation p-value of any `statistic` of `ys` (its |value|), `ys` shuffled within
+/// strata only; NaN where the observed value is undefined.
+pub(super) fn permutation_p_of(
+    statistic: &dyn Fn(&[f64]) -> f64,
+    ys: &[f64],
+    strata: &[usize],
+    permutations: usize,
+    seed: u64,
+) -> f64 {
+    let observed = statistic(ys).abs();
     if !observed.is_finite() {
         return f64::NAN;
     }
@@ -143,8 +156,8 @@ pub fn stratified_permutation_p(
     let reaching = (0..permutations)
         .filter(|_| {
             permute_within(&mut shuffled, strata, &mut rng);
-            // A tolerance, so that a permutation giving the same ρ counts despite rounding.
-            pooled_rho(xs, &shuffled, strata).abs() >= observed - 1e-12
+            // A tolerance, so that a permutation giving the same value counts despite rounding.
+            statistic(&shuffled).abs() >= observed - 1e-12
         })
         .count();
     (1 + reaching) as f64 / (1 + permutations) as f64
