@@ -28,8 +28,8 @@ mod common;
 use std::time::Instant;
 
 use benign_attention::encoder::bert::{Bert, BertLayer, TextBatch};
-use benign_attention::encoder::dense::{Dense, Then, activate};
 use benign_attention::encoder::layers::{SelfAttention, additive_mask};
+use benign_attention::encoder::projections::{Dense, Then, activate};
 use benign_attention::encoder::vit::{Vit, VitConfig, VitLayer};
 use benign_attention::encoder::{Backbone, Model, TextOptions, resolve};
 use benign_attention::kernels::Precision;

@@ -14,7 +14,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use benign_attention::synthetic::{EncoderSettings, Grid, SyntheticConfig, Trace, run};
+use benign_attention::synthetic::{EncoderSettings, GridSize, SyntheticConfig, Trace, run};
 
 fn encoder_config(embed_dim: usize, signal_norm: f64, num_steps: usize) -> SyntheticConfig {
     SyntheticConfig {
@@ -161,7 +161,7 @@ fn main() {
     //    the same work in about the same time.
     let (fixed, per_step) = (quadratic(&fixed), quadratic(&per_step));
     let at = |c: [f64; 3], d: f64| (c[0] + c[1] * d + c[2] * d * d).max(0.0);
-    let estimate = |grid: Grid| -> f64 {
+    let estimate = |grid: GridSize| -> f64 {
         let cells_per_d = grid.signal_norms().len() as f64;
         grid.embed_dims()
             .into_iter()
@@ -173,10 +173,10 @@ fn main() {
     println!("|---|---|");
     println!(
         "| `--grid coarse` (81 cells) | {:.0} |",
-        estimate(Grid::Coarse) / 60.0
+        estimate(GridSize::Coarse) / 60.0
     );
     println!(
         "| `--grid full` (1521 cells) | {:.0} |",
-        estimate(Grid::Full) / 60.0
+        estimate(GridSize::Full) / 60.0
     );
 }

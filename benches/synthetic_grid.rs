@@ -8,12 +8,12 @@
 
 use std::time::Instant;
 
-use benign_attention::synthetic::{EngineKind, Grid, SyntheticConfig, Trace, run, sweep};
+use benign_attention::synthetic::{EngineKind, GridSize, SyntheticConfig, Trace, run, sweep};
 
 fn main() {
     let grid = match std::env::var("BENCH_GRID").as_deref() {
-        Ok("coarse") => Grid::Coarse,
-        _ => Grid::Full,
+        Ok("coarse") => GridSize::Coarse,
+        _ => GridSize::Full,
     };
     let base = SyntheticConfig::default();
     let cells = grid.embed_dims().len() * grid.signal_norms().len();

@@ -202,9 +202,9 @@ mod tests {
 
     /// A writer whose bytes the test can read back.
     #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
+    struct SharedWriter(Arc<Mutex<Vec<u8>>>);
 
-    impl Write for Shared {
+    impl Write for SharedWriter {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
             self.0.lock().unwrap().extend_from_slice(buf);
             Ok(buf.len())
@@ -214,7 +214,7 @@ mod tests {
         }
     }
 
-    impl Shared {
+    impl SharedWriter {
         fn lines(&self) -> Vec<String> {
             String::from_utf8(self.0.lock().unwrap().clone())
                 .unwrap()
@@ -226,7 +226,7 @@ mod tests {
 
     #[test]
     fn lines_start_update_at_the_interval_and_finish() {
-        let out = Shared::default();
+        let out = SharedWriter::default();
         let bar = Bar::lines(3, "steps", Duration::ZERO, Box::new(out.clone()));
         bar.inc(1);
         bar.set_message("loss 0.5");
@@ -242,7 +242,7 @@ mod tests {
         );
 
         // A stage cut short by an error ends silently; finishing it says so once.
-        let out = Shared::default();
+        let out = SharedWriter::default();
         let bar = Bar::lines(5, "runs", Duration::ZERO, Box::new(out.clone()));
         bar.inc(2);
         bar.abandon();
@@ -253,12 +253,12 @@ mod tests {
         assert_eq!(out.lines().len(), 3);
 
         // Nothing before the first report: a set-up error is the only line.
-        let out = Shared::default();
+        let out = SharedWriter::default();
         Bar::lines(5, "steps", Duration::ZERO, Box::new(out.clone())).abandon();
         assert!(out.lines().is_empty());
 
         // With the default interval a short stage prints its first and last line only.
-        let out = Shared::default();
+        let out = SharedWriter::default();
         let bar = Bar::lines(100, "samples", DEFAULT_EVERY, Box::new(out.clone()));
         (0..100).for_each(|_| bar.inc(1));
         bar.finish_and_clear();

@@ -3,12 +3,12 @@
 
 /// The K-th (1-based) of N interleaved parts of a list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
+pub struct JobShard {
     pub index: usize,
     pub count: usize,
 }
 
-impl std::str::FromStr for Shard {
+impl std::str::FromStr for JobShard {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
@@ -24,7 +24,7 @@ impl std::str::FromStr for Shard {
     }
 }
 
-impl Shard {
+impl JobShard {
     /// Whether the job at `position` (0-based) of the list is this part's.
     pub fn keeps(&self, position: usize) -> bool {
         position % self.count == self.index - 1

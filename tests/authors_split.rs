@@ -309,7 +309,7 @@ fn finetune_runs_with_the_authors_draws_and_records_them() {
         .map(|d| d.as_str().unwrap())
         .collect();
     assert!(
-        deviations.contains(&benign_attention::train::finetune::AUTHORS_RNG_DEVIATION),
+        deviations.contains(&benign_attention::train::setup::AUTHORS_RNG_DEVIATION),
         "{deviations:?}"
     );
     assert!(

@@ -76,7 +76,7 @@ fn a_value_given_twice_is_refused_and_minus_zero_is_zero() {
 #[test]
 fn minus_zero_names_the_run_as_zero_does() {
     use benign_attention::data::DatasetName;
-    use benign_attention::train::finetune::RunConfig;
+    use benign_attention::train::run::RunConfig;
     let paper = RunConfig::paper(&DatasetName::BreastMnist).unwrap();
     let name = |eta: f64| {
         RunConfig {

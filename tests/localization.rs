@@ -3,7 +3,7 @@
 
 use benign_attention::report::synthetic::write_localization;
 use benign_attention::synthetic::{
-    EngineKind, Grid, Regime, SweepRow, SyntheticConfig, Trace, run,
+    EngineKind, GridSize, Regime, SweepRow, SyntheticConfig, Trace, run,
 };
 
 /// Small enough for the dense engine in a test, large enough to memorise.
@@ -124,7 +124,7 @@ fn localization_outputs_are_written() {
         row(Regime::NotOverfitting, 0.2, 0.1),
     ];
     let out = dir.path().join("loc");
-    write_localization(&out, Grid::Coarse, &SyntheticConfig::default(), &rows).unwrap();
+    write_localization(&out, GridSize::Coarse, &SyntheticConfig::default(), &rows).unwrap();
     let csv = std::fs::read_to_string(out.join("localization.csv")).unwrap();
     let header = csv.lines().next().unwrap();
     for column in [

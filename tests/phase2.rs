@@ -21,7 +21,7 @@ use benign_attention::train::phase2::epochs::{EpochPlan, train};
 use benign_attention::train::phase2::head::HeadTrainee;
 use benign_attention::train::phase2::query_key::LastLayerTrainee;
 use benign_attention::train::phase2::record::MetricsLog;
-use benign_attention::train::phase2::runs::{Labels, Route, RunData, Samples, Shared};
+use benign_attention::train::phase2::runs::{Labels, Route, RunData, Samples, StackShared};
 use benign_attention::train::phase2::trainee::Trainee;
 use benign_attention::train::run::{HeadClassifier, Mode, RunConfig};
 use candle_core::{Device, Tensor};
@@ -207,7 +207,7 @@ fn train_tiny(setting: &Setting, specs: &[Spec]) -> Vec<Trained> {
         .collect();
     let refs: Vec<&RunData> = data.iter().collect();
     let cache = tempfile::tempdir().unwrap();
-    let shared = Shared {
+    let shared = StackShared {
         model: &model,
         device: &device,
         route: setting.route,

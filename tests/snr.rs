@@ -7,7 +7,7 @@
 use benign_attention::diagnostics::snr::{SnrEstimate, Tokens, estimate};
 use benign_attention::rng::{Stream, stream};
 use benign_attention::synthetic::data::generate;
-use benign_attention::synthetic::sweep::Grid;
+use benign_attention::synthetic::sweep::GridSize;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -18,8 +18,8 @@ const SAMPLES: usize = 400;
 
 #[test]
 fn the_estimate_recovers_the_true_snr_across_the_fig5_grid() {
-    let dims = Grid::Full.embed_dims();
-    let norms = Grid::Full.signal_norms();
+    let dims = GridSize::Full.embed_dims();
+    let norms = GridSize::Full.signal_norms();
     // (index into d, index into ‖μ‖): the four corners, the paper's named settings' neighbourhood
     // and points between.
     let points = [

@@ -98,8 +98,8 @@ pub mod stack {
     use benign_attention::train::phase2::epochs::{EpochPlan, Record, train};
     use benign_attention::train::phase2::query_key::LastLayerTrainee;
     use benign_attention::train::phase2::record::MetricsLog;
-    use benign_attention::train::phase2::runs::{Labels, Route, RunData, Samples, Shared};
-    use benign_attention::train::phase2::trainee::Evaluation;
+    use benign_attention::train::phase2::runs::{Labels, Route, RunData, Samples, StackShared};
+    use benign_attention::train::phase2::trainee::EpochEvaluation;
     use benign_attention::train::run::RunConfig;
     use candle_core::Device;
     use rand::SeedableRng;
@@ -131,7 +131,7 @@ pub mod stack {
     impl Record for Timed<'_> {
         fn epoch(
             &mut self,
-            evaluation: Evaluation,
+            evaluation: EpochEvaluation,
             batch_losses: Option<&[Vec<f64>]>,
         ) -> Result<()> {
             let epoch = evaluation.epoch;
@@ -181,7 +181,7 @@ pub mod stack {
             .collect();
         let refs: Vec<&RunData> = data.iter().collect();
         let spill = tempfile::tempdir().unwrap();
-        let shared = Shared {
+        let shared = StackShared {
             model: sets.model,
             device: sets.device,
             route: sets.route,

@@ -11,7 +11,8 @@ use crate::data::noise::NoiseModel;
 use crate::report;
 use crate::rng::RngChoice;
 use crate::train::config_file::ConfigFile;
-use crate::train::finetune::{FinetuneJob, HeadClassifier, Mode, Progress, RunConfig, RunFolder};
+use crate::train::progress::Progress;
+use crate::train::run::{FinetuneJob, HeadClassifier, Mode, RunConfig, RunFolder};
 
 #[derive(Args, Debug)]
 pub struct FinetuneArgs {

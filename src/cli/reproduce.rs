@@ -11,7 +11,7 @@ use crate::data::DatasetName;
 use crate::report;
 use crate::reproduce as library;
 use crate::rng::RngChoice;
-use crate::train::finetune::{HeadClassifier, Mode};
+use crate::train::run::{HeadClassifier, Mode};
 
 #[derive(Subcommand, Debug)]
 pub enum ReproduceCommand {
@@ -46,7 +46,7 @@ pub enum ReproduceCommand {
     /// Add the n·SNR² estimate (see `diagnose snr`) to every finished run of a result folder
     /// whose summary.json lacks one, from the runs' cached features and phase 1; then run
     /// `reproduce report` to see it in the table and the figures.
-    Snr(SnrArgs),
+    Snr(SnrBackfillArgs),
     /// Write a Slurm job-array script whose tasks run one shard each.
     Slurm(SlurmArgs),
 }
@@ -104,7 +104,7 @@ pub struct GridArgs {
     pub stack_memory: Option<f64>,
     /// Run only the K-th of N interleaved parts of the grid (1 ≤ K ≤ N)
     #[arg(long, value_name = "K/N")]
-    pub shard: Option<library::Shard>,
+    pub shard: Option<crate::shard::JobShard>,
     #[command(flatten)]
     pub places: PlaceArgs,
 }
@@ -265,7 +265,7 @@ pub struct TwinsArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct SnrArgs {
+pub struct SnrBackfillArgs {
     /// Result folder (holding runs/)
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
@@ -413,17 +413,17 @@ fn reference_map(args: ReferenceMapArgs) -> Result<ExitCode> {
     let per_dataset = 2 * map::LADDER.len() * map::SEEDS.len() + 2 * map::LADDER.len();
     let mut runs = Vec::new();
     for dataset in &args.datasets {
-        let config = crate::train::finetune::RunConfig {
+        let config = crate::train::run::RunConfig {
             mode: Mode::Head,
             head_classifier: HeadClassifier::for_mode(Mode::Head, None),
             // Twice the largest n: samples shorter than T are passed over.
             n: 2 * map::SIZES[map::SIZES.len() - 1],
             eta: 0.0,
-            ..crate::train::finetune::RunConfig::paper(dataset)?
+            ..crate::train::run::RunConfig::paper(dataset)?
         };
-        let job = crate::train::finetune::FinetuneJob {
+        let job = crate::train::run::FinetuneJob {
             checkpoint_every: 0,
-            ..crate::train::finetune::FinetuneJob::new(config, args.places.places())
+            ..crate::train::run::FinetuneJob::new(config, args.places.places())
         };
         let bar = crate::progress_bar::bar(per_dataset as u64, "runs");
         runs.extend(map::dataset_map(&job, &args.out, &bars, &|run| {
@@ -494,7 +494,7 @@ fn twins(args: TwinsArgs) -> Result<ExitCode> {
 }
 
 /// `reproduce snr`: the n·SNR² estimate given to every finished run of a result folder.
-fn snr_backfill(args: SnrArgs) -> Result<ExitCode> {
+fn snr_backfill(args: SnrBackfillArgs) -> Result<ExitCode> {
     if !args.dir.is_dir() {
         anyhow::bail!("{}: no such result folder", args.dir.display());
     }
@@ -594,7 +594,7 @@ fn doses(experiment: library::Experiment, args: &GridArgs) -> Result<Vec<f64>> {
     };
     let mut kept: Vec<f64> = Vec::new();
     for k in given {
-        if let Some(why) = crate::train::token_noise::out_of_range(k) {
+        if let Some(why) = crate::train::run::token_noise_out_of_range(k) {
             anyhow::bail!("--token-noises: every k {why}");
         }
         if !kept.contains(&(k + 0.0)) {
@@ -648,7 +648,7 @@ fn run_grid(experiment: library::Experiment, args: GridArgs) -> Result<ExitCode>
         eprintln!(
             "note: {}; {}",
             placement.describe(),
-            crate::train::finetune::HOST_STEPS
+            crate::train::progress::HOST_STEPS
         );
     }
     let started = std::time::Instant::now();

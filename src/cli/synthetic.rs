@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 
 use crate::report;
-use crate::synthetic::{self, EncoderSettings, EngineKind, Grid, SyntheticConfig, Trace};
+use crate::synthetic::{self, EncoderSettings, EngineKind, GridSize, SyntheticConfig, Trace};
 
 /// Hyper-parameters shared by a single run and the grid, named after the authors' config keys.
 /// Unset flags take the value from --config, else the authors' final config.
@@ -161,8 +161,8 @@ pub struct SweepArgs {
     pub shared: SharedHyperParams,
     /// `full`: the authors' 39 × 39 grid (d 250..5000 step 125, ‖μ‖ 5..100 step 2.5);
     /// `coarse`: a 9 × 9 subset of it.
-    #[arg(long, value_enum, default_value_t = Grid::Full)]
-    pub grid: Grid,
+    #[arg(long, value_enum, default_value_t = GridSize::Full)]
+    pub grid: GridSize,
     /// Output folder for sweep.csv and the heat maps; each finished cell is kept in its cells/,
     /// so the same command resumes a stopped sweep.
     #[arg(long, value_name = "DIR", default_value = "results/synthetic-sweep")]
@@ -176,8 +176,8 @@ pub struct LocalizationSweepArgs {
     #[command(flatten)]
     pub shared: SharedHyperParams,
     /// `coarse`: 9 × 9 cells of the Fig. 5 grid; `full`: all 39 × 39.
-    #[arg(long, value_enum, default_value_t = Grid::Coarse)]
-    pub grid: Grid,
+    #[arg(long, value_enum, default_value_t = GridSize::Coarse)]
+    pub grid: GridSize,
     /// Output folder for localization.csv and entropy_vs_eigen_variance.png; each finished cell
     /// is kept in its cells/, so the same command resumes a stopped sweep.
     #[arg(long, value_name = "DIR", default_value = "results/localization-sweep")]
@@ -244,14 +244,14 @@ pub struct GridFlags {
     /// Run only the K-th of N interleaved parts of the grid (a job array's task); the parts
     /// share --out, and the table and figures are drawn once every cell is there.
     #[arg(long, value_name = "K/N")]
-    pub shard: Option<crate::shard::Shard>,
+    pub shard: Option<crate::shard::JobShard>,
 }
 
 /// The cells of `grid` not yet finished under `out` (of `shard`'s part), on `jobs` threads, with a
 /// progress bar: the validated base config, where the grid stands and the wall time in seconds.
 fn run_grid(
     shared: &SharedHyperParams,
-    grid: Grid,
+    grid: GridSize,
     flags: &GridFlags,
     out: &std::path::Path,
     trace: Trace,

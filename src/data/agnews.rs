@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::files::{DataError, Result};
-use super::{Inputs, Split};
+use super::samples::{Inputs, Split};
 
 const NUM_CLASSES: u32 = 4;
 

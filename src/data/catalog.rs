@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use super::files::{DataError, Result};
-use super::{Dataset, agnews, cifar, medmnist, mnist, sst2, stl10, trec};
+use super::samples::Split;
+use super::{agnews, cifar, medmnist, mnist, sst2, stl10, trec};
 
 /// Environment variable naming the data root.
 pub const DATA_DIR_ENV: &str = "BENIGN_DATA_DIR";
@@ -43,7 +44,25 @@ pub enum DatasetName {
     Own(super::own::OwnSource),
 }
 
-pub use super::Modality;
+pub use super::samples::Modality;
+
+/// A dataset in memory. `train` is `None` when its files are absent (AG-news offline).
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    pub name: DatasetName,
+    pub class_names: Vec<String>,
+    pub train: Option<Split>,
+    pub val: Option<Split>,
+    pub test: Split,
+    /// Things the user should know (partial files), one line each.
+    pub warnings: Vec<String>,
+}
+
+impl Dataset {
+    pub fn num_classes(&self) -> usize {
+        self.class_names.len()
+    }
+}
 
 impl DatasetName {
     /// The six datasets of the paper's Table 2.
@@ -610,7 +629,7 @@ mod tests {
 
     #[test]
     fn empty_splits_and_labels_outside_the_classes_are_refused() {
-        let split = |labels: Vec<u32>| crate::data::Split {
+        let split = |labels: Vec<u32>| Split {
             inputs: crate::data::Inputs::Texts(vec![String::new(); labels.len()]),
             release_index: (0..labels.len()).collect(),
             labels,

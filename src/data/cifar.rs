@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::files::{DataError, Result};
-use super::{ImageSet, Inputs, Split};
+use super::samples::{ImageSet, Inputs, Split};
 
 const SIDE: usize = 32;
 const IMAGE_BYTES: usize = 3 * SIDE * SIDE;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use super::Dataset;
+use super::catalog::Dataset;
 use super::catalog::{DatasetName, Manifest, ManifestFile, check_file};
 use super::download::{self, agent, download};
 
@@ -67,7 +67,7 @@ fn by_hand(manifest: &Manifest, dir: &Path) -> String {
     )
 }
 
-/// [`super::load`], after fetching the files of the dataset that are missing (sibling MedMNIST
+/// [`super::catalog::load`], after fetching the files of the dataset that are missing (sibling MedMNIST
 /// tasks included), checksummed as `data fetch` does. Files present but not official (partial or
 /// third-party copies) are used as they are, and recorded by the run; `data fetch` replaces them.
 /// Without a network the load's own error stays, with the download's reason beside it; data that
@@ -86,7 +86,7 @@ pub fn load_or_fetch(name: &DatasetName, root: &Path, mirror: Option<&str>) -> R
                 root.display()
             );
             if let Err(download) = fetch_files(&manifest, root, mirror, Wanted::Missing) {
-                return match super::load(name, root) {
+                return match super::catalog::load(name, root) {
                     Ok(partial) => {
                         eprintln!(
                             "warning: {name}: the missing files could not be downloaded ({}); going on with the files present",
@@ -99,7 +99,7 @@ pub fn load_or_fetch(name: &DatasetName, root: &Path, mirror: Option<&str>) -> R
             }
         }
     }
-    Ok(super::load(name, root)?)
+    Ok(super::catalog::load(name, root)?)
 }
 
 /// Downloads every missing or wrong file of `manifest` into `root/<folder>`. A failed fetch

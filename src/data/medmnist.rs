@@ -7,7 +7,7 @@ use std::path::Path;
 use super::files::{DataError, Result};
 
 use super::npz::read_array;
-use super::{ImageSet, Inputs, Split};
+use super::samples::{ImageSet, Inputs, Split};
 
 /// One split ("train", "val" or "test") of the archive at `path`; with `num_classes`, every label
 /// must be below it.

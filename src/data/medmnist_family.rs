@@ -33,12 +33,12 @@ pub struct Task {
     pub channels: usize,
     pub classes: Vec<String>,
     pub samples: BTreeMap<String, usize>,
-    size: Vec<Size>,
+    size: Vec<ReleaseSize>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Size {
+struct ReleaseSize {
     pixels: usize,
     url: String,
     md5: String,

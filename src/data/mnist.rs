@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::files::{DataError, Result, first_existing, read_maybe_gzip};
-use super::{ImageSet, Inputs, Split};
+use super::samples::{ImageSet, Inputs, Split};
 
 /// IDX element type u8, rank 3 (images) and rank 1 (labels).
 const IMAGES_MAGIC: u32 = 0x0000_0803;

@@ -5,10 +5,12 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::catalog::Dataset;
+use super::cifar10n;
 use super::files::{DataError, Result};
 use super::noise::{NoiseModel, NoisyLabels, authors_only_symmetric, corrupt, human};
+use super::samples::Split;
 use super::split::{Partition, SplitName, SplitPlan, partition};
-use super::{Dataset, Split, cifar10n};
 use crate::rng::RngChoice;
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -57,7 +59,7 @@ pub fn prepare(
     let mut finetune = source.subset(&partition.finetune);
     let labels = match noise.model {
         NoiseModel::Cifar10n(kind) => {
-            if dataset.name != super::DatasetName::Cifar10
+            if dataset.name != super::catalog::DatasetName::Cifar10
                 || partition.train_source != SplitName::Train
             {
                 return Err(DataError::Unavailable {

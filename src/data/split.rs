@@ -17,8 +17,10 @@ use rand::seq::SliceRandom;
 use rand::seq::index::sample;
 use serde::Serialize;
 
+use super::catalog::Dataset;
+use super::catalog::{self, DatasetName};
 use super::files::{DataError, Result};
-use super::{Dataset, DatasetName, Split, catalog};
+use super::samples::Split;
 use crate::rng::{RngChoice, Stream, numpy, stream};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -332,7 +334,8 @@ fn authors_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::{DatasetName, Inputs, Split};
+    use crate::data::DatasetName;
+    use crate::data::samples::{Inputs, Split};
 
     fn toy(train: Option<usize>, test: usize) -> Dataset {
         let split = |len: usize| Split {

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::files::{DataError, Result};
-use super::{Inputs, Split};
+use super::samples::{Inputs, Split};
 
 /// The folder the release's zip unpacks to, inside the dataset folder.
 pub const FOLDER: &str = "SST-2";

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use super::files::{DataError, Result};
-use super::{ImageSet, Inputs, Split};
+use super::samples::{ImageSet, Inputs, Split};
 
 pub const SIDE: usize = 96;
 const IMAGE_BYTES: usize = 3 * SIDE * SIDE;

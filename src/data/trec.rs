@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::files::{DataError, Result};
-use super::{Inputs, Split};
+use super::samples::{Inputs, Split};
 
 pub const CLASS_NAMES: [&str; 6] = ["ABBR", "ENTY", "DESC", "HUM", "LOC", "NUM"];
 

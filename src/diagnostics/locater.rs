@@ -3,7 +3,7 @@
 //!
 //!   λ · v_sym(W),   v_sym = ‖S‖_F² / d − (tr W / d)²,   S = (W + Wᵀ) / 2,
 //!
-//! the variance of the eigenvalues of W's symmetric part (what [`super::Traces::symmetric`]
+//! the variance of the eigenvalues of W's symmetric part (what [`super::localization::Traces::symmetric`]
 //! reports). Its gradient is (2λ/d)(S − m I) with m = tr W / d: it pulls S towards m I, shrinking
 //! the spread, and has zero trace, so a gradient step leaves the eigen-mean exactly where it was.
 //! §5's ‖W‖_F²/d − m² is the same quantity for a normal W; for a non-normal one it also penalises
@@ -71,7 +71,7 @@ pub fn head_symmetric_variance(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::diagnostics::{Traces, head_spectrum};
+    use crate::diagnostics::localization::{Traces, head_spectrum};
     use candle_core::{DType, Device, Var};
 
     fn values(count: usize, salt: usize) -> Vec<f64> {

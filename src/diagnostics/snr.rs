@@ -604,13 +604,13 @@ struct Relevant<'a> {
 }
 
 /// Steps 2 and 3 on one labelling of a set of samples.
-struct Moments {
+struct LabellingMoments {
     classes: usize,
     signal2: f64,
     noise2: f64,
 }
 
-impl Moments {
+impl LabellingMoments {
     fn n_snr2(&self, n: usize) -> f64 {
         n as f64 * self.signal2 / self.noise2
     }
@@ -635,7 +635,7 @@ impl<'a> Relevant<'a> {
 
     /// Steps 2 and 3 over the samples `draw` (indices, repeats allowed) labelled by `labels`;
     /// `None` with fewer than two classes or no more samples than classes.
-    fn moments(&self, draw: &[usize], labels: &[usize]) -> Option<Moments> {
+    fn moments(&self, draw: &[usize], labels: &[usize]) -> Option<LabellingMoments> {
         let d = self.dim;
         let num_labels = labels.iter().max().map_or(0, |&c| c + 1);
         let mut counts = vec![0usize; num_labels];
@@ -675,7 +675,7 @@ impl<'a> Relevant<'a> {
             .map(|&c| (counts[c] as f64 / nf).powi(2))
             .sum();
         let signal2 = (between - (k as f64 - 1.0) * noise2) / (nf * (1.0 - concentration));
-        Some(Moments {
+        Some(LabellingMoments {
             classes: k,
             signal2,
             noise2,

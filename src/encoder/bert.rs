@@ -6,8 +6,8 @@ use candle_core::{DType, Result, Tensor};
 use candle_nn::{Activation, Embedding, LayerNorm, Linear, Module, VarBuilder};
 use serde::Deserialize;
 
-use super::dense::{Dense, Then};
 use super::layers::{Norm, SelfAttention, additive_mask, first_token};
+use super::projections::{Dense, Then};
 
 /// The fields of HF's `BertConfig` the forward needs; missing keys take HF's defaults.
 #[derive(Clone, Debug, Deserialize)]

@@ -4,7 +4,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, D, Layout, Result, Shape, Tensor};
 
-use super::dense::{Dense, Then};
+use super::projections::{Dense, Then};
 use crate::kernels::{PackedMatrix, Precision, contiguous_f32, softmax};
 pub use crate::kernels::{additive_mask, unpadded_lengths};
 use candle_nn::{Linear, Module, VarBuilder};

@@ -311,7 +311,7 @@ impl ImagePreprocessor {
             anyhow::anyhow!(
                 "{}: not a ViT preprocessor config: {}",
                 path.display(),
-                super::json_error(&text, &e)
+                super::config_json::json_error(&text, &e)
             )
         })?;
         Self::from_config(&config).with_context(|| path.display().to_string())

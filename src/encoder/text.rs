@@ -29,7 +29,7 @@ pub struct TextPreprocessor {
 
 /// Token ids and padding masks of a batch, each row `max_length` long.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Encoded {
+pub struct TokenBatch {
     pub input_ids: Vec<Vec<u32>>,
     pub attention_mask: Vec<Vec<u32>>,
 }
@@ -82,7 +82,7 @@ impl TextPreprocessor {
         Ok(preprocessor)
     }
 
-    pub fn encode(&self, texts: &[String]) -> Result<Encoded> {
+    pub fn encode(&self, texts: &[String]) -> Result<TokenBatch> {
         let bounded: Vec<String> = texts
             .iter()
             .map(|t| self.bounded(t).map(str::to_string))
@@ -91,7 +91,7 @@ impl TextPreprocessor {
             .tokenizer
             .encode_batch(bounded, self.special_tokens)
             .map_err(|e| anyhow!("{}: tokenization failed: {e}", self.path.display()))?;
-        Ok(Encoded {
+        Ok(TokenBatch {
             input_ids: encodings.iter().map(|e| e.get_ids().to_vec()).collect(),
             attention_mask: encodings
                 .iter()

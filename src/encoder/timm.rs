@@ -66,8 +66,12 @@ pub fn load(
     weights: &Path,
     device: &Device,
 ) -> Result<(VitConfig, VarBuilder<'static>, ImagePreprocessor)> {
-    let timm: TimmConfig = serde_json::from_str(config_text)
-        .map_err(|e| anyhow!("not a timm config: {}", super::json_error(config_text, &e)))?;
+    let timm: TimmConfig = serde_json::from_str(config_text).map_err(|e| {
+        anyhow!(
+            "not a timm config: {}",
+            super::config_json::json_error(config_text, &e)
+        )
+    })?;
     if !timm.architecture.starts_with("vit_") {
         bail!(
             "timm architecture {:?} is not a ViT (vit_*)",

@@ -8,8 +8,8 @@ use candle_nn::{Activation, Module, VarBuilder};
 use candle_transformers::models::vit as ct_vit;
 use serde::Deserialize;
 
-use super::dense::{Dense, Then};
 use super::layers::{Norm, SelfAttention, first_token};
+use super::projections::{Dense, Then};
 
 /// The fields of HF's `ViTConfig` the forward needs; missing keys take HF's defaults.
 #[derive(Clone, Debug, Deserialize)]

@@ -21,7 +21,6 @@
 //! set up and released within each product, so no thread keeps one between calls.
 
 use std::arch::asm;
-use std::sync::OnceLock;
 
 #[cfg(test)]
 use super::bf16::from_bf16;
@@ -34,45 +33,6 @@ const TILE_ROWS: usize = 16;
 /// Bytes of rows (in bf16 pairs) a chunk of rows may take: most of a 2 MiB L2, with room for the
 /// panels it meets.
 const CHUNK_BYTES: usize = 512 << 10;
-
-/// Whether the CPU reports AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22).
-pub(super) fn on_cpu() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: CPUID leaf 7 exists on every x86-64 CPU with AVX-512 (checked before this).
-        let leaf = std::arch::x86_64::__cpuid_count(7, 0);
-        leaf.edx & (1 << 24) != 0 && leaf.edx & (1 << 22) != 0
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether Linux lets this process use the tiles, asked once: `arch_prctl(ARCH_REQ_XCOMP_PERM,
-/// XFEATURE_XTILEDATA)` (the permission holds for every thread of the process).
-pub(super) fn permitted() -> bool {
-    static GRANTED: OnceLock<bool> = OnceLock::new();
-    *GRANTED.get_or_init(|| {
-        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        {
-            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-            const XFEATURE_XTILEDATA: libc::c_long = 18;
-            // SAFETY: a request for a permission; it reads and writes no memory of ours.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_arch_prctl,
-                    ARCH_REQ_XCOMP_PERM,
-                    XFEATURE_XTILEDATA,
-                ) == 0
-            }
-        }
-        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-        {
-            false
-        }
-    })
-}
 
 /// `acc` plus the products of up to [`TILE_STEPS`] pairs of lanes (a row's, a column's), as one
 /// `tdpbf16ps` adds them (module doc); a start and results below the normal range read as zero,
@@ -205,7 +165,7 @@ unsafe fn block<const ROWS: usize, const P: usize>(
 /// # Safety
 /// Rows < m and the columns of `panels` of dst lie in memory the caller may write and no other
 /// thread touches meanwhile; `a` holds m rounded up to 16 rows of `a_stride` ≥ panel_len / 16
-/// lanes; the CPU has AMX-BF16 and Linux's permission ([`permitted`]). Inlined into its caller,
+/// lanes; the CPU has AMX-BF16 and Linux's permission ([`super::arm::amx_permitted`]). Inlined into its caller,
 /// which is compiled for AVX-512: the copies of the sums into dst are vector loops there.
 #[inline(always)]
 pub(super) unsafe fn product<const ADD: bool>(

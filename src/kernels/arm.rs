@@ -38,7 +38,7 @@ impl SimdArm {
             };
             let arm = Self::of_cpu().min(cap);
             // The tiles' state is large (8 KiB a thread): Linux lends it only when asked.
-            if arm == SimdArm::Amx && !super::amx::permitted() {
+            if arm == SimdArm::Amx && !amx_permitted() {
                 return SimdArm::Avx512;
             }
             arm
@@ -51,7 +51,7 @@ impl SimdArm {
         {
             let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
             if avx2 && is_x86_feature_detected!("avx512f") {
-                return if super::amx::on_cpu() && bf16_dot_on_cpu() {
+                return if amx_on_cpu() && bf16_dot_on_cpu() {
                     SimdArm::Amx
                 } else {
                     SimdArm::Avx512
@@ -96,4 +96,43 @@ fn bf16_dot_on_cpu() -> bool {
     {
         false
     }
+}
+
+/// Whether the CPU reports AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22).
+fn amx_on_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: CPUID leaf 7 exists on every x86-64 CPU with AVX-512 (checked before this).
+        let leaf = std::arch::x86_64::__cpuid_count(7, 0);
+        leaf.edx & (1 << 24) != 0 && leaf.edx & (1 << 22) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether Linux lets this process use the tiles, asked once: `arch_prctl(ARCH_REQ_XCOMP_PERM,
+/// XFEATURE_XTILEDATA)` (the permission holds for every thread of the process).
+pub(super) fn amx_permitted() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: a request for a permission; it reads and writes no memory of ours.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                ) == 0
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            false
+        }
+    })
 }

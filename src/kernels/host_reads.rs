@@ -52,7 +52,7 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut files = vec![
             root.join("train/phase1.rs"),
-            root.join("train/loops.rs"),
+            root.join("train/classifier_loop.rs"),
             root.join("train/optim.rs"),
             root.join("train/metrics.rs"),
         ];

@@ -21,7 +21,7 @@ pub(crate) enum WeightGradient<'a> {
     Store(&'a mut [f32]),
 }
 
-/// [`super::gemm_scaled`] with the strides this file's row-major operands have (all positive).
+/// [`super::primitives::gemm_scaled`] with the strides this file's row-major operands have (all positive).
 fn gemm_scaled(
     dims: (usize, usize, usize),
     dst: (&mut [f32], usize),
@@ -30,7 +30,7 @@ fn gemm_scaled(
     keep: f32,
     scale: f32,
 ) {
-    super::gemm_scaled(
+    super::primitives::gemm_scaled(
         dims,
         dst,
         (lhs, lhs_rs as isize, lhs_cs as isize),
@@ -101,8 +101,8 @@ pub(crate) fn linear_backward(
     let (descend, stored) = split(gradient, rows * cols);
     let block_cols = column_block(rows);
     let mut dx = vec![0f32; n * cols];
-    let (w_at, dx_at) = (Shared(w.as_mut_ptr()), Shared(dx.as_mut_ptr()));
-    let grad_at = stored.map(|grad| Shared(grad.as_mut_ptr()));
+    let (w_at, dx_at) = (SharedBuffer(w.as_mut_ptr()), SharedBuffer(dx.as_mut_ptr()));
+    let grad_at = stored.map(|grad| SharedBuffer(grad.as_mut_ptr()));
     (0..cols.div_ceil(block_cols))
         .into_par_iter()
         .for_each(|b| {
@@ -174,9 +174,9 @@ fn column_block(rows: usize) -> usize {
 
 /// A pointer shared by parallel tasks that touch disjoint parts of its buffer.
 #[derive(Clone, Copy)]
-struct Shared(*mut f32);
+struct SharedBuffer(*mut f32);
 
-impl Shared {
+impl SharedBuffer {
     /// The pointer `offset` elements on.
     ///
     /// # Safety
@@ -188,8 +188,8 @@ impl Shared {
 }
 
 // SAFETY: only used where each task writes elements no other task reads or writes.
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
+unsafe impl Send for SharedBuffer {}
+unsafe impl Sync for SharedBuffer {}
 
 /// y = x W for x (n × rows) and W (rows × cols): y is (n × cols), a sum over W's rows.
 pub(crate) fn transposed_forward(

@@ -256,10 +256,10 @@ pub(crate) fn products_parallel(
     };
     let arm = SimdArm::detected();
     /// dst's first value, shared by the threads, each writing the columns of its own panels.
-    struct Shared(*mut f32);
+    struct SharedDst(*mut f32);
     // SAFETY: the threads write disjoint columns of dst (below), and dst outlives them.
-    unsafe impl Sync for Shared {}
-    let shared = Shared(dst.as_mut_ptr());
+    unsafe impl Sync for SharedDst {}
+    let shared = SharedDst(dst.as_mut_ptr());
     // Panels `share` of the parts laid end to end, on this thread.
     let run = |share: std::ops::Range<usize>| {
         let mut first = 0;

@@ -25,7 +25,7 @@ use anyhow::{Result, ensure};
 use candle_core::{CpuStorage, CustomOp2, D, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::token_products::{Rows, Tokens, row_scores, weighted_sums};
+use super::token_products::{Rows, SampleTokens, row_scores, weighted_sums};
 use crate::kernels::contiguous_f32;
 pub use crate::kernels::unpadded_lengths;
 
@@ -35,7 +35,7 @@ pub struct KeyValues {
     tokens_data: Vec<f32>,
     /// The tokens when they are on another device (CUDA), read by the generic ops there.
     on_device: Option<Tensor>,
-    /// Tokens of each sample up to its last unpadded one; later positions are never read.
+    /// SampleTokens of each sample up to its last unpadded one; later positions are never read.
     lengths: Vec<usize>,
     samples: usize,
     tokens: usize,
@@ -128,9 +128,9 @@ impl KeyValues {
     }
 
     /// Sample `i`'s first Lᵢ tokens, all that its attention reads.
-    fn unpadded(&self, i: usize) -> Tokens<'_> {
+    fn unpadded(&self, i: usize) -> SampleTokens<'_> {
         let (len, dim) = (self.lengths[i], self.dim);
-        Tokens {
+        SampleTokens {
             data: &self.sample_tokens(i)[..len * dim],
             len,
             dim,

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 
-use crate::encoder::dense::FrozenLinear;
+use crate::encoder::projections::FrozenLinear;
 use rand::RngExt;
 use rand_distr::Normal;
 

@@ -38,7 +38,7 @@ pub struct Rows<'a> {
 
 /// The tokens of one sample: `len` rows of `dim` contiguous features.
 #[derive(Clone, Copy)]
-pub struct Tokens<'a> {
+pub struct SampleTokens<'a> {
     pub data: &'a [f32],
     pub len: usize,
     pub dim: usize,
@@ -52,13 +52,13 @@ fn check(rows: usize, cols: usize, stride: usize, len: usize, what: &str) {
 }
 
 /// S[h][t] = R[h] · X[t] for `heads` rows of R and every token; S's columns past L are left alone.
-pub fn row_scores(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usize) {
+pub fn row_scores(heads: usize, r: Rows, x: SampleTokens, s: &mut [f32], s_stride: usize) {
     check(heads, x.dim, r.stride, r.data.len(), "row_scores queries");
     check(x.len, x.dim, x.dim, x.data.len(), "row_scores tokens");
     check(heads, x.len, s_stride, s.len(), "row_scores output");
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn avx2(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usize) {
+    fn avx2(heads: usize, r: Rows, x: SampleTokens, s: &mut [f32], s_stride: usize) {
         row_scores_kernel::<true>(heads, r, x, s, s_stride)
     }
     #[cfg(target_arch = "x86_64")]
@@ -80,7 +80,7 @@ pub fn row_scores(heads: usize, r: Rows, x: Tokens, s: &mut [f32], s_stride: usi
 pub fn weighted_sums(
     heads: usize,
     w: Rows,
-    x: Tokens,
+    x: SampleTokens,
     y: &mut [f32],
     y_stride: usize,
     next: &[f32],
@@ -96,7 +96,7 @@ pub fn weighted_sums(
     check(heads, x.dim, y_stride, y.len(), "weighted_sums output");
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn avx2(heads: usize, w: Rows, x: Tokens, y: &mut [f32], y_stride: usize, next: &[f32]) {
+    fn avx2(heads: usize, w: Rows, x: SampleTokens, y: &mut [f32], y_stride: usize, next: &[f32]) {
         weighted_sums_kernel::<true>(heads, w, x, y, y_stride, next)
     }
     #[cfg(target_arch = "x86_64")]
@@ -116,7 +116,7 @@ const AHEAD: usize = 4;
 /// against 129–157 for 24 (one ViT-B sample, three runs each); from L2 the
 /// hardware's own prefetcher keeps L1 fed, and tokens already in cache ran as fast either way.
 #[inline(always)]
-fn prefetch_tokens(x: Tokens, first: usize, count: usize) {
+fn prefetch_tokens(x: SampleTokens, first: usize, count: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         let end = ((first + count).min(x.len)) * x.dim;
@@ -202,7 +202,7 @@ fn chunk(data: &[f32], at: usize) -> [f32; LANES] {
 fn row_scores_kernel<const AVX2: bool>(
     heads: usize,
     r: Rows,
-    x: Tokens,
+    x: SampleTokens,
     s: &mut [f32],
     s_stride: usize,
 ) {
@@ -224,7 +224,7 @@ fn scores_all_rows<const T: usize, const AVX2: bool>(
     heads: usize,
     t0: usize,
     r: Rows,
-    x: Tokens,
+    x: SampleTokens,
     s: &mut [f32],
     s_stride: usize,
 ) {
@@ -248,7 +248,7 @@ fn scores_block_any<const H: usize, const T: usize, const AVX2: bool>(
     h0: usize,
     t0: usize,
     r: Rows,
-    x: Tokens,
+    x: SampleTokens,
     s: &mut [f32],
     s_stride: usize,
 ) {
@@ -267,7 +267,7 @@ fn scores_block<const H: usize, const T: usize>(
     h0: usize,
     t0: usize,
     r: Rows,
-    x: Tokens,
+    x: SampleTokens,
     s: &mut [f32],
     s_stride: usize,
 ) {
@@ -300,7 +300,7 @@ fn block_operands<'a, const H: usize, const T: usize>(
     h0: usize,
     t0: usize,
     r: Rows<'a>,
-    x: Tokens<'a>,
+    x: SampleTokens<'a>,
 ) -> ([&'a [f32]; H], [&'a [f32]; T]) {
     let dim = x.dim;
     (
@@ -338,7 +338,7 @@ unsafe fn scores_block_avx2<const H: usize, const T: usize>(
     h0: usize,
     t0: usize,
     r: Rows,
-    x: Tokens,
+    x: SampleTokens,
     s: &mut [f32],
     s_stride: usize,
 ) {
@@ -374,7 +374,7 @@ unsafe fn scores_block_avx2<const H: usize, const T: usize>(
 fn weighted_sums_kernel<const AVX2: bool>(
     heads: usize,
     w: Rows,
-    x: Tokens,
+    x: SampleTokens,
     y: &mut [f32],
     y_stride: usize,
     next: &[f32],
@@ -436,7 +436,7 @@ fn weighted_sums_kernel<const AVX2: bool>(
 /// kernels, alternating builds.
 const SHORT_SUMS: usize = 12;
 
-/// Tokens a weighted-sums block reads: together with a strip of Y's rows, they stay in L1. A
+/// SampleTokens a weighted-sums block reads: together with a strip of Y's rows, they stay in L1. A
 /// block of rows loads its accumulators from Y and stores them back once per block, so a long
 /// block spends less on that: 24 rows of ViT-B's sums took 95–100 µs a sample in blocks of 16
 /// tokens and 73 µs in blocks of 64, their tokens in cache. The length
@@ -460,7 +460,7 @@ fn sums_all_rows<const C: usize, const AVX2: bool>(
     d0: usize,
     block: SumTokens,
     w: Rows,
-    x: Tokens,
+    x: SampleTokens,
     y: &mut [f32],
     y_stride: usize,
     upcoming: &mut SpreadPrefetch,
@@ -489,7 +489,7 @@ fn sums_block_any<const H: usize, const C: usize, const AVX2: bool>(
     d0: usize,
     block: SumTokens,
     w: Rows,
-    x: Tokens,
+    x: SampleTokens,
     y: &mut [f32],
     y_stride: usize,
 ) {
@@ -510,7 +510,7 @@ unsafe fn sums_block_avx2<const H: usize, const C: usize>(
     d0: usize,
     block: SumTokens,
     w: Rows,
-    x: Tokens,
+    x: SampleTokens,
     y: &mut [f32],
     y_stride: usize,
 ) {
@@ -562,7 +562,7 @@ fn sums_block<const H: usize, const C: usize>(
     d0: usize,
     block: SumTokens,
     w: Rows,
-    x: Tokens,
+    x: SampleTokens,
     y: &mut [f32],
     y_stride: usize,
 ) {
@@ -617,7 +617,7 @@ mod tests {
                 let r = values(heads * dim, 5);
                 let x = values(len * dim, 6);
                 let w = values(heads * len, 7);
-                let tokens = Tokens { data: &x, len, dim };
+                let tokens = SampleTokens { data: &x, len, dim };
                 let shape = format!("{heads} × {len} × {dim}");
 
                 let mut dispatched = vec![0f32; heads * len];
@@ -664,7 +664,7 @@ mod tests {
                     let (r_stride, s_stride) = (dim + 3, len + 2);
                     let r = values(heads * r_stride, 1);
                     let x = values(len * dim, 2);
-                    let tokens = Tokens { data: &x, len, dim };
+                    let tokens = SampleTokens { data: &x, len, dim };
                     let mut s = vec![f32::NAN; heads * s_stride];
                     row_scores(
                         heads,

@@ -47,10 +47,10 @@ pub fn write(path: &Path, maps: &AttentionMaps) -> Result<()> {
     };
     let header = header_lines(maps, image, width);
     let rows = rows(maps);
-    let row_height = |row: &Row| match row {
-        Row::Section(_) => 34,
-        Row::Sample(_) if image => IMAGE + 3 * LINE + 22,
-        Row::Sample(k) => text_sample_height(&maps.samples[*k], width),
+    let row_height = |row: &FigureRow| match row {
+        FigureRow::Section(_) => 34,
+        FigureRow::Sample(_) if image => IMAGE + 3 * LINE + 22,
+        FigureRow::Sample(k) => text_sample_height(&maps.samples[*k], width),
     };
     let height = header_height(&header) + rows.iter().map(row_height).sum::<i32>() + MARGIN;
     produce_atomic(path, |tmp| {
@@ -59,7 +59,7 @@ pub fn write(path: &Path, maps: &AttentionMaps) -> Result<()> {
         let mut y = draw_header(&root, &header)?;
         for row in &rows {
             match row {
-                Row::Section(line) => {
+                FigureRow::Section(line) => {
                     root.draw(&Text::new(
                         line.clone(),
                         (MARGIN, y + 8),
@@ -67,8 +67,8 @@ pub fn write(path: &Path, maps: &AttentionMaps) -> Result<()> {
                     ))
                     .map_err(plot_err)?;
                 }
-                Row::Sample(k) if image => draw_image_sample(&root, maps, *k, y)?,
-                Row::Sample(k) => draw_text_sample(&root, maps, *k, y, width)?,
+                FigureRow::Sample(k) if image => draw_image_sample(&root, maps, *k, y)?,
+                FigureRow::Sample(k) => draw_text_sample(&root, maps, *k, y, width)?,
             }
             y += row_height(row);
         }
@@ -224,36 +224,36 @@ fn draw_header(root: &Area, header: &Header) -> Result<i32> {
 }
 
 /// What the figure lists, top to bottom.
-enum Row {
+enum FigureRow {
     Section(String),
     /// Index into `maps.samples`.
     Sample(usize),
 }
 
-fn rows(maps: &AttentionMaps) -> Vec<Row> {
+fn rows(maps: &AttentionMaps) -> Vec<FigureRow> {
     let of = |flipped: bool| -> Vec<usize> {
         (0..maps.samples.len())
             .filter(|&k| maps.samples[k].flipped() == flipped)
             .collect()
     };
     let (clean, noisy) = (of(false), of(true));
-    let mut rows = vec![Row::Section(format!(
+    let mut rows = vec![FigureRow::Section(format!(
         "Clean samples (label kept): the first {} of the fine-tune set",
         clean.len()
     ))];
-    rows.extend(clean.into_iter().map(Row::Sample));
+    rows.extend(clean.into_iter().map(FigureRow::Sample));
     if noisy.is_empty() {
-        rows.push(Row::Section(if maps.eta == 0.0 {
+        rows.push(FigureRow::Section(if maps.eta == 0.0 {
             "No noisy samples: η = 0 flips no label".to_string()
         } else {
             "No noisy samples: no label of the fine-tune set was flipped".to_string()
         }));
     } else {
-        rows.push(Row::Section(format!(
+        rows.push(FigureRow::Section(format!(
             "Noisy samples (label flipped): the first {} of the fine-tune set",
             noisy.len()
         )));
-        rows.extend(noisy.into_iter().map(Row::Sample));
+        rows.extend(noisy.into_iter().map(FigureRow::Sample));
     }
     rows
 }

@@ -8,14 +8,14 @@ use crate::data::{Dataset, Split};
 use crate::rng::RngChoice;
 
 #[derive(Serialize)]
-struct Part {
+struct PartCounts {
     count: usize,
     class_counts: Vec<usize>,
 }
 
-impl Part {
+impl PartCounts {
     fn of(split: &Split, num_classes: usize) -> Self {
-        Part {
+        PartCounts {
             count: split.len(),
             class_counts: split.class_counts(num_classes),
         }
@@ -28,13 +28,13 @@ struct SplitSummary<'a> {
     class_names: &'a [String],
     rng: RngChoice,
     train_source: SplitName,
-    pretrain: Part,
+    pretrain: PartCounts,
     /// Counts by *noisy* label.
-    finetune: Part,
+    finetune: PartCounts,
     noise: &'a NoiseSpec,
     noisy: usize,
     realised_eta: f64,
-    test: Part,
+    test: PartCounts,
     deviations: &'a [String],
     warnings: &'a [String],
 }
@@ -52,12 +52,12 @@ pub fn split_summary(
         class_names: &dataset.class_names,
         rng: plan.rng,
         train_source: prepared.partition.train_source,
-        pretrain: Part::of(&prepared.pretrain, k),
-        finetune: Part::of(&prepared.finetune, k),
+        pretrain: PartCounts::of(&prepared.pretrain, k),
+        finetune: PartCounts::of(&prepared.finetune, k),
         noise,
         noisy: prepared.labels.noisy_count(),
         realised_eta: prepared.labels.rate(),
-        test: Part::of(&prepared.test, k),
+        test: PartCounts::of(&prepared.test, k),
         deviations: &prepared.partition.deviations,
         warnings: &dataset.warnings,
     };

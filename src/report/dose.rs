@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::plot::{LinePanel, PALETTE, Series, line_panels};
 use super::results::{ResultRow, aggregate};
-use super::verdict::{NOISY_ETA, Outcome, Verdict, verdict};
+use super::verdict::{CellOutcome, NOISY_ETA, Verdict, verdict};
 
 /// One-sided significance of P1 and P2.
 pub const ALPHA: f64 = 0.05;
@@ -754,8 +754,8 @@ fn verdicts_of(rows: &[ResultRow]) -> impl Fn(&str, usize, f64) -> Option<Verdic
                 && (c.eta - NOISY_ETA).abs() < 1e-9
         })?;
         match verdict(clean, noisy) {
-            Outcome::Called(call) => Some(call.verdict),
-            Outcome::Missing(_) => None,
+            CellOutcome::Called(call) => Some(call.verdict),
+            CellOutcome::Missing(_) => None,
         }
     }
 }

@@ -9,8 +9,10 @@ use anyhow::Result;
 
 use crate::io::{ensure_dir, write_json, write_json_lines};
 use crate::progress_bar::Bar;
-use crate::train::finetune::{FinetuneRun, Progress, RunFolder};
+use crate::train::finetune::FinetuneRun;
 use crate::train::metrics::EpochMetrics;
+use crate::train::progress::Progress;
+use crate::train::run::RunFolder;
 
 /// The run's files, once it has finished; with the run's event file, its attention maps join it.
 pub fn write_run(

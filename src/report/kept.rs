@@ -23,7 +23,7 @@ pub const MAPS: &str = "attention_maps.csv";
 
 /// One dataset's Fig. 9 curve: the run it comes from and its (epoch, mean max CLS attention).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Curve {
+pub struct Fig9Curve {
     pub run: String,
     pub points: Vec<(usize, f64)>,
 }
@@ -37,7 +37,7 @@ struct CurvePoint {
 }
 
 #[derive(Serialize, Deserialize)]
-struct MapSource {
+struct KeptMapSource {
     dataset: String,
     run: String,
     sha256: String,
@@ -62,7 +62,7 @@ fn same(a: f64, b: f64) -> bool {
 
 /// True when `curve` is `row`'s whole per-epoch series: epochs 0, 1, … up to the run's last
 /// epoch, ending at the run's final mean max CLS attention.
-fn belongs(curve: &Curve, row: &ResultRow) -> bool {
+fn belongs(curve: &Fig9Curve, row: &ResultRow) -> bool {
     let contiguous = curve.points.iter().enumerate().all(|(k, p)| p.0 == k);
     let last = curve.points.last();
     contiguous
@@ -73,13 +73,13 @@ fn belongs(curve: &Curve, row: &ResultRow) -> bool {
 
 /// The curves an earlier report kept in `out`, by dataset, each only if it belongs to the run
 /// of `rows` it names.
-pub fn kept_curves(out: &Path, rows: &[&ResultRow]) -> Result<BTreeMap<String, Curve>> {
+pub fn kept_curves(out: &Path, rows: &[&ResultRow]) -> Result<BTreeMap<String, Fig9Curve>> {
     let Some(points) = read_rows::<CurvePoint>(&out.join(CURVES))? else {
         return Ok(BTreeMap::new());
     };
-    let mut curves: BTreeMap<String, Curve> = BTreeMap::new();
+    let mut curves: BTreeMap<String, Fig9Curve> = BTreeMap::new();
     for p in points {
-        let curve = curves.entry(p.dataset).or_insert_with(|| Curve {
+        let curve = curves.entry(p.dataset).or_insert_with(|| Fig9Curve {
             run: p.run.clone(),
             points: Vec::new(),
         });
@@ -95,7 +95,7 @@ pub fn kept_curves(out: &Path, rows: &[&ResultRow]) -> Result<BTreeMap<String, C
 }
 
 /// Writes the plotted curves to `out`'s CURVES table.
-pub fn write_curves(out: &Path, curves: &[(String, Curve)]) -> Result<()> {
+pub fn write_curves(out: &Path, curves: &[(String, Fig9Curve)]) -> Result<()> {
     let points: Vec<CurvePoint> = curves
         .iter()
         .flat_map(|(dataset, curve)| {
@@ -122,7 +122,7 @@ pub fn kept_maps(
     rows: &[&ResultRow],
     file: impl Fn(&str) -> String,
 ) -> Result<BTreeMap<String, String>> {
-    let Some(sources) = read_rows::<MapSource>(&out.join(MAPS))? else {
+    let Some(sources) = read_rows::<KeptMapSource>(&out.join(MAPS))? else {
         return Ok(BTreeMap::new());
     };
     let mut kept = BTreeMap::new();
@@ -147,7 +147,7 @@ pub fn write_maps(
     let rows = sources
         .iter()
         .map(|(dataset, run)| {
-            Ok(MapSource {
+            Ok(KeptMapSource {
                 dataset: dataset.clone(),
                 run: run.clone(),
                 sha256: file_sha256(&out.join(file(dataset)))?,

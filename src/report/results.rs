@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::train::finetune::{FinetuneSummary, RunFolder};
+use crate::train::finetune::FinetuneSummary;
+
+use crate::train::run::RunFolder;
 
 /// A finished run: its folder's name and its summary.json.
 #[derive(Clone, Debug)]
@@ -295,8 +297,10 @@ pub fn aggregate(rows: &[ResultRow]) -> Vec<Cell> {
 pub(super) mod tests {
     use super::*;
 
-    use crate::train::finetune::{Resolved, RunConfig};
+    use crate::train::finetune::Resolved;
+
     use crate::train::metrics::EpochMetrics;
+    use crate::train::run::RunConfig;
 
     /// A finished TREC run at n = 20 (other reports' tests change what they need).
     pub(crate) fn row(

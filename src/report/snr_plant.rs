@@ -21,7 +21,7 @@ pub const JUDGED_N: usize = 200;
 pub const TOLERANCE: f64 = 0.20;
 
 /// One curve: a dataset in a mode at one n, its points in S order.
-struct Curve {
+struct PlantCurve {
     dataset: String,
     mode: String,
     n: usize,
@@ -29,7 +29,7 @@ struct Curve {
 }
 
 /// What the report found, for the caller's line.
-pub struct Outcome {
+pub struct PlantFindings {
     pub curves: usize,
     pub judged: usize,
     pub within: usize,
@@ -37,7 +37,7 @@ pub struct Outcome {
 
 /// Reads `files` (JSON lines of `diagnose snr --plant-snr`) and writes `recovery.md` and
 /// `recovery.png` into `out`.
-pub fn write(files: &[PathBuf], out: &Path) -> Result<Outcome> {
+pub fn write(files: &[PathBuf], out: &Path) -> Result<PlantFindings> {
     let mut curves: BTreeMap<(String, String, usize), Vec<PlantedSnr>> = BTreeMap::new();
     for file in files {
         let text = crate::io::read_input_text(file, crate::io::limits::SMALL_TEXT)?;
@@ -60,11 +60,11 @@ pub fn write(files: &[PathBuf], out: &Path) -> Result<Outcome> {
     if curves.is_empty() {
         bail!("no planted estimate in {} file(s)", files.len());
     }
-    let curves: Vec<Curve> = curves
+    let curves: Vec<PlantCurve> = curves
         .into_iter()
         .map(|((dataset, mode, n), mut points)| {
             points.sort_by(|a, b| a.planted_snr.total_cmp(&b.planted_snr));
-            Curve {
+            PlantCurve {
                 dataset,
                 mode,
                 n,
@@ -88,7 +88,7 @@ fn mode_name(row: &PlantedSnr) -> String {
         .unwrap_or_default()
 }
 
-fn table(curves: &[Curve]) -> (String, Outcome) {
+fn table(curves: &[PlantCurve]) -> (String, PlantFindings) {
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -160,7 +160,7 @@ fn table(curves: &[Curve]) -> (String, Outcome) {
     );
     (
         md,
-        Outcome {
+        PlantFindings {
             curves: curves.len(),
             judged: plain.judged,
             within: plain.within,
@@ -177,7 +177,7 @@ struct Judgement {
 }
 
 impl Judgement {
-    fn add(&mut self, curve: &Curve, point: &PlantedSnr, read: f64) {
+    fn add(&mut self, curve: &PlantCurve, point: &PlantedSnr, read: f64) {
         if !(curve.n >= JUDGED_N && point.planted_snr >= JUDGED_FROM - 1e-12) {
             return;
         }
@@ -224,7 +224,7 @@ impl Judgement {
 
 /// One panel per dataset: the estimate (position-centred σ) against S per mode and n, and S
 /// itself dashed.
-fn figure(curves: &[Curve], path: &Path) -> Result<()> {
+fn figure(curves: &[PlantCurve], path: &Path) -> Result<()> {
     let mut datasets: Vec<&str> = Vec::new();
     for c in curves {
         if !datasets.contains(&c.dataset.as_str()) {
@@ -244,7 +244,7 @@ fn figure(curves: &[Curve], path: &Path) -> Result<()> {
             arms.push((&c.mode, c.n));
         }
     }
-    let colour = |c: &Curve| {
+    let colour = |c: &PlantCurve| {
         let k = arms
             .iter()
             .position(|&(mode, n)| mode == c.mode && n == c.n)

@@ -12,7 +12,7 @@ use super::plot::{
     heatmap_in, line_panels, scatter_panels, subscript,
 };
 use crate::io::{ensure_dir, write_csv, write_json, write_json_lines};
-use crate::synthetic::{Grid, Regime, RunSummary, SweepRow, SyntheticConfig, SyntheticRun};
+use crate::synthetic::{GridSize, Regime, RunSummary, SweepRow, SyntheticConfig, SyntheticRun};
 
 /// summary.json: the summary fields at top level, then the config that reproduces the run.
 #[derive(Serialize)]
@@ -195,7 +195,7 @@ pub fn plot_selected_tokens(path: &Path, run: &SyntheticRun) -> Result<()> {
 fn write_grid_table(
     dir: &Path,
     name: &str,
-    grid: Grid,
+    grid: GridSize,
     base: &SyntheticConfig,
     rows: &[SweepRow],
 ) -> Result<()> {
@@ -224,7 +224,7 @@ fn model_name(config: &SyntheticConfig) -> &'static str {
 /// sweep.csv, heatmap_train_loss.png, heatmap_test_loss.png and regime.png under `dir`.
 pub fn write_sweep(
     dir: &Path,
-    grid: Grid,
+    grid: GridSize,
     base: &SyntheticConfig,
     rows: &[SweepRow],
 ) -> Result<()> {
@@ -320,7 +320,7 @@ fn regime_map(
 /// against that variance's change from initialisation, one colour per regime.
 pub fn write_localization(
     dir: &Path,
-    grid: Grid,
+    grid: GridSize,
     base: &SyntheticConfig,
     rows: &[SweepRow],
 ) -> Result<()> {

@@ -29,8 +29,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use prost::Message;
 
-use crate::train::finetune::{Progress, RunConfig, RunFolder};
+use crate::train::progress::Progress;
+
 use crate::train::metrics::EpochMetrics;
+use crate::train::run::{RunConfig, RunFolder};
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct Event {

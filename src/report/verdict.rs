@@ -95,7 +95,7 @@ pub fn rule(memorisation: Memorisation, delta: f64, spread: f64) -> Verdict {
 
 /// A verdict and the numbers behind it, in percentage points.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Call {
+pub struct VerdictCall {
     pub verdict: Verdict,
     /// Mean test accuracy at η = 0.2 minus that at η = 0.
     pub delta: f64,
@@ -105,12 +105,12 @@ pub struct Call {
     pub seeds: usize,
 }
 
-impl Call {
+impl VerdictCall {
     /// `[mean, std]` test accuracies in percent at η = 0 and η = 0.2.
     pub fn of(memorisation: Memorisation, clean: [f64; 2], noisy: [f64; 2], seeds: usize) -> Self {
         let delta = noisy[0] - clean[0];
         let spread = clean[1].hypot(noisy[1]);
-        Call {
+        VerdictCall {
             verdict: rule(memorisation, delta, spread),
             delta,
             spread,
@@ -135,40 +135,40 @@ impl Call {
 
 /// A verdict, or why there is none.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
-    Called(Call),
+pub enum CellOutcome {
+    Called(VerdictCall),
     /// What is missing, e.g. "no η = 0.2 runs".
     Missing(String),
 }
 
-impl Outcome {
+impl CellOutcome {
     pub fn label(&self) -> String {
         match self {
-            Outcome::Called(call) => call.label(),
-            Outcome::Missing(why) => format!("– ({why})"),
+            CellOutcome::Called(call) => call.label(),
+            CellOutcome::Missing(why) => format!("– ({why})"),
         }
     }
 
-    fn call(&self) -> Option<&Call> {
+    fn call(&self) -> Option<&VerdictCall> {
         match self {
-            Outcome::Called(call) => Some(call),
-            Outcome::Missing(_) => None,
+            CellOutcome::Called(call) => Some(call),
+            CellOutcome::Missing(_) => None,
         }
     }
 }
 
 /// Our verdict from the η = 0 and η = 0.2 cells of one (dataset, backbone, mode, n).
-pub fn verdict(clean: &Cell, noisy: &Cell) -> Outcome {
+pub fn verdict(clean: &Cell, noisy: &Cell) -> CellOutcome {
     let missing = [
         (clean.test_acc.mean, "no η = 0 test accuracy"),
         (noisy.test_acc.mean, "no η = 0.2 test accuracy"),
         (noisy.memorization.mean, "no η = 0.2 memorization"),
     ];
     if let Some((_, why)) = missing.iter().find(|(v, _)| !v.is_finite()) {
-        return Outcome::Missing(why.to_string());
+        return CellOutcome::Missing(why.to_string());
     }
     let percent = |c: &Cell| [100.0 * c.test_acc.mean, 100.0 * c.test_acc.std];
-    Outcome::Called(Call::of(
+    CellOutcome::Called(VerdictCall::of(
         memorisation(noisy.memorization.mean),
         percent(clean),
         percent(noisy),
@@ -177,8 +177,8 @@ pub fn verdict(clean: &Cell, noisy: &Cell) -> Outcome {
 }
 
 /// The paper's verdict from its printed η = 0 and η = 0.2 cells, train loss as the proxy.
-pub fn paper_verdict(clean: &Table2Cell, noisy: &Table2Cell) -> Call {
-    Call::of(
+pub fn paper_verdict(clean: &Table2Cell, noisy: &Table2Cell) -> VerdictCall {
+    VerdictCall::of(
         paper_memorisation(noisy.train_loss[0]),
         clean.test_acc,
         noisy.test_acc,
@@ -193,7 +193,7 @@ pub struct PaperSide {
     pub reset_cost: f64,
     /// Mean train loss at η = 0.2.
     pub train_loss: f64,
-    pub call: Call,
+    pub call: VerdictCall,
 }
 
 /// One row of the verdict table.
@@ -210,7 +210,7 @@ pub struct VerdictRow {
     pub reset_cost: f64,
     /// Mean and std of the η = 0.2 memorization, percent (NaN without η = 0.2).
     pub memorization: [f64; 2],
-    pub ours: Outcome,
+    pub ours: CellOutcome,
     /// None when the paper printed no η = 0 or no η = 0.2 cell for (dataset, n).
     pub paper: Option<PaperSide>,
 }
@@ -251,8 +251,8 @@ pub fn verdicts(cells: &[Cell], table2: &Table2) -> Vec<VerdictRow> {
             let (clean, noisy) = (find(0.0), find(NOISY_ETA));
             let ours = match (clean, noisy) {
                 (Some(clean), Some(noisy)) => verdict(clean, noisy),
-                (None, Some(_)) => Outcome::Missing("no η = 0 runs".into()),
-                _ => Outcome::Missing("no η = 0.2 runs".into()),
+                (None, Some(_)) => CellOutcome::Missing("no η = 0 runs".into()),
+                _ => CellOutcome::Missing("no η = 0.2 runs".into()),
             };
             let paper = match (
                 table2.cell(dataset, 0.0, n),
@@ -293,7 +293,7 @@ fn signed(x: f64) -> String {
     }
 }
 
-fn delta(call: Option<&Call>) -> String {
+fn delta(call: Option<&VerdictCall>) -> String {
     call.map_or("–".into(), |c| {
         format!("{} ± {:.1}", signed(c.delta), c.spread)
     })
@@ -428,8 +428,8 @@ pub fn write_csv(path: &Path, rows: &[VerdictRow]) -> Result<()> {
                 verdict: call.map_or("", |c| c.verdict.name()),
                 verdict_seeds: call.map_or(0, |c| c.seeds),
                 missing: match &r.ours {
-                    Outcome::Missing(why) => why,
-                    Outcome::Called(_) => "",
+                    CellOutcome::Missing(why) => why,
+                    CellOutcome::Called(_) => "",
                 },
                 paper_reset_cost_pp: paper.map_or(f64::NAN, |p| p.reset_cost),
                 paper_delta_pp: paper.map_or(f64::NAN, |p| p.call.delta),
@@ -492,10 +492,10 @@ mod tests {
         cell(0.2, 200, &SEEDS, stat(test, 0.01), stat(memorization, 0.02))
     }
 
-    fn called(outcome: Outcome) -> Call {
+    fn called(outcome: CellOutcome) -> VerdictCall {
         match outcome {
-            Outcome::Called(call) => call,
-            Outcome::Missing(why) => panic!("no verdict: {why}"),
+            CellOutcome::Called(call) => call,
+            CellOutcome::Missing(why) => panic!("no verdict: {why}"),
         }
     }
 

@@ -53,7 +53,7 @@ pub fn grid() -> DoseGrid {
         },
         settings: settings(),
         ns: vec![CHECK_SIZES.small, CHECK_SIZES.large],
-        doses: super::DOSES.to_vec(),
+        doses: super::driver::DOSES.to_vec(),
         etas: vec![0.0, NOISY_ETA],
         seeds: vec![0, 1, 2],
     }

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use toml::Value;
 
-use super::Budget;
+use super::driver::Budget;
 use crate::data::DatasetName;
 use crate::rng::RngChoice;
-use crate::train::finetune::{HeadClassifier, Mode};
+use crate::train::run::{HeadClassifier, Mode};
 
 /// The keys a grid file may hold.
 pub const KEYS: [&str; 12] = [

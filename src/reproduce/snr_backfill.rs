@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use crate::report::results::{ResultRow, collect};
-use crate::train::finetune::{FinetuneJob, Mode, Places, Progress, RunConfig, RunFolder};
+use crate::train::progress::Progress;
+use crate::train::run::{FinetuneJob, Mode, Places, RunConfig, RunFolder};
 use crate::train::run_snr::{RunSnr, of_job};
 
 /// What a backfill did.

@@ -16,9 +16,9 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::config::SyntheticConfig;
-use super::grid::{Grid, SweepRow};
+use super::grid::{GridSize, SweepRow};
 use crate::io::{FileLock, ensure_dir, read_input_text, write_json};
-use crate::shard::Shard;
+use crate::shard::JobShard;
 
 /// The folder of the cell files under a sweep's output folder.
 pub const CELLS: &str = "cells";
@@ -41,7 +41,7 @@ struct CellFile {
 struct SweepIdentity {
     /// The shared hyper-parameters (d and ‖μ‖ zero: each cell sets its own).
     shared: SyntheticConfig,
-    grid: Grid,
+    grid: GridSize,
     with_spectrum: bool,
 }
 
@@ -59,9 +59,9 @@ impl CellStore {
     /// folder holds another sweep's cells, or another process runs the same part.
     pub fn open(
         out: &Path,
-        (base, grid): (&SyntheticConfig, Grid),
+        (base, grid): (&SyntheticConfig, GridSize),
         with_spectrum: bool,
-        shard: Option<Shard>,
+        shard: Option<JobShard>,
     ) -> Result<Self> {
         let dir = out.join(CELLS);
         ensure_dir(&dir)?;

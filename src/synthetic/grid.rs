@@ -13,19 +13,19 @@ pub const SIGNAL_NORMS: (f64, f64, usize) = (5.0, 2.5, 39);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "kebab-case")]
-pub enum Grid {
+pub enum GridSize {
     /// All 39 × 39 = 1521 cells.
     Full,
     /// 9 × 9 cells, evenly spread over the full grid's indices (a subset of it).
     Coarse,
 }
 
-impl Grid {
+impl GridSize {
     fn indices(self) -> Vec<usize> {
         match self {
-            Grid::Full => (0..39).collect(),
+            GridSize::Full => (0..39).collect(),
             // round(k · 38 / 8), k = 0..8: both ends and seven evenly spaced cells between.
-            Grid::Coarse => (0..9)
+            GridSize::Coarse => (0..9)
                 .map(|k| ((k as f64) * 38.0 / 8.0).round() as usize)
                 .collect(),
         }
@@ -137,14 +137,19 @@ mod tests {
 
     #[test]
     fn grids_match_the_authors_axes() {
-        let d = Grid::Full.embed_dims();
+        let d = GridSize::Full.embed_dims();
         assert_eq!((d.len(), d[0], d[38]), (39, 250, 5000));
-        let mu = Grid::Full.signal_norms();
+        let mu = GridSize::Full.signal_norms();
         assert_eq!((mu.len(), mu[0], mu[38]), (39, 5.0, 100.0));
-        let coarse = Grid::Coarse.embed_dims();
+        let coarse = GridSize::Coarse.embed_dims();
         assert_eq!(coarse.len(), 9);
         assert_eq!((coarse[0], coarse[8]), (250, 5000));
         assert!(coarse.iter().all(|v| d.contains(v)));
-        assert!(Grid::Coarse.signal_norms().iter().all(|v| mu.contains(v)));
+        assert!(
+            GridSize::Coarse
+                .signal_norms()
+                .iter()
+                .all(|v| mu.contains(v))
+        );
     }
 }

@@ -24,6 +24,6 @@ pub use config::EncoderSettings;
 pub use config::SyntheticConfig;
 pub use engine::EngineKind;
 pub use model::Regime;
-pub use sweep::{Grid, GridProgress, SweepRow, sweep, sweep_into};
+pub use sweep::{GridProgress, GridSize, SweepRow, sweep, sweep_into};
 pub use train::{run, run_on_sets, run_with_engine};
 pub use trajectory::{RunSummary, StepMetrics, SyntheticRun, Trace};

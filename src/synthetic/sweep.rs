@@ -7,13 +7,13 @@ use rayon::prelude::*;
 use super::cells::CellStore;
 use super::config::SyntheticConfig;
 use super::engine::EngineKind;
-pub use super::grid::{Grid, SweepRow};
+pub use super::grid::{GridSize, SweepRow};
 use super::train::run;
 use super::trajectory::Trace;
-use crate::shard::Shard;
+use crate::shard::JobShard;
 
 /// The config of every cell of `grid` in (d, ‖μ‖) order, `base`'s other hyper-parameters.
-fn cell_configs(base: &SyntheticConfig, grid: Grid) -> Vec<SyntheticConfig> {
+fn cell_configs(base: &SyntheticConfig, grid: GridSize) -> Vec<SyntheticConfig> {
     grid.embed_dims()
         .into_iter()
         .flat_map(|d| grid.signal_norms().into_iter().map(move |mu| (d, mu)))
@@ -30,7 +30,7 @@ fn cell_configs(base: &SyntheticConfig, grid: Grid) -> Vec<SyntheticConfig> {
 /// once per finished cell, from any thread.
 pub fn sweep(
     base: &SyntheticConfig,
-    grid: Grid,
+    grid: GridSize,
     engine: EngineKind,
     trace: Trace,
     on_done: &(dyn Fn() + Sync),
@@ -63,10 +63,10 @@ impl GridProgress {
 /// run and are recorded one by one, so that a stopped sweep resumes and a split one adds up.
 pub fn sweep_into(
     base: &SyntheticConfig,
-    grid: Grid,
+    grid: GridSize,
     (engine, trace): (EngineKind, Trace),
     store: &CellStore,
-    shard: Option<Shard>,
+    shard: Option<JobShard>,
     on_done: &(dyn Fn() + Sync),
 ) -> Result<GridProgress> {
     let Plan {
@@ -98,9 +98,9 @@ struct Plan {
 
 fn plan(
     base: &SyntheticConfig,
-    grid: Grid,
+    grid: GridSize,
     store: &CellStore,
-    shard: Option<Shard>,
+    shard: Option<JobShard>,
 ) -> Result<Plan> {
     let cells = cell_configs(base, grid);
     let mut finished = Vec::with_capacity(cells.len());
@@ -120,9 +120,9 @@ fn plan(
 /// How many cells [`sweep_into`] would run now.
 pub fn pending(
     base: &SyntheticConfig,
-    grid: Grid,
+    grid: GridSize,
     store: &CellStore,
-    shard: Option<Shard>,
+    shard: Option<JobShard>,
 ) -> Result<usize> {
     Ok(plan(base, grid, store, shard)?.todo.len())
 }

@@ -16,12 +16,11 @@ use super::checkpoint::{Checkpoint, RunIdentity, StartPoint};
 use super::folder_lock::{RunFolderLock, ensure_no_other_run};
 use super::metrics::EpochMetrics;
 use super::phase1::{Phase1Outcome, phase1_from_init};
-use super::phase2::runs::{Labels, Route, RunContext, RunData, Samples, Shared};
+use super::phase2::runs::{Labels, Route, RunContext, RunData, Samples, StackShared};
 use super::phase2::{Phase2Log, QkShape, phase_two};
-pub use super::progress::{HOST_STEPS, Progress};
+use super::progress::{HOST_STEPS, Progress};
 use super::resume::{Checkpoints, WallClock, record_resumed_kernels, resumed_checkpoint};
-pub use super::run::{FinetuneJob, HeadClassifier, Mode, Places, RunConfig, RunFolder};
-pub use super::setup::{AUTHORS_RNG_DEVIATION, fill_cache};
+use super::run::{FinetuneJob, Mode, Places, RunConfig};
 use super::setup::{Setup, prepare_data, run_features, setup, setup_sibling, write_config};
 use super::token_noise::{DosedSets, TokenNoise, run_token_noise};
 use crate::data::catalog::Completeness;
@@ -386,7 +385,7 @@ fn train_stack(
         .map(|(((run, job), progress), checkpoints)| run.context(job, *progress, checkpoints))
         .collect();
     let first = &runs[0].setup;
-    let shared = Shared {
+    let shared = StackShared {
         model: &first.backbone.model,
         device: &first.device,
         route: Route::of(&first.device),

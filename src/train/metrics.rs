@@ -48,7 +48,7 @@ fn nan() -> f64 {
 
 /// Cross-entropy and accuracy of logits (N, C) against labels.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Evaluation {
+pub struct LossAndAccuracy {
     /// Mean cross-entropy.
     pub loss: f64,
     pub accuracy: f64,
@@ -68,7 +68,7 @@ pub fn finite_loss(phase: &str, epoch: usize, loss: f64) -> Result<()> {
     )
 }
 
-pub fn evaluate(logits: &Tensor, labels: &[u32]) -> Result<Evaluation> {
+pub fn evaluate(logits: &Tensor, labels: &[u32]) -> Result<LossAndAccuracy> {
     let targets = Tensor::from_slice(labels, labels.len(), logits.device())?;
     let loss = crate::kernels::host_reads::scalar::<f64>(
         &candle_nn::loss::cross_entropy(logits, &targets)?.to_dtype(candle_core::DType::F64)?,
@@ -79,7 +79,7 @@ pub fn evaluate(logits: &Tensor, labels: &[u32]) -> Result<Evaluation> {
         .zip(labels)
         .filter(|(p, y)| p == y)
         .count();
-    Ok(Evaluation {
+    Ok(LossAndAccuracy {
         loss,
         accuracy: correct as f64 / labels.len().max(1) as f64,
         predictions,

@@ -1,6 +1,6 @@
 //! Training, in the order a run goes: the per-dataset paper defaults (`config`) and one run's
 //! description (`run`); its set-up, data to features (`setup`); phase 1, the clean classifier
-//! (`phase1`, with its loop in `loops`); phase 2, the noisy fine-tune of a stack of runs at once
+//! (`phase1`, with its loop in `classifier_loop`); phase 2, the noisy fine-tune of a stack of runs at once
 //! (`phase2`, a module of its own), with the optimizer of the authors' Trainer defaults (`optim`)
 //! and the metrics they report (`metrics`); checkpoints (`checkpoint`), what carries a run across
 //! sittings (`resume`) and the run folder's one writer (`folder_lock`); the samples whose token
@@ -10,11 +10,11 @@
 
 pub mod attention_maps;
 pub mod checkpoint;
+pub mod classifier_loop;
 pub mod config;
 pub mod config_file;
 pub mod finetune;
 pub mod folder_lock;
-pub mod loops;
 pub mod metrics;
 pub mod optim;
 pub mod phase1;

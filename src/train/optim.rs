@@ -109,12 +109,12 @@ pub struct AdamW {
     run_axis: bool,
     /// Each parameter's shape in one run: its own without the run axis, when there is one.
     run_dims: Vec<Vec<usize>>,
-    moments: Moments,
+    moments: AdamMoments,
 }
 
 /// The first and second moments of every parameter: on the CPU plain vectors, updated in place
 /// with the parameter in one pass (a step allocates nothing); elsewhere tensors on the device.
-enum Moments {
+enum AdamMoments {
     Host(Vec<(Vec<f32>, Vec<f32>)>),
     Device(Vec<(Tensor, Tensor)>),
 }
@@ -159,14 +159,14 @@ impl AdamW {
         total_steps: usize,
     ) -> Result<Self> {
         let moments = if params.iter().all(|(_, v)| v.device().is_cpu()) {
-            Moments::Host(
+            AdamMoments::Host(
                 params
                     .iter()
                     .map(|(_, v)| (vec![0.0; v.elem_count()], vec![0.0; v.elem_count()]))
                     .collect(),
             )
         } else {
-            Moments::Device(
+            AdamMoments::Device(
                 params
                     .iter()
                     .map(|(_, v)| Ok((v.zeros_like()?, v.zeros_like()?)))
@@ -228,7 +228,7 @@ impl AdamW {
             grads.len(),
             self.params.len()
         );
-        let on_host = matches!(self.moments, Moments::Host(_));
+        let on_host = matches!(self.moments, AdamMoments::Host(_));
         let max_norm = self.config.max_grad_norm;
         let clips = if on_host {
             // torch: clip_coef = max_norm / (norm + 1e-6), clamped to 1, always multiplied.
@@ -270,7 +270,7 @@ impl AdamW {
     /// with nothing read back. Before any step only.
     pub fn with_device_moments(mut self) -> Result<Self> {
         anyhow::ensure!(self.step == 0, "moments moved after {} steps", self.step);
-        self.moments = Moments::Device(
+        self.moments = AdamMoments::Device(
             self.params
                 .iter()
                 .map(|(_, v)| Ok((v.zeros_like()?, v.zeros_like()?)))
@@ -288,7 +288,7 @@ impl AdamW {
     /// tensor ops, each allocating: the optimizer dominated small steps (BERT's pooler has 148k
     /// parameters).
     fn update_on_host(&mut self, k: usize, grad: &Tensor, step: &StepConstants) -> Result<()> {
-        let Moments::Host(moments) = &mut self.moments else {
+        let AdamMoments::Host(moments) = &mut self.moments else {
             anyhow::bail!("host update of device moments");
         };
         let (m, v) = &mut moments[k];
@@ -320,7 +320,7 @@ impl AdamW {
     fn update_on_device(&mut self, k: usize, grad: &Tensor, step: &StepConstants) -> Result<()> {
         let var = &self.params[k].1;
         let (b1, b2) = (self.config.beta1, self.config.beta2);
-        let Moments::Device(moments) = &mut self.moments else {
+        let AdamMoments::Device(moments) = &mut self.moments else {
             anyhow::bail!("device update of host moments");
         };
         let Clips::Device(clips) = &step.clips else {
@@ -376,13 +376,13 @@ impl AdamW {
             // A copy: the parameter itself changes in place at the next step.
             state.insert(format!("param.{name}"), self.run_param(k, run)?.copy()?);
             let (m, v) = match &self.moments {
-                Moments::Host(moments) => {
+                AdamMoments::Host(moments) => {
                     let host = |values: &[f32]| {
                         Tensor::from_slice(&values[run * len..(run + 1) * len], dims, var.device())
                     };
                     (host(&moments[k].0)?, host(&moments[k].1)?)
                 }
-                Moments::Device(moments) => (
+                AdamMoments::Device(moments) => (
                     self.of_run(&moments[k].0, run)?.copy()?,
                     self.of_run(&moments[k].1, run)?.copy()?,
                 ),
@@ -462,7 +462,7 @@ impl AdamW {
                 var.as_tensor().slice_set(&param.unsqueeze(0)?, 0, run)?;
             }
             match &mut self.moments {
-                Moments::Host(moments) => {
+                AdamMoments::Host(moments) => {
                     let len: usize = dims.iter().product();
                     let host = |t: &Tensor| -> Result<Vec<f32>> {
                         Ok(crate::kernels::host_reads::flat::<f32>(t)?)
@@ -470,7 +470,7 @@ impl AdamW {
                     moments[k].0[run * len..(run + 1) * len].copy_from_slice(&host(&m)?);
                     moments[k].1[run * len..(run + 1) * len].copy_from_slice(&host(&v)?);
                 }
-                Moments::Device(moments) => {
+                AdamMoments::Device(moments) => {
                     if !self.run_axis {
                         moments[k] = (m, v);
                     } else {

@@ -10,7 +10,7 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use super::checkpoint::{self, Checkpoint};
-use super::loops::{Schedule, train_classifier, train_classifier_on_tokens};
+use super::classifier_loop::{Schedule, train_classifier, train_classifier_on_tokens};
 use super::metrics::evaluate;
 use super::progress::Progress;
 use super::run::{FinetuneJob, HeadClassifier, Mode, RunConfig};

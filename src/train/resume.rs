@@ -9,7 +9,7 @@ use candle_core::Device;
 
 use super::attention_maps::Snapshot;
 use super::checkpoint::{self, Checkpoint, RunIdentity, RunState};
-use super::loops::steps_per_epoch;
+use super::classifier_loop::steps_per_epoch;
 use super::metrics::EpochMetrics;
 use super::optim::AdamW;
 use super::phase1::Phase1Outcome;

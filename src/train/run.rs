@@ -265,7 +265,7 @@ impl RunConfig {
         if self.backbones.is_empty() {
             bail!("--backbone: no backbone to try");
         }
-        self.check_data_digest()?;
+        self.check_digest_recorded()?;
         match (self.mode, self.head_classifier) {
             (Mode::Head, None) => {
                 bail!("--mode head needs --head-classifier (mean, cls or tokens)")
@@ -306,7 +306,7 @@ impl RunConfig {
                 self.locater
             );
         }
-        if let Some(why) = crate::train::token_noise::out_of_range(self.token_noise) {
+        if let Some(why) = token_noise_out_of_range(self.token_noise) {
             bail!("--token-noise {why}");
         }
         if let Some(f) = self.carve_train_from_test
@@ -318,7 +318,7 @@ impl RunConfig {
     }
 
     /// A dataset given by its files records their digest; a built-in one records none.
-    fn check_data_digest(&self) -> Result<()> {
+    fn check_digest_recorded(&self) -> Result<()> {
         match (&self.dataset, &self.data_digest) {
             (DatasetName::Own(_), None) => bail!(
                 "data_digest: a run on {} records its files' content digest; none is given",
@@ -560,6 +560,15 @@ impl RunFolder {
         }
         Ok(())
     }
+}
+
+/// The largest dose a run takes: SNR² divided by 10⁶ is no signal at any n this crate runs.
+pub const MAX_TOKEN_NOISE: f64 = 1e6;
+
+/// Why `k` is not a dose, if it is not: finite, ≥ 0, at most [`MAX_TOKEN_NOISE`].
+pub fn token_noise_out_of_range(k: f64) -> Option<String> {
+    (!(k.is_finite() && (0.0..=MAX_TOKEN_NOISE).contains(&k)))
+        .then(|| format!("must be a finite number in [0, {MAX_TOKEN_NOISE:e}], got {k}"))
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ pub(super) fn write_config(out: &Path, config: &RunConfig) -> Result<()> {
 
 /// A run on files the user brings reads the files it was configured with: their content digest
 /// now is the one its configuration records (config.json, and so the run's name).
-fn check_data_digest(config: &RunConfig) -> Result<()> {
+fn check_files_unchanged(config: &RunConfig) -> Result<()> {
     let DatasetName::Own(source) = &config.dataset else {
         return Ok(());
     };
@@ -100,7 +100,7 @@ pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
     // An unwritable cache is found now, not after the backbone work.
     let cache = FeatureCache::open(cache_root(job.places.cache_dir.as_deref()))?;
     let root = data::data_root(job.places.data_dir.as_deref());
-    check_data_digest(config)?;
+    check_files_unchanged(config)?;
     let dataset =
         data::fetch::load_or_fetch(&config.dataset, &root, job.places.data_mirror.as_deref())?;
     let completeness = Completeness::of(&dataset);

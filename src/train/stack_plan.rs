@@ -14,8 +14,8 @@ use anyhow::{Result, bail};
 
 use crate::data::catalog::Modality;
 use crate::encoder::layer_rows::MAX_OPEN_ROW_FILES;
-use crate::train::finetune::{FinetuneJob, RunConfig};
 use crate::train::phase2::query_key::RESIDENT_TEST_BYTES;
+use crate::train::run::{FinetuneJob, RunConfig};
 
 /// `--stack-memory`'s default, in GiB: what one stack's phase 2 may hold beyond its backbone.
 pub const STACK_MEMORY_GIB: f64 = 4.0;
@@ -260,7 +260,7 @@ fn spread_over(
 mod tests {
     use super::*;
     use crate::data::DatasetName;
-    use crate::train::finetune::Places;
+    use crate::train::run::Places;
 
     fn job(eta: f64, seed: u64, n: usize) -> (String, FinetuneJob) {
         let config = RunConfig {

@@ -21,7 +21,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
-use super::run::{Mode, RunConfig};
+use super::run::{Mode, RunConfig, token_noise_out_of_range};
 use super::setup::{RunFeatures, Setup, layer_inputs};
 use crate::data::prepare::PreparedData;
 use crate::data::split::SplitName;
@@ -33,17 +33,8 @@ use crate::encoder::layer_rows::{LayerRows, RowsBuilder};
 /// for a 192 × 192 covariance.
 pub const REFERENCE_SAMPLES: usize = 256;
 
-/// The largest dose a run takes: SNR² divided by 10⁶ is no signal at any n this crate runs.
-pub const MAX_TOKEN_NOISE: f64 = 1e6;
-
 /// Samples dosed at a time.
 const CHUNK: usize = 64;
-
-/// Why `k` is not a dose, if it is not: finite, ≥ 0, at most [`MAX_TOKEN_NOISE`].
-pub fn out_of_range(k: f64) -> Option<String> {
-    (!(k.is_finite() && (0.0..=MAX_TOKEN_NOISE).contains(&k)))
-        .then(|| format!("must be a finite number in [0, {MAX_TOKEN_NOISE:e}], got {k}"))
-}
 
 /// A run's dose: √k Σ̂^{1/2} and the stream g is drawn from.
 #[derive(Clone, Debug)]
@@ -61,7 +52,7 @@ impl TokenNoise {
     /// The dose `k` with Σ̂ from `reference` (tokens in the dosed space, undosed), drawn with
     /// `seed`.
     pub fn fit(k: f64, seed: u64, reference: &LayerRows) -> Result<Self> {
-        if let Some(why) = out_of_range(k) {
+        if let Some(why) = token_noise_out_of_range(k) {
             bail!("--token-noise {why}");
         }
         let dim = reference.dim();

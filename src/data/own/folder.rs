@@ -9,12 +9,12 @@
 
 use std::path::{Path, PathBuf};
 
-use super::Loaded;
 use super::classes::{self, Label};
 use super::images::{EncodedImage, decode_set};
+use super::pool::Loaded;
 use super::pool::Splits;
 use crate::data::files::{DataError, Result};
-use crate::data::{Inputs, Split};
+use crate::data::samples::{Inputs, Split};
 
 pub use super::images::COMMON_SIZE;
 
@@ -27,9 +27,9 @@ pub fn files(root: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// The class folders of each part (`train`, `test`, or the pool `""`) and their image files.
-type Part = (&'static str, Vec<(String, Vec<PathBuf>)>);
+type ClassFolders = (&'static str, Vec<(String, Vec<PathBuf>)>);
 
-fn layout(root: &Path) -> Result<Vec<Part>> {
+fn layout(root: &Path) -> Result<Vec<ClassFolders>> {
     if !root.is_dir() {
         return Err(DataError::format(
             root,

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::OwnSource;
+use super::source::OwnSource;
 use crate::data::files::{DataError, Result};
 use crate::data::hub::{HubError, HubSettings, hub_file, list_files};
 
@@ -118,7 +118,8 @@ pub fn files(source: &OwnSource) -> Result<Vec<(String, PathBuf)>> {
     }
     // A run resolves its files at configuration, at set-up's digest check and at load: the hub
     // is asked once per process; the files then lie in the cache, read-only blobs by content.
-    static RESOLVED: super::Memo<OwnSource, Vec<(String, PathBuf)>> = super::Memo::new();
+    static RESOLVED: super::memo::Memo<OwnSource, Vec<(String, PathBuf)>> =
+        super::memo::Memo::new();
     RESOLVED.get_or_try(source.clone(), || {
         from_hub(source, &layout, &HubSettings::from_env())
     })

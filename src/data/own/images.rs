@@ -21,8 +21,8 @@ use std::sync::Mutex;
 use image::DynamicImage;
 use rayon::prelude::*;
 
-use crate::data::ImageSet;
 use crate::data::files::{DataError, Result};
+use crate::data::samples::ImageSet;
 
 /// The side images of differing (or very large) sizes are resized to.
 pub const COMMON_SIZE: u32 = 224;

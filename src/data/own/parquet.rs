@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
 
-use super::Loaded;
 use super::classes::{self, Label};
 use super::images::{EncodedImage, decode_set};
+use super::pool::Loaded;
 use super::pool::Splits;
 use crate::data::files::{DataError, Result};
-use crate::data::{Inputs, Split};
+use crate::data::samples::{Inputs, Split};
 
 /// The input column and what it holds.
 #[derive(Clone, Copy, Debug)]
@@ -41,7 +41,7 @@ impl Input<'_> {
 
 /// One split's rows as read.
 #[derive(Default)]
-struct Rows {
+struct SplitRows {
     texts: Vec<String>,
     /// EncodedImage images, each with where it was read (for the error of one that does not decode).
     images: Vec<(PathBuf, Vec<u8>)>,
@@ -50,7 +50,7 @@ struct Rows {
 
 /// The dataset of `files` (names in the hub's layout, train's first).
 pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Loaded> {
-    let mut parts: Vec<(&str, Rows)> = Vec::new();
+    let mut parts: Vec<(&str, SplitRows)> = Vec::new();
     // Each part's first file, named when its images as a whole are over the memory budget.
     let mut part_files: Vec<&Path> = Vec::new();
     let mut class_label: Option<(PathBuf, Vec<String>)> = None;
@@ -58,7 +58,7 @@ pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Lo
         let split = name.split('/').nth(1).unwrap_or("train");
         let split = split.strip_prefix("partial-").unwrap_or(split);
         if parts.last().is_none_or(|(s, _)| *s != split) {
-            parts.push((split, Rows::default()));
+            parts.push((split, SplitRows::default()));
             part_files.push(path);
         }
         let rows = &mut parts.last_mut().unwrap().1;
@@ -129,7 +129,7 @@ pub fn load(files: &[(String, PathBuf)], input: Input, label: &str) -> Result<Lo
 
 /// A split's inputs from its rows: the texts, or its images decoded under the memory budget
 /// (`path`, its first file, named when they are over it), with the deviations to say.
-fn inputs_of(rows: Rows, input: Input, path: &Path) -> Result<(Inputs, Vec<String>)> {
+fn inputs_of(rows: SplitRows, input: Input, path: &Path) -> Result<(Inputs, Vec<String>)> {
     match input {
         Input::Text(_) => Ok((Inputs::Texts(rows.texts), Vec::new())),
         Input::Image(_) => {
@@ -203,7 +203,7 @@ fn read_file(
     path: &Path,
     input: Input,
     label: &str,
-    rows: &mut Rows,
+    rows: &mut SplitRows,
 ) -> Result<Option<Vec<String>>> {
     let file = crate::data::files::open_data(path)?;
     let reader = SerializedFileReader::new(file)
@@ -251,7 +251,7 @@ fn read_row(
     row: &Row,
     (path, k, at): (&Path, usize, String),
     (input, label): (Input, &str),
-    rows: &mut Rows,
+    rows: &mut SplitRows,
 ) -> std::result::Result<(), String> {
     let value = |column: &str| field(row, column).ok_or(format!("no value in {column:?}"));
     match (input, value(input.name())?) {

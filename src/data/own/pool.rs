@@ -56,10 +56,17 @@ pub fn hold_out(pool: &Split, num_classes: usize) -> (Split, Split) {
     (renumbered(&train), renumbered(&test))
 }
 
+/// What a loader read: the classes in order and the samples, split or as one pool.
+pub struct Loaded {
+    pub class_names: Vec<String>,
+    pub splits: Splits,
+    pub warnings: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::Inputs;
+    use crate::data::samples::Inputs;
 
     #[test]
     fn every_fifth_of_each_class_is_held_out() {

@@ -9,10 +9,11 @@
 use std::path::{Path, PathBuf};
 
 use super::classes::{self, Label};
+use super::pool::Loaded;
 use super::pool::Splits;
-use super::{Loaded, OwnKind};
+use super::source::OwnKind;
 use crate::data::files::{DataError, Result};
-use crate::data::{Inputs, Split};
+use crate::data::samples::{Inputs, Split};
 use crate::excerpt::{list, quote};
 
 /// Which columns hold the text and the label.
@@ -57,7 +58,7 @@ pub fn files(path: &Path, kind: OwnKind) -> Result<Vec<PathBuf>> {
 }
 
 /// One sample as read: its text, its label and where it was (`train.csv line 3`).
-type Row = (String, Label, String);
+type TableSample = (String, Label, String);
 
 pub fn load(path: &Path, kind: OwnKind, columns: &Columns) -> Result<Loaded> {
     let files = files(path, kind)?;
@@ -159,7 +160,7 @@ fn checked_text(path: &Path, line: u64, text: String) -> Result<String> {
     Ok(text)
 }
 
-fn read_csv(path: &Path, columns: &Columns) -> Result<Vec<Row>> {
+fn read_csv(path: &Path, columns: &Columns) -> Result<Vec<TableSample>> {
     let bytes = crate::data::files::read_data(path)?;
     let mut reader = csv::ReaderBuilder::new().from_reader(&bytes[..]);
     let bad = |e: csv::Error| {
@@ -207,7 +208,7 @@ fn line_of(bytes: &[u8], at: usize) -> u64 {
     1 + bytes[..at].iter().filter(|&&b| b == b'\n').count() as u64
 }
 
-fn read_jsonl(path: &Path, columns: &Columns) -> Result<Vec<Row>> {
+fn read_jsonl(path: &Path, columns: &Columns) -> Result<Vec<TableSample>> {
     let text = crate::data::files::read_data_text(path)?;
     // A byte-order mark, as a CSV may start with one: skipped, not taken for JSON.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);

@@ -8,7 +8,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use candle_core::{DType, Device, Tensor};
 
-use super::*;
+use super::store::*;
+use std::collections::BTreeMap;
+
+use super::super::backbone::{Backbone, Encoded};
+use super::super::layer_rows::rows_digest;
+use crate::data::files::sha256_hex;
 
 /// Every `shard-*.json` in `dir` that parses and names its own file: (sidecar path, sidecar).
 pub(super) fn read_sidecars(dir: &Path) -> Vec<(PathBuf, Sidecar)> {
@@ -115,7 +120,7 @@ pub(super) fn checked_small_tensors(
 
 /// Opens a shard checked against its sidecar: each small tensor's sha256, shapes and finite
 /// values; the layer inputs stay on disk (each sample is checked when read).
-pub(super) fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
+pub(super) fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<OpenShard> {
     let (file, _) = crate::io::open_input(path, crate::io::limits::TENSORS)?;
     let (infos, data_start) = safetensors_header(&file)?;
     let key = &sidecar.key;
@@ -166,7 +171,7 @@ pub(super) fn open_shard(path: &Path, sidecar: &Sidecar) -> Result<Shard> {
             offset += (len * hidden * 4) as u64;
         }
     }
-    Ok(Shard {
+    Ok(OpenShard {
         small,
         rows,
         lengths,

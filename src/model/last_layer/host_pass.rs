@@ -9,8 +9,9 @@ use std::sync::{Arc, PoisonError};
 use anyhow::{Result, bail, ensure};
 use candle_core::Tensor;
 
+use super::host::HostSpread;
 use super::host::{ClsRows, Evaluated, HostLayer, HostQk, RunGradients, RunPass, RunStep};
-use super::{HostSpread, LastLayer, Output, QueryKey, ResidentSet, detached};
+use super::layer::{LastLayer, Output, QueryKey, ResidentSet, detached};
 use crate::encoder::layer_rows::LayerRows;
 use crate::kernels::with_host_f32;
 use crate::model::attend::KeyValues;

@@ -4,7 +4,12 @@ use anyhow::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::*;
+use super::panels::*;
+use std::path::Path;
+
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::io::produce_atomic;
 
 /// A marker's outline; `ErrorPoint`s of one n share one.
 #[derive(Clone, Copy, Debug, PartialEq)]

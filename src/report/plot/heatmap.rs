@@ -4,7 +4,10 @@ use anyhow::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::*;
+use super::panels::*;
+use std::path::Path;
+
+use crate::io::produce_atomic;
 
 /// Cell edges for centres `c` (sorted): midpoints between neighbours, half a gap beyond the ends.
 pub(super) fn cell_edges(c: &[f64]) -> Vec<f64> {

@@ -6,7 +6,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::*;
+use super::write::*;
+use std::fmt::Write as _;
+
+use crate::io::produce_atomic;
+use crate::report::plot::{
+    LinePanel, PALETTE, ScatterGroup, ScatterPanel, Series, line_panels, scatter_panels,
+};
+use crate::report::results::{Cell, ResultRow, aggregate};
+use crate::report::{kept, paper};
+use crate::train::metrics::EpochMetrics;
+use crate::train::run::{Mode, RunFolder};
 
 /// Fig. 8: losses against η of the runs at n = 200, seed 42 (one run per point, so that every
 /// point is measured alike), one colour per dataset, solid in last-layer mode and dashed in any
@@ -191,8 +201,8 @@ fn source_run<'a, K: Ord>(
 fn dataset_curve(
     dataset: &str,
     runs: &[(ResultRow, PathBuf)],
-    kept: &BTreeMap<String, kept::Curve>,
-) -> Result<Option<(ResultRow, kept::Curve)>> {
+    kept: &BTreeMap<String, kept::Fig9Curve>,
+) -> Result<Option<(ResultRow, kept::Fig9Curve)>> {
     let kept = kept.get(dataset);
     let source = source_run(
         runs,
@@ -206,7 +216,7 @@ fn dataset_curve(
     };
     let curve = match kept {
         Some(curve) if is_kept => curve.clone(),
-        _ => kept::Curve {
+        _ => kept::Fig9Curve {
             run: row.run.clone(),
             points: read_metrics(dir)?
                 .iter()
@@ -228,7 +238,7 @@ pub(super) fn attention_curves(
     let fig9 = paper::fig9()?;
     let rows: Vec<&ResultRow> = runs.iter().map(|(row, _)| row).collect();
     let kept = kept::kept_curves(out, &rows)?;
-    let mut curves: Vec<(String, kept::Curve)> = Vec::new();
+    let mut curves: Vec<(String, kept::Fig9Curve)> = Vec::new();
     let mut missing: Vec<String> = Vec::new();
     let mut series = Vec::new();
     for dataset in datasets(runs) {

@@ -4,7 +4,7 @@
 use super::twins::{TwinCall, boundaries};
 use crate::diagnostics::snr::SnrEstimate;
 use crate::report::results::{ResultRow, Stat};
-use crate::report::verdict::{NOISY_ETA, Outcome, VerdictRow};
+use crate::report::verdict::{CellOutcome, NOISY_ETA, VerdictRow};
 use crate::synthetic::{Regime, SyntheticConfig};
 
 /// One verdict cell on the n·SNR² axis.
@@ -26,10 +26,10 @@ impl Point<'_> {
         runs.iter().filter_map(|r| r.snr.as_ref()).collect()
     }
 
-    pub(super) fn call(&self) -> Option<&crate::report::verdict::Call> {
+    pub(super) fn call(&self) -> Option<&crate::report::verdict::VerdictCall> {
         match &self.row.ours {
-            Outcome::Called(call) => Some(call),
-            Outcome::Missing(_) => None,
+            CellOutcome::Called(call) => Some(call),
+            CellOutcome::Missing(_) => None,
         }
     }
 
@@ -146,7 +146,7 @@ impl CellEstimate {
 }
 
 /// What the section knows of one cell once its synthetic runs are made.
-pub(super) struct Cell<'a> {
+pub(super) struct CellAndTwin<'a> {
     pub(super) point: Point<'a>,
     pub(super) estimate: CellEstimate,
     /// The base twin's setting (at the cell's SNR, or at SNR 1 where there is none: its line
@@ -157,7 +157,7 @@ pub(super) struct Cell<'a> {
     pub(super) line: Vec<(f64, Regime)>,
 }
 
-impl Cell<'_> {
+impl CellAndTwin<'_> {
     pub(super) fn edges(&self) -> Vec<(f64, Regime, Regime)> {
         boundaries(&self.line)
     }

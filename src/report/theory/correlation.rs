@@ -7,7 +7,7 @@ use anyhow::Result;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::cells::{Cell, Point, modes, number, p_value};
+use super::cells::{CellAndTwin, Point, modes, number, p_value};
 use super::stats::{
     percentile_interval, permutation_p, pooled_rho, spearman, stratified_permutation_p,
 };
@@ -136,7 +136,7 @@ impl CellSeeds {
 
 pub(super) fn correlations(
     md: &mut String,
-    cells: &[Cell],
+    cells: &[CellAndTwin],
     mode_order: &dyn Fn(&str) -> usize,
 ) -> Result<()> {
     writeln!(
@@ -184,7 +184,7 @@ pub(super) fn correlations(
 /// At one n, n·SNR² is SNR² times a constant: a correlation there cannot come from n alone.
 pub(super) fn fixed_n_correlations(
     md: &mut String,
-    cells: &[Cell],
+    cells: &[CellAndTwin],
     mode_order: &dyn Fn(&str) -> usize,
 ) -> Result<()> {
     writeln!(

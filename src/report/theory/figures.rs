@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::cells::{Cell, modes};
+use super::cells::{CellAndTwin, modes};
 use crate::report::plot::{
     ErrorPanel, ErrorPoint, LegendEntry, LegendKey, Shape, error_scatter_panels,
 };
@@ -16,7 +16,7 @@ pub const DELTA_FIGURE: &str = "delta_vs_n_snr2.png";
 /// A cell as a figure's point: x the calibrated n·SNR² (log₁₀) with its seeds' range, or its
 /// upper bound where no seed rises above the floor; y and its seed spread from `value`.
 fn figure_point(
-    cell: &Cell,
+    cell: &CellAndTwin,
     (y, y_err): (f64, f64),
     color: plotters::style::RGBColor,
     shape: Shape,
@@ -54,7 +54,7 @@ fn figure_point(
 
 /// The legend strip: a colour per dataset, a shape per n, the bound's marker and the tick.
 fn figure_legend(
-    cells: &[Cell],
+    cells: &[CellAndTwin],
     ns: &[usize],
     colors: &dyn Fn(&str) -> (plotters::style::RGBColor, crate::report::plot::Marker),
 ) -> Vec<LegendEntry> {
@@ -91,7 +91,7 @@ fn shape_of(ns: &[usize], n: usize) -> Shape {
 /// Memorization and Δ against log₁₀ n·SNR², a panel per mode.
 pub(super) fn draw(
     out: &Path,
-    cells: &[Cell],
+    cells: &[CellAndTwin],
     mode_order: &dyn Fn(&str) -> usize,
     colors: &dyn Fn(&str) -> (plotters::style::RGBColor, crate::report::plot::Marker),
 ) -> Result<Vec<(&'static str, String)>> {
@@ -99,7 +99,7 @@ pub(super) fn draw(
     ns.sort_unstable();
     ns.dedup();
     let legend = figure_legend(cells, &ns, colors);
-    let panels = |value: &dyn Fn(&Cell) -> (f64, f64), y_label: &str| -> Vec<ErrorPanel> {
+    let panels = |value: &dyn Fn(&CellAndTwin) -> (f64, f64), y_label: &str| -> Vec<ErrorPanel> {
         modes(cells.iter().map(|c| &c.point), mode_order)
             .into_iter()
             .map(|mode| ErrorPanel {

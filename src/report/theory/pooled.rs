@@ -303,7 +303,7 @@ pub(super) const CORRELATION_HEAD: &str = "| mode | cells | ρ(n·SNR², memoriz
 /// its tokens are), its n and pooled n·SNR², and what its real runs said.
 #[derive(Clone, Debug)]
 pub struct TwinTarget {
-    pub config: crate::train::finetune::RunConfig,
+    pub config: crate::train::run::RunConfig,
     pub backbone: String,
     /// The verdict table's mode label.
     pub mode: String,

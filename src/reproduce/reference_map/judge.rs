@@ -37,7 +37,7 @@ pub const CROSSING: f64 = 0.5;
 /// One run's call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Call {
+pub enum MapCall {
     NotOverfitting,
     Benign,
     Harmful,
@@ -48,22 +48,22 @@ pub enum Call {
     Unconverged,
 }
 
-impl Call {
+impl MapCall {
     pub fn name(self) -> &'static str {
         match self {
-            Call::NotOverfitting => "not overfitting",
-            Call::Benign => "benign",
-            Call::Harmful => "harmful",
-            Call::Underfitting => "underfitting",
-            Call::NoSignal => "no signal",
-            Call::Unconverged => "unconverged at cap",
+            MapCall::NotOverfitting => "not overfitting",
+            MapCall::Benign => "benign",
+            MapCall::Harmful => "harmful",
+            MapCall::Underfitting => "underfitting",
+            MapCall::NoSignal => "no signal",
+            MapCall::Unconverged => "unconverged at cap",
         }
     }
 }
 
 /// The numbers of one checkpoint the call reads.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Checkpoint {
+pub struct CheckpointReading {
     pub step: usize,
     pub train_loss: f64,
     pub train_acc: f64,
@@ -73,7 +73,7 @@ pub struct Checkpoint {
     pub memorization: f64,
 }
 
-impl Checkpoint {
+impl CheckpointReading {
     pub fn of(m: &StepMetrics) -> Self {
         Self {
             step: m.step,
@@ -91,12 +91,12 @@ impl Checkpoint {
 
 /// Whether the last two doublings of `checkpoints` moved nothing that matters, on a test set of
 /// `test_n`.
-pub fn settled(checkpoints: &[Checkpoint], test_n: usize) -> bool {
+pub fn settled(checkpoints: &[CheckpointReading], test_n: usize) -> bool {
     let [.., a, b, c] = checkpoints else {
         return false;
     };
     let test_tolerance = 0.5 / (test_n.max(1) as f64).sqrt();
-    let still = |x: &Checkpoint, y: &Checkpoint| {
+    let still = |x: &CheckpointReading, y: &CheckpointReading| {
         (x.train_acc - y.train_acc).abs() <= SETTLE_ACCURACY
             && (x.test_acc - y.test_acc).abs() <= test_tolerance
             && ((x.memorization - y.memorization).abs() <= SETTLE_ACCURACY
@@ -107,20 +107,20 @@ pub fn settled(checkpoints: &[Checkpoint], test_n: usize) -> bool {
 }
 
 /// The call of a run from its checkpoints and the ceiling of its test set of `test_n`.
-pub fn call(checkpoints: &[Checkpoint], ceiling: f64, test_n: usize) -> Call {
+pub fn call(checkpoints: &[CheckpointReading], ceiling: f64, test_n: usize) -> MapCall {
     if ceiling < MIN_CEILING {
-        return Call::NoSignal;
+        return MapCall::NoSignal;
     }
     if !settled(checkpoints, test_n) {
-        return Call::Unconverged;
+        return MapCall::Unconverged;
     }
     let last = checkpoints.last().expect("settled runs have checkpoints");
     let generalises = last.test_acc - 0.5 >= GENERALISES * (ceiling - 0.5);
     match (last.train_acc >= 1.0, generalises) {
-        (true, true) => Call::Benign,
-        (true, false) => Call::Harmful,
-        (false, true) => Call::NotOverfitting,
-        (false, false) => Call::Underfitting,
+        (true, true) => MapCall::Benign,
+        (true, false) => MapCall::Harmful,
+        (false, true) => MapCall::NotOverfitting,
+        (false, false) => MapCall::Underfitting,
     }
 }
 
@@ -194,8 +194,8 @@ pub fn overall(answers: &[&str]) -> &'static str {
 mod tests {
     use super::*;
 
-    fn point(step: usize, train_acc: f64, test_acc: f64, memorization: f64) -> Checkpoint {
-        Checkpoint {
+    fn point(step: usize, train_acc: f64, test_acc: f64, memorization: f64) -> CheckpointReading {
+        CheckpointReading {
             step,
             train_loss: 0.3,
             train_acc,
@@ -211,31 +211,31 @@ mod tests {
             point(200, 1.0, 0.97, 1.0),
             point(400, 1.0, 0.97, 1.0),
         ];
-        assert_eq!(call(&settled_benign, 1.0, 1000), Call::Benign);
+        assert_eq!(call(&settled_benign, 1.0, 1000), MapCall::Benign);
         // The same test accuracy under a ceiling of 0.98 still generalises; under 0.55 nothing.
-        assert_eq!(call(&settled_benign, 0.55, 1000), Call::NoSignal);
+        assert_eq!(call(&settled_benign, 0.55, 1000), MapCall::NoSignal);
         let moving = [
             point(100, 0.9, 0.97, 0.5),
             point(200, 1.0, 0.97, 1.0),
             point(400, 1.0, 0.97, 1.0),
         ];
-        assert_eq!(call(&moving, 1.0, 1000), Call::Unconverged);
+        assert_eq!(call(&moving, 1.0, 1000), MapCall::Unconverged);
         // Test accuracy moving by 0.011 is within a test set of 400's noise, not of 10⁴'s.
         let jitter = [
             point(100, 1.0, 0.589, 1.0),
             point(200, 1.0, 0.600, 1.0),
             point(400, 1.0, 0.600, 1.0),
         ];
-        assert_eq!(call(&jitter, 1.0, 400), Call::Harmful);
-        assert_eq!(call(&jitter, 1.0, 10_000), Call::Unconverged);
+        assert_eq!(call(&jitter, 1.0, 400), MapCall::Harmful);
+        assert_eq!(call(&jitter, 1.0, 10_000), MapCall::Unconverged);
         let harmful = [
             point(100, 1.0, 0.7, 1.0),
             point(200, 1.0, 0.7, 1.0),
             point(400, 1.0, 0.7, 1.0),
         ];
-        assert_eq!(call(&harmful, 1.0, 1000), Call::Harmful);
+        assert_eq!(call(&harmful, 1.0, 1000), MapCall::Harmful);
         // Relative to a ceiling of 0.72, 0.7 generalises and is benign.
-        assert_eq!(call(&harmful, 0.72, 1000), Call::Benign);
+        assert_eq!(call(&harmful, 0.72, 1000), MapCall::Benign);
     }
 
     #[test]
@@ -245,17 +245,17 @@ mod tests {
             point(200, 1.0, 0.97, f64::NAN),
             point(400, 1.0, 0.97, f64::NAN),
         ];
-        assert_eq!(call(&clean, 1.0, 1000), Call::Benign);
+        assert_eq!(call(&clean, 1.0, 1000), MapCall::Benign);
         // A NaN beside a number is a change, not a settled run.
         let half = [
             point(100, 1.0, 0.97, 1.0),
             point(200, 1.0, 0.97, f64::NAN),
             point(400, 1.0, 0.97, f64::NAN),
         ];
-        assert_eq!(call(&half, 1.0, 1000), Call::Unconverged);
+        assert_eq!(call(&half, 1.0, 1000), MapCall::Unconverged);
         let text = serde_json::to_string(&clean[0]).unwrap();
         assert!(text.contains("\"memorization\":null"), "{text}");
-        let back: Checkpoint = serde_json::from_str(&text).unwrap();
+        let back: CheckpointReading = serde_json::from_str(&text).unwrap();
         assert!(back.memorization.is_nan());
     }
 

@@ -7,19 +7,19 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::judge::{Call, Comparison, boundary, compare, overall};
-use super::{LADDER, MapRun, SIZES};
+use super::judge::{Comparison, MapCall, boundary, compare, overall};
+use super::map::{LADDER, MapRun, SIZES};
 
 /// One cell: its seeds' runs and the half-step run.
-struct Cell<'a> {
+struct MapCell<'a> {
     runs: Vec<&'a MapRun>,
     half: Option<&'a MapRun>,
 }
 
-impl Cell<'_> {
+impl MapCell<'_> {
     /// The call most seeds make (ties: the first in seed order).
-    fn majority(&self) -> Option<Call> {
-        let mut counts: Vec<(Call, usize)> = Vec::new();
+    fn majority(&self) -> Option<MapCall> {
+        let mut counts: Vec<(MapCall, usize)> = Vec::new();
         for r in &self.runs {
             match counts.iter_mut().find(|(c, _)| *c == r.call) {
                 Some((_, k)) => *k += 1,
@@ -48,16 +48,16 @@ impl Cell<'_> {
         let values: Vec<f64> = self
             .runs
             .iter()
-            .filter(|r| !matches!(r.call, Call::Unconverged | Call::NoSignal))
+            .filter(|r| !matches!(r.call, MapCall::Unconverged | MapCall::NoSignal))
             .filter_map(|r| r.checkpoints.last().map(|c| c.memorization))
             .collect();
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
     }
 }
 
-fn cell<'a>(runs: &'a [MapRun], dataset: &str, n: usize, n_snr2: f64) -> Cell<'a> {
+fn cell<'a>(runs: &'a [MapRun], dataset: &str, n: usize, n_snr2: f64) -> MapCell<'a> {
     let here = |r: &&MapRun| r.dataset == dataset && r.n == n && r.n_snr2 == n_snr2;
-    Cell {
+    MapCell {
         runs: runs.iter().filter(here).filter(|r| !r.half_step).collect(),
         half: runs.iter().filter(here).find(|r| r.half_step),
     }
@@ -100,7 +100,7 @@ fn dataset_section(md: &mut String, runs: &[MapRun], dataset: &str) -> Compariso
                 .collect();
             row.push(format!(
                 "{}{} · mem {} · test/ceiling {} · ‖μ‖ {:.2}",
-                c.majority().map_or("–", Call::name),
+                c.majority().map_or("–", MapCall::name),
                 if c.step_sensitive() {
                     " (½-step: other call)"
                 } else {

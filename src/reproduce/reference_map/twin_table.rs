@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::MapRun;
+use super::map::MapRun;
 use super::twins::{TwinVerdict, judge_twin, runs_of};
 use crate::report::theory::{TwinTarget, permutation_p, spearman};
 

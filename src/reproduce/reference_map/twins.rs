@@ -11,13 +11,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use super::judge::Call;
-use super::{MapRun, SEEDS, cheaper_engine, seed_noise, source_tokens};
+use super::judge::MapCall;
+use super::map::{MapRun, SEEDS, cheaper_engine, seed_noise, source_tokens};
 use crate::report::results::Stat;
 use crate::report::theory::TwinTarget;
 use crate::report::verdict::{self, NOISY_ETA};
-use crate::train::finetune::{FinetuneJob, Progress, RunConfig};
+use crate::train::progress::Progress;
 use crate::train::run::Places;
+use crate::train::run::{FinetuneJob, RunConfig};
 
 /// The twin's label-noise rates: the clean runs Δ is measured from, and the noisy ones.
 pub const TWIN_ETAS: [f64; 2] = [0.0, NOISY_ETA];
@@ -74,7 +75,7 @@ pub fn group_twins(
 pub enum TwinVerdict {
     /// The real rule's verdict, with the twin's memorisation and Δ (percentage points).
     Called {
-        verdict: verdict::Call,
+        verdict: verdict::VerdictCall,
         memorization: f64,
     },
     /// No signal to set (pooled SNR² ≤ 0) or a test set whose relevant token shows none.
@@ -118,13 +119,16 @@ fn finals(runs: &[&MapRun], eta: f64) -> Vec<(f64, f64)> {
 
 /// The twin's verdict from its runs, by the real cells' rule.
 pub fn judge_twin(target: &TwinTarget, runs: &[&MapRun]) -> TwinVerdict {
-    if target.n_snr2 <= 0.0 || runs.iter().any(|r| r.call == Call::NoSignal) {
+    if target.n_snr2 <= 0.0 || runs.iter().any(|r| r.call == MapCall::NoSignal) {
         return TwinVerdict::NoSignal;
     }
     if runs.len() < 2 * SEEDS.len() {
         return TwinVerdict::Incomplete(runs.len());
     }
-    let moving = runs.iter().filter(|r| r.call == Call::Unconverged).count();
+    let moving = runs
+        .iter()
+        .filter(|r| r.call == MapCall::Unconverged)
+        .count();
     if moving > 0 {
         return TwinVerdict::Unconverged(moving);
     }
@@ -135,7 +139,7 @@ pub fn judge_twin(target: &TwinTarget, runs: &[&MapRun]) -> TwinVerdict {
     };
     let memorization = Stat::of(noisy.iter().map(|v| v.1)).mean;
     TwinVerdict::Called {
-        verdict: verdict::Call::of(
+        verdict: verdict::VerdictCall::of(
             verdict::memorisation(memorization),
             percent(&clean),
             percent(&noisy),
@@ -194,7 +198,7 @@ pub fn all_twins(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reproduce::reference_map::judge::Checkpoint;
+    use crate::reproduce::reference_map::judge::CheckpointReading;
     use crate::synthetic::{EngineKind, SyntheticConfig};
 
     fn target(n_snr2: f64) -> TwinTarget {
@@ -210,7 +214,7 @@ mod tests {
         }
     }
 
-    fn run(eta: f64, seed: u64, test_acc: f64, call: Call) -> MapRun {
+    fn run(eta: f64, seed: u64, test_acc: f64, call: MapCall) -> MapRun {
         MapRun {
             dataset: "trec".into(),
             backbone: "b".into(),
@@ -226,7 +230,7 @@ mod tests {
             },
             engine: EngineKind::Subspace,
             ceiling: 1.0,
-            checkpoints: vec![Checkpoint {
+            checkpoints: vec![CheckpointReading {
                 step: 4000,
                 train_loss: 0.0,
                 train_acc: 1.0,
@@ -237,9 +241,9 @@ mod tests {
         }
     }
 
-    fn cell(noisy_test: [f64; 3], last: Call) -> Vec<MapRun> {
-        let mut runs: Vec<MapRun> = (0..3).map(|s| run(0.0, s, 0.95, Call::Benign)).collect();
-        runs.extend((0..3).map(|s| run(NOISY_ETA, s, noisy_test[s as usize], Call::Benign)));
+    fn cell(noisy_test: [f64; 3], last: MapCall) -> Vec<MapRun> {
+        let mut runs: Vec<MapRun> = (0..3).map(|s| run(0.0, s, 0.95, MapCall::Benign)).collect();
+        runs.extend((0..3).map(|s| run(NOISY_ETA, s, noisy_test[s as usize], MapCall::Benign)));
         runs[5].call = last;
         runs
     }
@@ -248,7 +252,7 @@ mod tests {
     fn a_twin_is_judged_by_the_real_rule_only_when_settled() {
         let said =
             |runs: &[MapRun], x: f64| judge_twin(&target(x), &runs.iter().collect::<Vec<_>>());
-        let benign = cell([0.95, 0.94, 0.96], Call::Benign);
+        let benign = cell([0.95, 0.94, 0.96], MapCall::Benign);
         match said(&benign, 1.0) {
             TwinVerdict::Called {
                 verdict,
@@ -259,13 +263,13 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let harmful = cell([0.6, 0.62, 0.58], Call::Harmful);
+        let harmful = cell([0.6, 0.62, 0.58], MapCall::Harmful);
         let TwinVerdict::Called { verdict, .. } = said(&harmful, 1.0) else {
             panic!("not called")
         };
         assert_eq!(verdict.verdict, verdict::Verdict::Harmful);
         assert!((verdict.delta + 35.0).abs() < 1e-9, "{}", verdict.delta);
-        let moving = cell([0.95, 0.94, 0.96], Call::Unconverged);
+        let moving = cell([0.95, 0.94, 0.96], MapCall::Unconverged);
         assert_eq!(said(&moving, 1.0), TwinVerdict::Unconverged(1));
         assert_eq!(said(&benign[..4], 1.0), TwinVerdict::Incomplete(4));
         assert_eq!(said(&benign, 0.0), TwinVerdict::NoSignal);

@@ -12,12 +12,12 @@ pub const LAYER_NORM_EPS: f32 = 1e-5;
 
 /// A LayerNorm's scale and shift (d each).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Norm {
+pub struct NormParams {
     pub weight: Vec<f32>,
     pub bias: Vec<f32>,
 }
 
-impl Norm {
+impl NormParams {
     fn identity(dim: usize) -> Self {
         Self {
             weight: vec![1.0; dim],
@@ -59,17 +59,17 @@ pub struct EncoderParams {
     /// The learnable CLS token p (d), prepended to every sample.
     pub cls: Vec<f32>,
     /// `attn.norm`: the pre-attention LayerNorm.
-    pub attn_norm: Norm,
+    pub attn_norm: NormParams,
     /// `attn.to_qkv.weight` (3d × d, no bias): the query, key and value rows in turn.
     pub qkv: Vec<f32>,
     /// `ff.net.0`: the FFN's LayerNorm.
-    pub ff_norm: Norm,
+    pub ff_norm: NormParams,
     /// `ff.net.1`: d → mlp_dim.
     pub ff_in: Linear,
     /// `ff.net.4`: mlp_dim → d.
     pub ff_out: Linear,
     /// `norm`: the final LayerNorm.
-    pub final_norm: Norm,
+    pub final_norm: NormParams,
     /// `head`: d → 1 on the CLS position.
     pub head: Linear,
 }
@@ -91,12 +91,12 @@ impl EncoderParams {
             dim,
             mlp_dim,
             cls,
-            attn_norm: Norm::identity(dim),
+            attn_norm: NormParams::identity(dim),
             qkv,
-            ff_norm: Norm::identity(dim),
+            ff_norm: NormParams::identity(dim),
             ff_in,
             ff_out,
-            final_norm: Norm::identity(dim),
+            final_norm: NormParams::identity(dim),
             head,
         }
     }

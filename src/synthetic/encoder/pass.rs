@@ -16,7 +16,7 @@
 //! So a step reads each weight matrix once forward and once backward, updating it in the same
 //! pass (`kernels::linear_backward`): about 3·4·(3d² + 2·m·d) bytes of memory traffic.
 
-use super::params::{EncoderParams, LAYER_NORM_EPS, Norm};
+use super::params::{EncoderParams, LAYER_NORM_EPS, NormParams};
 use crate::kernels::{
     self, WeightGradient, linear_backward, linear_forward, transposed_backward, transposed_forward,
 };
@@ -46,13 +46,13 @@ impl Normalized {
     }
 
     /// γ ⊙ x̂ + β of every row.
-    fn affine(&self, norm: &Norm) -> Vec<f32> {
+    fn affine(&self, norm: &NormParams) -> Vec<f32> {
         affine_rows(&self.rows, norm)
     }
 
     /// The gradient at the LayerNorm's input from `d_out` at its output, adding to its scale's and
     /// shift's gradients: dx = (1/σ)(dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂)) with dx̂ = d_out ⊙ γ.
-    fn backward(&self, d_out: &[f32], norm: &Norm, grads: &mut NormGrads) -> Vec<f32> {
+    fn backward(&self, d_out: &[f32], norm: &NormParams, grads: &mut NormGrads) -> Vec<f32> {
         let dim = self.dim;
         let mut d_in = vec![0f32; d_out.len()];
         for (((dy, x_hat), dx), &inv) in d_out
@@ -88,7 +88,7 @@ fn normalization_backward(dx_hat: &[f32], x_hat: &[f32], inv_std: f32, dx: &mut 
     }
 }
 
-fn affine_rows(rows: &[f32], norm: &Norm) -> Vec<f32> {
+fn affine_rows(rows: &[f32], norm: &NormParams) -> Vec<f32> {
     let dim = norm.weight.len();
     let mut out = vec![0f32; rows.len()];
     for (row, o) in rows.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {

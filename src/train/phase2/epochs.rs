@@ -7,9 +7,9 @@
 use anyhow::{Context, Result};
 
 use super::objective::Gradients;
-use super::trainee::{EpochEnd, Evaluation, Trainee};
+use super::trainee::{EpochEnd, EpochEvaluation, Trainee};
 use crate::rng::{Shuffle, Stream};
-pub use crate::train::loops::steps_per_epoch;
+use crate::train::classifier_loop::steps_per_epoch;
 use crate::train::optim::AdamW;
 
 /// When and in what order a stack steps.
@@ -63,7 +63,11 @@ impl EpochPlan<'_> {
 /// Where the loop sends what it evaluated: every run's metrics of one epoch.
 pub trait Record {
     /// `batch_losses` holds each run's batch losses of that epoch (none for epoch 0).
-    fn epoch(&mut self, evaluation: Evaluation, batch_losses: Option<&[Vec<f64>]>) -> Result<()>;
+    fn epoch(
+        &mut self,
+        evaluation: EpochEvaluation,
+        batch_losses: Option<&[Vec<f64>]>,
+    ) -> Result<()>;
 
     /// The end of a kept epoch, every evaluation up to it recorded: the place for a checkpoint,
     /// and for a stop a signal asked for.

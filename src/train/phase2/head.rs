@@ -14,9 +14,9 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 
 use super::objective::{self, Gradients};
-use super::runs::{Route, RunData, Shared, copies};
-use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Trainee, eval_chunks};
-use super::{QkShape, qk_spectrum, stacked_optimizer};
+use super::parameters::{QkShape, qk_spectrum, stacked_optimizer};
+use super::runs::{Route, RunData, StackShared, copies};
+use super::trainee::{EpochEnd, EpochEvaluation, RunEvaluation, SetOutput, Trainee, eval_chunks};
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::attend::{KeyValues, broadcast_query};
 use crate::model::{Classifier, TokenSelectionHead};
@@ -55,7 +55,7 @@ fn as_keys(tokens: &LayerRows, rows: &[usize], device: &Device) -> Result<Arc<Ke
 
 impl<'a> HeadTrainee<'a> {
     /// The stack of `runs`, each head drawn from the run's own stream.
-    pub fn new(shared: &Shared, runs: &[&'a RunData<'a>]) -> Result<Self> {
+    pub fn new(shared: &StackShared, runs: &[&'a RunData<'a>]) -> Result<Self> {
         let first = runs.first().context("a stack of no runs")?;
         let (model, device) = (shared.model, shared.device);
         let finetune_copies = copies(&runs.iter().map(|r| r.finetune_samples).collect::<Vec<_>>());
@@ -245,7 +245,7 @@ impl Trainee for HeadTrainee<'_> {
         Ok(gradients)
     }
 
-    fn evaluations(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>> {
+    fn evaluations(&mut self, end: &EpochEnd) -> Result<Vec<EpochEvaluation>> {
         let directions = self.directions(false)?;
         let mut finetune: Vec<Vec<SetOutput>> = (0..self.runs()).map(|_| Vec::new()).collect();
         for chunk in eval_chunks(self.finetune_len) {
@@ -274,7 +274,7 @@ impl Trainee for HeadTrainee<'_> {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(vec![Evaluation {
+        Ok(vec![EpochEvaluation {
             epoch: end.epoch,
             runs,
         }])

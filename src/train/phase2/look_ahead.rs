@@ -9,7 +9,7 @@
 use anyhow::{Result, ensure};
 use candle_core::{Device, Tensor};
 
-use super::trainee::{Evaluation, RunEvaluation, SetOutput};
+use super::trainee::{EpochEvaluation, RunEvaluation, SetOutput};
 use crate::model::last_layer::Output;
 
 /// An epoch whose fine-tune evaluation rides along the next epoch's steps, for every run of the
@@ -79,7 +79,7 @@ impl Pending {
     }
 
     /// Every run's whole fine-tune set evaluated, once every row of every run has been.
-    pub fn finish(self) -> Result<Evaluation> {
+    pub fn finish(self) -> Result<EpochEvaluation> {
         let n = self.n;
         let runs = self
             .runs
@@ -104,7 +104,7 @@ impl Pending {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Evaluation {
+        Ok(EpochEvaluation {
             epoch: self.epoch,
             runs,
         })

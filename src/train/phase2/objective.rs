@@ -7,7 +7,7 @@
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor, Var};
 
-use super::QkShape;
+use super::parameters::QkShape;
 use crate::diagnostics::locater::{head_symmetric_variance, symmetric_variance};
 use crate::model::QueryKey;
 use crate::train::optim::gradients_of;

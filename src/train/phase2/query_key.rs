@@ -15,9 +15,9 @@ use candle_core::Tensor;
 
 use super::look_ahead::Pending;
 use super::objective::{self, Gradients};
-use super::runs::{Route, RunData, Shared, copies};
-use super::trainee::{EpochEnd, Evaluation, RunEvaluation, SetOutput, Trainee, eval_chunks};
-use super::{QkShape, qk_spectrum, stacked_optimizer};
+use super::parameters::{QkShape, qk_spectrum, stacked_optimizer};
+use super::runs::{Route, RunData, StackShared, copies};
+use super::trainee::{EpochEnd, EpochEvaluation, RunEvaluation, SetOutput, Trainee, eval_chunks};
 use crate::diagnostics::Spectrum;
 use crate::encoder::layer_rows::LayerRows;
 use crate::model::last_layer::{HostRows, HostSource, ResidentSet, StackEval, StackRun};
@@ -100,7 +100,7 @@ impl<'a> LastLayerTrainee<'a> {
     /// The stack of `runs`, each with its query and key reset from its own stream, stepping on
     /// `pool` (the host pass's threads).
     pub fn new(
-        shared: &Shared<'a>,
+        shared: &StackShared<'a>,
         runs: &[&'a RunData<'a>],
         pool: Arc<rayon::ThreadPool>,
     ) -> Result<Self> {
@@ -254,7 +254,7 @@ impl<'a> LastLayerTrainee<'a> {
     }
 
     /// Every run's whole fine-tune set, and test set when `score_test`, at the current parameters.
-    fn evaluate_now(&self, epoch: usize, score_test: bool) -> Result<Evaluation> {
+    fn evaluate_now(&self, epoch: usize, score_test: bool) -> Result<EpochEvaluation> {
         let params = self.params();
         let runs = self.runs();
         let mut finetune: Vec<Vec<SetOutput>> = (0..runs).map(|_| Vec::new()).collect();
@@ -283,7 +283,7 @@ impl<'a> LastLayerTrainee<'a> {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Evaluation { epoch, runs })
+        Ok(EpochEvaluation { epoch, runs })
     }
 
     /// Rows `rows` of every run's fine-tune set at `params`.
@@ -411,7 +411,7 @@ fn gather_runs(params: &[Tensor], members: &[usize], runs: usize) -> Result<Vec<
 }
 
 /// The rank-collapse probe of a test set: its first [`RANK_PROBE`] samples with their mask.
-fn probe(shared: &Shared, test: &LayerRows) -> Result<Probe> {
+fn probe(shared: &StackShared, test: &LayerRows) -> Result<Probe> {
     let rows: Vec<usize> = (0..RANK_PROBE.min(test.len())).collect();
     let batch = test.batch(&rows, shared.device)?;
     Ok(Probe {
@@ -436,9 +436,9 @@ impl Trainee for LastLayerTrainee<'_> {
         Ok(gradients)
     }
 
-    fn evaluations(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>> {
+    fn evaluations(&mut self, end: &EpochEnd) -> Result<Vec<EpochEvaluation>> {
         // The epoch before, if its evaluation rode along these steps.
-        let mut complete: Vec<Evaluation> = self
+        let mut complete: Vec<EpochEvaluation> = self
             .pending
             .take()
             .map(Pending::finish)

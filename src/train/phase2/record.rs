@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use super::epochs::Record;
 use super::runs::{Labels, RunContext};
-use super::trainee::{EpochEnd, Evaluation, RunEvaluation};
+use super::trainee::{EpochEnd, EpochEvaluation, RunEvaluation};
 use crate::train::attention_maps::Snapshot;
 use crate::train::metrics::{EpochMetrics, accuracy_where, attention_stats, evaluate};
 use crate::train::optim::AdamW;
@@ -26,7 +26,11 @@ impl<'a> MetricsLog<'a> {
 }
 
 impl Record for MetricsLog<'_> {
-    fn epoch(&mut self, evaluation: Evaluation, batch_losses: Option<&[Vec<f64>]>) -> Result<()> {
+    fn epoch(
+        &mut self,
+        evaluation: EpochEvaluation,
+        batch_losses: Option<&[Vec<f64>]>,
+    ) -> Result<()> {
         let epoch = evaluation.epoch;
         for (k, evaluated) in evaluation.runs.into_iter().enumerate() {
             let losses = batch_losses.map(|l| l[k].as_slice());
@@ -61,7 +65,11 @@ impl<'a> Records<'a> {
 }
 
 impl Record for Records<'_> {
-    fn epoch(&mut self, evaluation: Evaluation, batch_losses: Option<&[Vec<f64>]>) -> Result<()> {
+    fn epoch(
+        &mut self,
+        evaluation: EpochEvaluation,
+        batch_losses: Option<&[Vec<f64>]>,
+    ) -> Result<()> {
         self.log.epoch(evaluation, batch_losses)?;
         for (k, run) in self.runs.iter().enumerate() {
             let Some(metrics) = self.log.logs[k].last() else {

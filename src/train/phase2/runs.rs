@@ -84,7 +84,7 @@ pub(in crate::train) struct RunContext<'a> {
 
 /// What every run of a stack reads alike: the frozen backbone, the device and the route a step
 /// takes there, and where the test set's final tokens may spill (head mode).
-pub struct Shared<'a> {
+pub struct StackShared<'a> {
     pub model: &'a Model,
     pub device: &'a Device,
     pub route: Route,

@@ -27,7 +27,7 @@ pub trait Trainee: Send {
     /// The evaluations complete once the epoch `end` names has ended, oldest first. A trainee may
     /// evaluate an epoch that is neither scored nor kept along the next epoch's steps instead of
     /// at its end (the host pass's look-ahead): its evaluation then comes with the next one's.
-    fn evaluations(&mut self, end: &EpochEnd) -> Result<Vec<Evaluation>>;
+    fn evaluations(&mut self, end: &EpochEnd) -> Result<Vec<EpochEvaluation>>;
 
     /// Run `run`'s logits and attention on rows `rows` of its fine-tune set, now (the attention
     /// maps' samples).
@@ -46,7 +46,7 @@ pub struct EpochEnd {
 }
 
 /// Every run of the stack evaluated after one epoch, at the parameters that epoch ended at.
-pub struct Evaluation {
+pub struct EpochEvaluation {
     pub epoch: usize,
     pub runs: Vec<RunEvaluation>,
 }

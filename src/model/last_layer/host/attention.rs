@@ -10,7 +10,7 @@ use crate::model::token_products::Rows;
 
 /// Per query set, in the order given: the probabilities (B×H×T) and the pooled tokens (B×H×D) of
 /// samples `rows` of `tokens`, each set's queries B×H×D. `min_len` is the fewest samples a thread
-/// takes ([`super::HostSpread::min_len`]).
+/// takes ([`super::spread::HostSpread::min_len`]).
 pub(super) fn attend(
     tokens: &KeyValues,
     rows: &[usize],

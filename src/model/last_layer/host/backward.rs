@@ -1,5 +1,5 @@
 //! The host pass's step: the forward of [`HostLayer::forward`] kept for the backward
-//! ([`Trace`]), each run's cross-entropy over its rows, and the backward through each run's
+//! ([`PartTrace`]), each run's cross-entropy over its rows, and the backward through each run's
 //! classifier, the frozen layer and the attention to the run's query and key, with no autograd.
 //! The arithmetic of the layer's parts (norms, frozen products, attention kernels) is theirs; this
 //! file is the order the step runs them in and the loss.
@@ -9,7 +9,9 @@ use std::ops::Range;
 use anyhow::{Result, ensure};
 use rayon::prelude::*;
 
-use super::*;
+use super::forward::*;
+use crate::kernels::{gelu_backward, gemm_into as matmul};
+use crate::model::token_products::Rows;
 
 impl HostLayer {
     /// Each run's mean cross-entropy of its rows against its `targets`, its gradient for the
@@ -74,7 +76,7 @@ impl HostLayer {
         targets: &[&[u32]],
     ) -> Vec<(usize, RunRows)> {
         let passes: Vec<RunPass> = part.iter().map(|p| p.pass).collect();
-        let layout = Layout::of(&passes);
+        let layout = RowLayout::of(&passes);
         let mut trace = self.trace(&passes, &layout);
         let ahead_logits = trace.split_off_rows(
             layout.trained_rows,
@@ -119,7 +121,7 @@ impl HostLayer {
     /// classifier and the frozen layer.
     fn backward_rest(
         &self,
-        trace: &Trace,
+        trace: &PartTrace,
         grad_logits: &[f32],
         readouts: &[(Range<usize>, &HostReadout)],
     ) -> Vec<f32> {
@@ -192,8 +194,8 @@ impl HostLayer {
     fn backward_attention(
         &self,
         part: &[RunPass],
-        layout: &Layout,
-        trace: &mut Trace,
+        layout: &RowLayout,
+        trace: &mut PartTrace,
         grad_context: &[f32],
         out: &mut [(usize, RunRows)],
     ) {
@@ -212,7 +214,7 @@ impl HostLayer {
                 .iter()
                 .map(|&s| rows_of(&grad_pooled, &layout.sets[s].2, h * d))
                 .collect();
-            let results = attention::attend_backward(
+            let results = super::attention::attend_backward(
                 run.tokens,
                 run.rows,
                 &probs,

@@ -6,7 +6,7 @@
 /// threads; they differ in what each thread reads from memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostSpread {
-    /// Parts of rows ([`super::CHUNK`] of each run for a step, [`super::EVAL_CHUNK`] for an evaluation), each
+    /// Parts of rows ([`super::forward::CHUNK`] of each run for a step, [`super::forward::EVAL_CHUNK`] for an evaluation), each
     /// on one thread from its forward to its backward: a part's tokens stay in that core's
     /// caches in between, and each thread reads every frozen weight for its rows. Best while the
     /// weights fit the caches (ViT-Ti: 3 MB with their transposes).
@@ -14,7 +14,7 @@ pub enum HostSpread {
     /// All rows through each operation together, its work shared out: the frozen products by
     /// their columns (each thread reads its part of the weights once for all the rows,
     /// [`crate::kernels::products_parallel`]), the attention by samples, the per-head rₕ by
-    /// groups of [`super::QUERY_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
+    /// groups of [`super::forward::QUERY_ROWS`]. At ViT-B's width the frozen weights (47 MB with their
     /// transposes) fit no cache, and in parts each thread would stream them all from memory for
     /// its few rows.
     Operations,

@@ -1,23 +1,4 @@
-//! The CPU numeric kernels every layer of the crate shares: gemm on raw slices, products by a
-//! matrix packed once ([`PackedMatrix`], phase 2's frozen layers), a vectorisable
-//! exp, the erf GELU and the softmax row (compiled for AVX2 + FMA too and chosen at run time), the
-//! CPU feature check, the padding-mask helpers, and the fused backward-and-update products of a
-//! trained matrix ([`linear_backward`], the synthetic encoder's weights). They sit below the encoder, the model and the
-//! runtime, and import nothing of the crate.
-
-mod amx;
-pub(crate) mod arm;
-pub mod bf16;
-pub mod host_reads;
-mod linear;
-mod packed;
-mod tiles;
-
-pub use bf16::Precision;
-pub(crate) use linear::{
-    WeightGradient, linear_backward, linear_forward, transposed_backward, transposed_forward,
-};
-pub(crate) use packed::{PackedMatrix, ProductPart, products_parallel};
+//! Row-level kernels: gemm on raw slices, the vectorisable exp, the erf GELU, LayerNorm's statistics, the softmax row, the CPU feature checks and the padding masks.
 
 use candle_core::{CpuStorage, CustomOp1, D, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -39,7 +20,7 @@ pub(crate) fn contiguous_f32<'a>(
 
 /// `f` on the f32 values of a contiguous CPU tensor, read in place (no copy).
 pub(crate) fn with_host_f32<R>(tensor: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    host_reads::in_place();
+    super::host_reads::in_place();
     let (storage, layout) = tensor.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
         candle_core::bail!(
@@ -178,7 +159,7 @@ pub(crate) fn fast_exp(x: f32) -> f32 {
 
 /// erf by Abramowitz & Stegun 7.1.26 (|error| ≤ 1.5e-7), the formula of PyTorch's vectorised CPU erf.
 #[inline(always)]
-fn erf_as(x: f32) -> f32 {
+pub(super) fn erf_as(x: f32) -> f32 {
     let (a1, a2, a3, a4, a5, p) = (
         0.254_829_6_f32,
         -0.284_496_74,
@@ -222,7 +203,7 @@ pub(crate) fn avx512_fma() -> bool {
 
 /// x·Φ(x) over a slice.
 #[inline(always)]
-fn gelu_kernel(src: &[f32], dst: &mut [f32]) {
+pub(super) fn gelu_kernel(src: &[f32], dst: &mut [f32]) {
     for (o, &x) in dst.iter_mut().zip(src) {
         *o = 0.5 * x * (1.0 + erf_as(x * std::f32::consts::FRAC_1_SQRT_2));
     }
@@ -255,7 +236,7 @@ pub(crate) fn gelu(src: &[f32], dst: &mut [f32]) {
 
 /// dy·(Φ(x) + x·φ(x)), the GELU's backward, into `dy` in place over `x`.
 #[inline(always)]
-fn gelu_backward_kernel(x: &[f32], dy: &mut [f32]) {
+pub(super) fn gelu_backward_kernel(x: &[f32], dy: &mut [f32]) {
     // φ(x) = e^(−x²/2)/√(2π)
     const INV_SQRT_2PI: f32 = 0.398_942_3;
     for (g, &x) in dy.iter_mut().zip(x) {
@@ -319,7 +300,10 @@ pub(crate) fn mean_and_inv_std_rows<const R: usize>(
 }
 
 #[inline(always)]
-fn mean_and_inv_std_kernel<const R: usize>(rows: [&[f32]; R], eps: f32) -> [(f32, f32); R] {
+pub(super) fn mean_and_inv_std_kernel<const R: usize>(
+    rows: [&[f32]; R],
+    eps: f32,
+) -> [(f32, f32); R] {
     let full = whole_chunks(&rows);
     let mut lanes = [[0f32; LANES]; R];
     for c in (0..full).step_by(LANES) {
@@ -343,7 +327,7 @@ fn mean_and_inv_std_kernel<const R: usize>(rows: [&[f32]; R], eps: f32) -> [(f32
 
 /// The values of `rows` (all of one length) that fill whole chunks of LANES.
 #[inline(always)]
-fn whole_chunks<const R: usize>(rows: &[&[f32]; R]) -> usize {
+pub(super) fn whole_chunks<const R: usize>(rows: &[&[f32]; R]) -> usize {
     let len = rows.first().map_or(0, |row| row.len());
     assert!(
         rows.iter().all(|row| row.len() == len),
@@ -355,7 +339,7 @@ fn whole_chunks<const R: usize>(rows: &[&[f32]; R]) -> usize {
 /// Each row's mean from its lanes' sums, plus the values from `full` (past the last whole
 /// chunk).
 #[inline(always)]
-fn row_means<const R: usize>(
+pub(super) fn row_means<const R: usize>(
     rows: &[&[f32]; R],
     full: usize,
     lanes: &[[f32; LANES]; R],
@@ -369,7 +353,7 @@ fn row_means<const R: usize>(
 /// Each row's (mean, 1/√(variance + ε)) from its lanes' squared deviations, plus the values
 /// from `full` (past the last whole chunk).
 #[inline(always)]
-fn row_statistics<const R: usize>(
+pub(super) fn row_statistics<const R: usize>(
     rows: &[&[f32]; R],
     full: usize,
     means: [f32; R],
@@ -439,7 +423,7 @@ pub(crate) fn squared_norm(x: &[f32]) -> f64 {
 }
 
 #[inline(always)]
-fn squared_norm_kernel(x: &[f32]) -> f64 {
+pub(super) fn squared_norm_kernel(x: &[f32]) -> f64 {
     let chunks = x.chunks_exact(LANES);
     let rest: f64 = chunks
         .remainder()
@@ -473,11 +457,11 @@ pub(crate) fn softmax(row: &mut [f32], scale: f32, mask: Option<&[f32]>) {
 /// Independent accumulators of the softmax's reductions: a running max or sum in one variable
 /// is a serial chain the compiler may not reorder (float addition is not associative), which
 /// left this kernel at 15 % of a ViT-Ti forward; eight lanes vectorise.
-const LANES: usize = 8;
+pub(super) const LANES: usize = 8;
 
 /// A softmax row in place: its scores times `scale` plus the additive `mask`, then normalised.
 #[inline(always)]
-fn softmax_kernel(row: &mut [f32], scale: f32, mask: Option<&[f32]>) {
+pub(super) fn softmax_kernel(row: &mut [f32], scale: f32, mask: Option<&[f32]>) {
     match mask {
         Some(m) => row.iter_mut().zip(m).for_each(|(s, m)| *s = *s * scale + m),
         None => row.iter_mut().for_each(|s| *s *= scale),

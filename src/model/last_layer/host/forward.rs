@@ -1,58 +1,23 @@
-//! The CLS pass of [`LastLayer`] written out by hand on the host, for a stack of runs at once:
-//! the forward here, and in [`backward`] the step's cross-entropy and the backward to each run's
-//! query and key, with no autograd.
-//!
-//! A phase-2 step is a few CLS rows (16 by default) of each run through a dozen small operations.
-//! Through candle's autograd every operation allocates its output and its gradient, the
-//! LayerNorms take the slow differentiable formula, and the frozen weights' gradients the graph
-//! would compute are thrown away; at ViT-Ti that bookkeeping cost more than the arithmetic. Here
-//! each operation is a loop or one product over flat rows, the backward stops at the query and
-//! key, and the tokens are read by the same per-sample kernels as the fused attention op
-//! ([`KeyValues`]). The candle route ([`LastLayer::forward_resident`], differentiated) stays the
-//! reference: tests/last_layer_equivalence.rs holds the two equal in logits, loss and every
-//! gradient.
-//!
-//! With x̂₀ the normed CLS input, q₀ = x̂₀W_Qᵀ + b_Q; per head rₕ = q₀ₕW_Kₕ and cₕ = q₀ₕ·b_Kₕ; the
-//! attention pools the tokens into pooledₕ; context = pooled W_Vᵀ + b_V per head; then the rest
-//! of the layer, which differs between the backbones only in where the MLP's residual starts:
-//!
-//!   ViT (pre-LN):   h = x₀ + O(context);  a = N₁(h);  z = N₂(h + MLP(a))
-//!   BERT (post-LN): h = x₀ + O(context);  a = N₁(h);  z = N₂(a + MLP(a))
-//!
-//! and each run's classifier (BERT's pooler, tanh, first when the checkpoint has one).
-//!
-//! **A stack.** The runs of a stack share the frozen layer, not their query, key or classifier.
-//! A pass puts every run's rows through each frozen product together, so each frozen weight is
-//! read once for all of them, and the runs that read the same samples attend over each sample's
-//! tokens together ([`attention`]), so each token is read once for all of them. Every operation
-//! gives a row the same numbers whatever rows are beside it (the frozen products, gemm up to 48
-//! rows, the attention kernels, the norms), and each run's sums over its batch (the loss, the
-//! weight gradients) are taken over its own rows in the same order as alone: a run of a stack
-//! gets the numbers it gets alone, bit for bit.
+//! The CLS pass's forward for a stack of runs: the frozen layer's weights packed once, each run's query and key applied on the host.
 
-mod attention;
-mod backward;
-mod norm;
-mod spread;
-
+use super::spread::HostSpread;
 use std::ops::Range;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 
-use self::norm::{HostNorm, NormTrace};
-pub use self::spread::HostSpread;
-use super::{LastLayer, Rest};
-use crate::encoder::dense::FrozenLinear;
-use crate::kernels::{gelu, gelu_backward, gemm_into as matmul};
+use super::super::{LastLayer, Rest};
+use super::norm::{HostNorm, NormTrace};
+use crate::encoder::projections::FrozenLinear;
+use crate::kernels::{gelu, gemm_into as matmul};
 use crate::model::attend::KeyValues;
 use crate::model::classifier::FrozenClassifier;
-use crate::model::token_products::{Rows, Tokens, row_scores};
+use crate::model::token_products::{Rows, SampleTokens, row_scores};
 
 /// Where the MLP's residual branch starts.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Residual {
+pub(super) enum Residual {
     /// ViT: the sum before the first norm.
     BeforeNorm,
     /// BERT: the first norm's output.
@@ -60,32 +25,32 @@ enum Residual {
 }
 
 /// The frozen layer after the attention on the host: what every run of a stack shares.
-pub(super) struct HostLayer {
+pub(in crate::model::last_layer) struct HostLayer {
     /// What the attention reads of its input: ViT's LayerNorm before it; BERT reads X itself.
-    pre_norm: Option<HostNorm>,
-    value: Arc<FrozenLinear>,
-    output: Arc<FrozenLinear>,
-    first_norm: HostNorm,
-    intermediate: Arc<FrozenLinear>,
-    mlp_output: Arc<FrozenLinear>,
-    second_norm: HostNorm,
-    residual: Residual,
-    heads: usize,
-    head_dim: usize,
-    hidden: usize,
+    pub(super) pre_norm: Option<HostNorm>,
+    pub(super) value: Arc<FrozenLinear>,
+    pub(super) output: Arc<FrozenLinear>,
+    pub(super) first_norm: HostNorm,
+    pub(super) intermediate: Arc<FrozenLinear>,
+    pub(super) mlp_output: Arc<FrozenLinear>,
+    pub(super) second_norm: HostNorm,
+    pub(super) residual: Residual,
+    pub(super) heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) hidden: usize,
     /// How a step's or an evaluation's rows are shared out over the threads.
-    pub(super) spread: HostSpread,
+    pub(in crate::model::last_layer) spread: HostSpread,
 }
 
 /// One run's phase-1 classifier as the host pass reads it: BERT's pooler (when the checkpoint
 /// has one), then the classifier.
-pub(super) struct HostReadout {
-    pooler: Option<Arc<FrozenLinear>>,
-    classifier: Arc<FrozenLinear>,
+pub(in crate::model::last_layer) struct HostReadout {
+    pub(super) pooler: Option<Arc<FrozenLinear>>,
+    pub(super) classifier: Arc<FrozenLinear>,
 }
 
 impl HostReadout {
-    pub(super) fn new(readout: &FrozenClassifier) -> Self {
+    pub(in crate::model::last_layer) fn new(readout: &FrozenClassifier) -> Self {
         let (pooler, classifier) = readout.parts();
         Self {
             pooler: pooler.cloned(),
@@ -93,7 +58,7 @@ impl HostReadout {
         }
     }
 
-    fn classes(&self) -> usize {
+    pub(super) fn classes(&self) -> usize {
         self.classifier.dims().0
     }
 }
@@ -116,7 +81,7 @@ pub(crate) struct ClsRows<'a> {
 
 impl ClsRows<'_> {
     /// Rows `start..start + len`, of `d` values each.
-    fn part(&self, start: usize, len: usize, d: usize) -> ClsRows<'_> {
+    pub(super) fn part(&self, start: usize, len: usize, d: usize) -> ClsRows<'_> {
         ClsRows {
             inputs: &self.inputs[start * d..(start + len) * d],
             normed: &self.normed[start * d..(start + len) * d],
@@ -126,41 +91,41 @@ impl ClsRows<'_> {
 
 /// One run of a pass: its parameters, its classifier, and the samples it reads.
 #[derive(Clone, Copy)]
-pub(super) struct RunPass<'a> {
-    pub(super) qk: HostQk<'a>,
+pub(in crate::model::last_layer) struct RunPass<'a> {
+    pub(in crate::model::last_layer) qk: HostQk<'a>,
     /// Parameters a step also evaluates the run's rows at (the look-ahead); none in an evaluation.
-    pub(super) look_ahead: Option<HostQk<'a>>,
-    pub(super) readout: &'a HostReadout,
+    pub(in crate::model::last_layer) look_ahead: Option<HostQk<'a>>,
+    pub(in crate::model::last_layer) readout: &'a HostReadout,
     /// The CLS rows of `rows`, in their order.
-    pub(super) cls: ClsRows<'a>,
-    pub(super) tokens: &'a KeyValues,
-    pub(super) rows: &'a [usize],
+    pub(in crate::model::last_layer) cls: ClsRows<'a>,
+    pub(in crate::model::last_layer) tokens: &'a KeyValues,
+    pub(in crate::model::last_layer) rows: &'a [usize],
 }
 
 /// A run's pass over one part of its rows.
 #[derive(Clone, Copy)]
-struct PartPass<'a> {
+pub(super) struct PartPass<'a> {
     /// The run, by its place among the passes.
-    run: usize,
+    pub(super) run: usize,
     /// Where the part's rows start among the run's.
-    first: usize,
-    pass: RunPass<'a>,
+    pub(super) first: usize,
+    pub(super) pass: RunPass<'a>,
 }
 
 /// Where a step writes one run's gradients: four zeroed buffers of the query's and key's shapes.
-pub(super) struct RunGradients<'a> {
-    pub(super) wq: &'a mut [f32],
-    pub(super) bq: &'a mut [f32],
-    pub(super) wk: &'a mut [f32],
-    pub(super) bk: &'a mut [f32],
+pub(in crate::model::last_layer) struct RunGradients<'a> {
+    pub(in crate::model::last_layer) wq: &'a mut [f32],
+    pub(in crate::model::last_layer) bq: &'a mut [f32],
+    pub(in crate::model::last_layer) wk: &'a mut [f32],
+    pub(in crate::model::last_layer) bk: &'a mut [f32],
 }
 
 /// What a step leaves of one run beside its gradients.
-pub(super) struct RunStep {
+pub(in crate::model::last_layer) struct RunStep {
     /// The mean cross-entropy of its batch.
-    pub(super) loss: f32,
+    pub(in crate::model::last_layer) loss: f32,
     /// Its rows evaluated at the look-ahead's parameters, when it had some.
-    pub(super) evaluated: Option<Evaluated>,
+    pub(in crate::model::last_layer) evaluated: Option<Evaluated>,
 }
 
 /// Rows evaluated by a forward: logits (B×C) and the attention of each head (B×H×T).
@@ -172,18 +137,18 @@ pub struct Evaluated {
 
 /// Rows of each run a part of a step holds ([`HostSpread::Chunks`]). The part's size is fixed,
 /// not the thread count's, so the products see the same shapes however many threads there are.
-const CHUNK: usize = 8;
+pub(super) const CHUNK: usize = 8;
 
 /// Rows of each run a part of an evaluation holds ([`HostSpread::Chunks`]): with no backward to
 /// keep tokens in cache for, larger parts make fewer and larger products. A multiple of 6, the
 /// rows a frozen product takes at once ([`crate::kernels::PackedMatrix`]), and half of the 48
 /// rows an evaluation hands over at a time, so that two cores share them evenly.
-const EVAL_CHUNK: usize = 24;
+pub(super) const EVAL_CHUNK: usize = 24;
 
 /// Rows whose cross-entropies are summed together before the groups' sums are added, in either
 /// spread: a row's share of the loss then depends on neither the spread, the part nor the
 /// threads.
-const LOSS_ROWS: usize = 8;
+pub(super) const LOSS_ROWS: usize = 8;
 
 /// Rows whose per-head query directions rₕ = q₀ₕ W_Kₕ go through gemm together. gemm gives a row
 /// the same numbers whatever rows are beside it, up to 48 of them at the host pass's shapes
@@ -195,19 +160,19 @@ const LOSS_ROWS: usize = 8;
 /// through the attention's scores kernel instead, which reads the weights in place where gemm
 /// re-packed them; their numbers depend on no group, so they take all the rows at once and read
 /// each weight once ([`HostLayer::against_rows`]).
-const QUERY_ROWS: usize = 16;
+pub(super) const QUERY_ROWS: usize = 16;
 
 /// Where each query set's rows sit among the rows of a part: every run's trained rows in run
 /// order, then the look-ahead's rows of those that have one, in run order.
-struct Layout {
+pub(super) struct RowLayout {
     /// Per set: the part's run it belongs to, whether it is the look-ahead's, and its rows.
-    sets: Vec<(usize, bool, Range<usize>)>,
+    pub(super) sets: Vec<(usize, bool, Range<usize>)>,
     /// Rows of the trained sets (the first ones).
-    trained_rows: usize,
+    pub(super) trained_rows: usize,
 }
 
-impl Layout {
-    fn of(part: &[RunPass]) -> Self {
+impl RowLayout {
+    pub(super) fn of(part: &[RunPass]) -> Self {
         let mut sets = Vec::new();
         let mut at = 0;
         for ahead in [false, true] {
@@ -222,12 +187,12 @@ impl Layout {
         Self { sets, trained_rows }
     }
 
-    fn trained(&self) -> impl Iterator<Item = &(usize, bool, Range<usize>)> {
+    pub(super) fn trained(&self) -> impl Iterator<Item = &(usize, bool, Range<usize>)> {
         self.sets.iter().filter(|(_, ahead, _)| !ahead)
     }
 
     /// Each set's rows with the classifier that reads them, in row order.
-    fn readouts<'a>(
+    pub(super) fn readouts<'a>(
         &self,
         part: &[RunPass<'a>],
         trained_only: bool,
@@ -242,7 +207,11 @@ impl Layout {
 
 /// The sets of a part that attend over the same rows of the same tokens, as indices into the
 /// layout's sets, in their order.
-fn attention_groups(part: &[RunPass], sets: &[usize], layout: &Layout) -> Vec<Vec<usize>> {
+pub(super) fn attention_groups(
+    part: &[RunPass],
+    sets: &[usize],
+    layout: &RowLayout,
+) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for &s in sets {
         let run = &part[layout.sets[s].0];
@@ -259,25 +228,25 @@ fn attention_groups(part: &[RunPass], sets: &[usize], layout: &Layout) -> Vec<Ve
 }
 
 /// A part's forward: every set's results, and what the backward of the trained sets reads.
-struct Trace {
+pub(super) struct PartTrace {
     /// q₀ of each trained set (rows×D), in set order.
-    q0: Vec<Vec<f32>>,
+    pub(super) q0: Vec<Vec<f32>>,
     /// The attention of each set (rows×H×T), in set order.
-    probs: Vec<Vec<f32>>,
-    first_norm: NormTrace,
+    pub(super) probs: Vec<Vec<f32>>,
+    pub(super) first_norm: NormTrace,
     /// The MLP's pre-activation (rows×M).
-    pre_activation: Vec<f32>,
-    second_norm: NormTrace,
+    pub(super) pre_activation: Vec<f32>,
+    pub(super) second_norm: NormTrace,
     /// tanh of the pooler, when there is one (rows×D).
-    pooled_features: Option<Vec<f32>>,
+    pub(super) pooled_features: Option<Vec<f32>>,
     /// (rows×C)
-    logits: Vec<f32>,
+    pub(super) logits: Vec<f32>,
 }
 
-impl Trace {
+impl PartTrace {
     /// The look-ahead's rows (from `b` on) split off: their logits; the trace keeps the trained
     /// rows' parts, for the backward.
-    fn split_off_rows(&mut self, b: usize, rows: usize) -> Vec<f32> {
+    pub(super) fn split_off_rows(&mut self, b: usize, rows: usize) -> Vec<f32> {
         let rows = rows.max(1);
         let width = |v: &[f32]| v.len() / rows;
         let (d, m, c) = (
@@ -299,10 +268,10 @@ impl Trace {
 
 /// The `b` rows of `rows` against each row of `weights` (N×`d`): B×N dot products, through the
 /// scores kernel, which reads the weights where they lie.
-fn dot_rows(rows: Rows, b: usize, weights: &[f32], d: usize) -> Vec<f32> {
+pub(super) fn dot_rows(rows: Rows, b: usize, weights: &[f32], d: usize) -> Vec<f32> {
     let len = weights.len() / d;
     let mut block = vec![0f32; b * len];
-    let weights = Tokens {
+    let weights = SampleTokens {
         data: weights,
         len,
         dim: d,
@@ -312,22 +281,26 @@ fn dot_rows(rows: Rows, b: usize, weights: &[f32], d: usize) -> Vec<f32> {
 }
 
 /// `a += b` element-wise.
-fn add_into(a: &mut [f32], b: &[f32]) {
+pub(super) fn add_into(a: &mut [f32], b: &[f32]) {
     a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
 }
 
 /// The values of `rows` (a range of rows of `width` values) of `all`.
-fn rows_of<'a, T>(all: &'a [T], rows: &Range<usize>, width: usize) -> &'a [T] {
+pub(super) fn rows_of<'a, T>(all: &'a [T], rows: &Range<usize>, width: usize) -> &'a [T] {
     &all[rows.start * width..rows.end * width]
 }
 
-fn rows_of_mut<'a, T>(all: &'a mut [T], rows: &Range<usize>, width: usize) -> &'a mut [T] {
+pub(super) fn rows_of_mut<'a, T>(
+    all: &'a mut [T],
+    rows: &Range<usize>,
+    width: usize,
+) -> &'a mut [T] {
     &mut all[rows.start * width..rows.end * width]
 }
 
 impl HostLayer {
     /// The host form of `layer`'s frozen part, when it has one: the CPU and the exact (erf) GELU.
-    pub(super) fn new(layer: &LastLayer) -> Result<Option<Self>> {
+    pub(in crate::model::last_layer) fn new(layer: &LastLayer) -> Result<Option<Self>> {
         let attention = layer.attention();
         if !attention.query.weight().device().is_cpu() {
             return Ok(None);
@@ -360,7 +333,7 @@ impl HostLayer {
         if activation != candle_nn::Activation::Gelu {
             return Ok(None);
         }
-        let frozen = |dense: &crate::encoder::dense::Dense| -> Result<Arc<FrozenLinear>> {
+        let frozen = |dense: &crate::encoder::projections::Dense| -> Result<Arc<FrozenLinear>> {
             match dense.as_frozen() {
                 Some(f) => Ok(Arc::clone(f)),
                 None => bail!("the last layer's dense layers are not in phase 2's form"),
@@ -396,7 +369,7 @@ impl HostLayer {
     }
 
     /// Whether `other` reads the very same frozen weights (runs of one stack must).
-    pub(super) fn shares_weights_with(&self, other: &HostLayer) -> bool {
+    pub(in crate::model::last_layer) fn shares_weights_with(&self, other: &HostLayer) -> bool {
         [
             (&self.value, &other.value),
             (&self.output, &other.output),
@@ -408,14 +381,14 @@ impl HostLayer {
     }
 
     /// Whether one operation's work is shared out over the threads.
-    fn across_threads(&self) -> bool {
+    pub(super) fn across_threads(&self) -> bool {
         self.spread == HostSpread::Operations
     }
 
     /// The `b` rows of `rows` against every row of `weights` (N×D, D = the hidden width): the
     /// B×N dot products, through the scores kernel. Across threads, each takes a share of the
     /// weights' rows for all of `rows`, so the weights are read once.
-    fn against_rows(&self, rows: Rows, b: usize, weights: &[f32]) -> Vec<f32> {
+    pub(super) fn against_rows(&self, rows: Rows, b: usize, weights: &[f32]) -> Vec<f32> {
         let d = self.hidden;
         let n = weights.len() / d;
         let parts = if self.across_threads() {
@@ -441,7 +414,13 @@ impl HostLayer {
     /// An element-wise `f` (GELU or its backward) over rows of `width` values of `x` and `y`;
     /// across threads, the rows shared out. Between two products shared out, a step on one
     /// thread leaves the other idle (32 rows of ViT-B's MLP: 98 304 GELUs).
-    fn by_rows(&self, width: usize, x: &[f32], y: &mut [f32], f: fn(&[f32], &mut [f32])) {
+    pub(super) fn by_rows(
+        &self,
+        width: usize,
+        x: &[f32],
+        y: &mut [f32],
+        f: fn(&[f32], &mut [f32]),
+    ) {
         if !self.across_threads() {
             return f(x, y);
         }
@@ -453,20 +432,20 @@ impl HostLayer {
     }
 
     /// What the attention reads of one sample's layer inputs (its unpadded token rows), in place.
-    pub(super) fn normalise_sample(&self, tokens: &mut [f32]) {
+    pub(in crate::model::last_layer) fn normalise_sample(&self, tokens: &mut [f32]) {
         if let Some(norm) = &self.pre_norm {
             norm.normalise_in_place(tokens);
         }
     }
 
     /// Each run's logits (B×C) and CLS attention (B×H×T) over its rows.
-    pub(super) fn forward(&self, runs: &[RunPass]) -> Vec<Evaluated> {
+    pub(in crate::model::last_layer) fn forward(&self, runs: &[RunPass]) -> Vec<Evaluated> {
         let parts = self.parts(runs, EVAL_CHUNK);
-        let traced: Vec<(Trace, Layout)> = parts
+        let traced: Vec<(PartTrace, RowLayout)> = parts
             .par_iter()
             .map(|part| {
                 let passes: Vec<RunPass> = part.iter().map(|p| p.pass).collect();
-                let layout = Layout::of(&passes);
+                let layout = RowLayout::of(&passes);
                 (self.trace(&passes, &layout), layout)
             })
             .collect();
@@ -485,7 +464,11 @@ impl HostLayer {
 
     /// The passes cut into parts of `chunk` rows of each run (one part of all rows across
     /// threads), each pass with the run it comes from and where its rows start in the run's.
-    fn parts<'a>(&self, runs: &'a [RunPass<'a>], chunk: usize) -> Vec<Vec<PartPass<'a>>> {
+    pub(super) fn parts<'a>(
+        &self,
+        runs: &'a [RunPass<'a>],
+        chunk: usize,
+    ) -> Vec<Vec<PartPass<'a>>> {
         let longest = runs.iter().map(|r| r.rows.len()).max().unwrap_or(0);
         let size = self.spread.part_rows(chunk, longest);
         (0..longest.div_ceil(size))
@@ -509,7 +492,7 @@ impl HostLayer {
     }
 
     /// The forward of every set of a part, keeping what the backward of the trained sets reads.
-    fn trace(&self, part: &[RunPass], layout: &Layout) -> Trace {
+    pub(super) fn trace(&self, part: &[RunPass], layout: &RowLayout) -> PartTrace {
         let d = self.hidden;
         // q₀ and rₕ of each set; across threads, the sets side by side.
         let query_set = |(k, ahead, _): &(usize, bool, Range<usize>)| {
@@ -535,7 +518,8 @@ impl HostLayer {
         for group in attention_groups(part, &all, layout) {
             let run = &part[layout.sets[group[0]].0];
             let sets: Vec<&[f32]> = group.iter().map(|&s| queries[s].1.as_slice()).collect();
-            let results = attention::attend(run.tokens, run.rows, &sets, self.spread.min_len());
+            let results =
+                super::attention::attend(run.tokens, run.rows, &sets, self.spread.min_len());
             for (s, result) in group.into_iter().zip(results) {
                 attended[s] = result;
             }
@@ -565,7 +549,7 @@ impl HostLayer {
     /// q₀ (B×D) = x̂₀ W_Qᵀ + b_Q of the CLS rows `normed`, and the query directions rₕ (B×H×D)
     /// = q₀ₕ (B×dₕ) · W_Kₕ (dₕ×D); cₕ = q₀ₕ·b_Kₕ drops out of the softmax
     /// (`KeyValues::sample_forward`).
-    fn query_rows(&self, qk: &HostQk, normed: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    pub(super) fn query_rows(&self, qk: &HostQk, normed: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let (h, dh, d) = (self.heads, self.head_dim, self.hidden);
         let b = normed.len() / d;
         // Each entry of x̂₀ W_Qᵀ is a dot product of two rows, as a score is: the scores kernel
@@ -601,14 +585,14 @@ impl HostLayer {
 
     /// The layer after the attention and each set's classifier, over the rows of `pooled`
     /// (rows×H×D) with their residual `inputs` (rows×D), keeping what the backward reads.
-    fn trace_rest(
+    pub(super) fn trace_rest(
         &self,
         q0: Vec<Vec<f32>>,
         probs: Vec<Vec<f32>>,
         pooled: &[f32],
         inputs: &[f32],
         readouts: &[(Range<usize>, &HostReadout)],
-    ) -> Trace {
+    ) -> PartTrace {
         let d = self.hidden;
         let b = inputs.len() / d;
         let mut context = vec![0f32; b * d];
@@ -641,7 +625,7 @@ impl HostLayer {
         let mut features = vec![0f32; b * d];
         let second_norm = self.second_norm.forward(&out, &mut features);
         let (pooled_features, logits) = self.readout_forward(&features, readouts);
-        Trace {
+        PartTrace {
             q0,
             probs,
             first_norm,
@@ -654,7 +638,7 @@ impl HostLayer {
 
     /// Each set's classifier on its rows of `features`: tanh of the pooler, when there is one,
     /// and the logits.
-    fn readout_forward(
+    pub(super) fn readout_forward(
         &self,
         features: &[f32],
         readouts: &[(Range<usize>, &HostReadout)],

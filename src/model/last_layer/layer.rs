@@ -1,23 +1,4 @@
-//! Phase 2 of the paper (docs/protocol.md §3): the last layer's query and key re-initialised and trained,
-//! everything else frozen, evaluated from the cached hidden states entering that layer.
-//!
-//! Only the CLS / position-0 output reaches the classifier, and every part of the layer after the
-//! attention is token-wise, so only the CLS query row matters. Per head h:
-//!
-//!   scores_h = (q₀ₕ · Kₕᵀ)/√dₕ  with  q₀ = x̂₀ W_Qᵀ + b_Q,  Kₕ = X̂ W_Kₕᵀ + b_Kₕ
-//!            = ((q₀ₕ W_Kₕ) X̂ᵀ + q₀ₕ · b_Kₕ)/√dₕ
-//!
-//! so a step costs O(B(D² + H·T·D)) instead of the full layer's O(B·T·D²). Attention is linear in
-//! the values, so the context is (Σₜ pₜ x̂ₜ) W_Vₕᵀ + b_Vₕ: phase 2 needs nothing per sample but
-//! the layer inputs X (x̂ = LN(X) is recomputed per batch for ViT), and the attention over them is
-//! `attend::KeyValues`. It is the same function as the full forward; `full_forward_logits`
-//! computes that one for the equivalence test.
-
-mod host;
-mod host_pass;
-
-pub use host::HostSpread;
-pub use host_pass::{HostRows, HostSource, HostStep, StackEval, StackRun, StackStep};
+//! The last layer of phase 2: the frozen layer around a trained query and key, its CLS pass through candle and its evaluation.
 
 use std::sync::{Arc, Mutex};
 
@@ -26,13 +7,13 @@ use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::Module;
 use rand::RngExt;
 
-use super::attend::{KeyValues, row_indices};
-use super::classifier::{Classifier, FrozenClassifier};
+use super::super::attend::{KeyValues, row_indices};
+use super::super::classifier::{Classifier, FrozenClassifier};
 use crate::encoder::Model;
 use crate::encoder::bert::BertLayer;
-use crate::encoder::dense::FrozenLinear;
 use crate::encoder::layer_rows::LayerRows;
 use crate::encoder::layers::{Norm, SelfAttention, first_token};
+use crate::encoder::projections::FrozenLinear;
 use crate::encoder::vit::VitLayer;
 
 /// The trainable query and key of the last layer: variables of their own
@@ -141,14 +122,14 @@ impl QueryKey {
 /// A set held in memory as phase 2 reads it every step.
 pub struct ResidentSet {
     /// The CLS row of the layer inputs X, (N, D): the residual stream.
-    cls_inputs: Tensor,
+    pub(super) cls_inputs: Tensor,
     /// That row as the attention reads it, (N, D): the query's input.
-    cls_normed: Tensor,
+    pub(super) cls_normed: Tensor,
     /// Both on the host, (N, D) row-major, for the host pass.
-    cls_inputs_host: Vec<f32>,
-    cls_normed_host: Vec<f32>,
+    pub(super) cls_inputs_host: Vec<f32>,
+    pub(super) cls_normed_host: Vec<f32>,
     /// The normed tokens of every sample.
-    tokens: Arc<KeyValues>,
+    pub(super) tokens: Arc<KeyValues>,
 }
 
 /// The logits and the CLS attention (B, H, T) of a batch.
@@ -158,31 +139,31 @@ pub struct Output {
 }
 
 pub struct LastLayer<'a> {
-    model: &'a Model,
-    classifier: &'a Classifier,
+    pub(super) model: &'a Model,
+    pub(super) classifier: &'a Classifier,
     /// The frozen parts a step differentiates through, in phase 2's form
-    /// (`encoder::dense`): the value projection per head, the rest of the layer and the
+    /// (`encoder::projections`): the value projection per head, the rest of the layer and the
     /// classifier.
-    value: Arc<FrozenLinear>,
-    rest: Rest,
-    readout: FrozenClassifier,
+    pub(super) value: Arc<FrozenLinear>,
+    pub(super) rest: Rest,
+    pub(super) readout: FrozenClassifier,
     /// The same pass written out by hand (`host`), on the CPU: the frozen layer, shared by the
     /// layers of one stack ([`Self::with_classifier`]), and this layer's classifier.
-    host: Option<Arc<host::HostLayer>>,
-    host_readout: Option<host::HostReadout>,
+    pub(super) host: Option<Arc<super::host::HostLayer>>,
+    pub(super) host_readout: Option<super::host::HostReadout>,
     /// The last streamed batch's values, the next one's buffer ([`LayerRows::host_batch_then`]).
-    streamed_buffer: Mutex<Vec<f32>>,
+    pub(super) streamed_buffer: Mutex<Vec<f32>>,
 }
 
 /// The last layer after its attention, and for ViT the final LayerNorm.
 #[derive(Clone)]
-enum Rest {
+pub(super) enum Rest {
     Vit(VitLayer, Norm),
     Bert(BertLayer),
 }
 
 /// The last layer's self-attention of either backbone.
-fn last_attention(model: &Model) -> &SelfAttention {
+pub(super) fn last_attention(model: &Model) -> &SelfAttention {
     match model {
         Model::Vit(v) => &v.last_layer().attention,
         Model::Bert(b) => &b.last_layer().attention,
@@ -207,11 +188,11 @@ impl<'a> LastLayer<'a> {
             host_readout: None,
             streamed_buffer: Mutex::new(Vec::new()),
         };
-        layer.host = host::HostLayer::new(&layer)?.map(Arc::new);
+        layer.host = super::host::HostLayer::new(&layer)?.map(Arc::new);
         layer.host_readout = layer
             .host
             .as_ref()
-            .map(|_| host::HostReadout::new(&layer.readout));
+            .map(|_| super::host::HostReadout::new(&layer.readout));
         Ok(layer)
     }
 
@@ -224,7 +205,10 @@ impl<'a> LastLayer<'a> {
             classifier,
             value: Arc::clone(&self.value),
             rest: self.rest.clone(),
-            host_readout: self.host.as_ref().map(|_| host::HostReadout::new(&readout)),
+            host_readout: self
+                .host
+                .as_ref()
+                .map(|_| super::host::HostReadout::new(&readout)),
             readout,
             host: self.host.clone(),
             streamed_buffer: Mutex::new(Vec::new()),
@@ -239,19 +223,19 @@ impl<'a> LastLayer<'a> {
         self
     }
 
-    fn attention(&self) -> &SelfAttention {
+    pub(super) fn attention(&self) -> &SelfAttention {
         last_attention(self.model)
     }
 
     /// The layer's output at the CLS position through to the logits, given the attention context
     /// of the CLS query, (B, D).
-    fn head(&self, x0: &Tensor, context: &Tensor) -> Result<Tensor> {
+    pub(super) fn head(&self, x0: &Tensor, context: &Tensor) -> Result<Tensor> {
         self.readout.forward(&self.cls_output(x0, context)?)
     }
 
     /// The layer's (and for ViT the final LayerNorm's) output at the CLS position, (B, D), given
     /// its input x0 and the attention context of the CLS query: the frozen part every run shares.
-    fn cls_output(&self, x0: &Tensor, context: &Tensor) -> Result<Tensor> {
+    pub(super) fn cls_output(&self, x0: &Tensor, context: &Tensor) -> Result<Tensor> {
         let (x0, context) = (x0.unsqueeze(1)?, context.unsqueeze(1)?);
         let out0 = match &self.rest {
             Rest::Vit(layer, layernorm) => {
@@ -263,7 +247,7 @@ impl<'a> LastLayer<'a> {
     }
 
     /// What the attention reads: LN(X) for ViT (pre-LN), X for BERT.
-    fn normed(&self, inputs: &Tensor) -> Result<Tensor> {
+    pub(super) fn normed(&self, inputs: &Tensor) -> Result<Tensor> {
         attention_inputs(self.model, inputs)
     }
 
@@ -307,7 +291,7 @@ impl<'a> LastLayer<'a> {
 
     /// [`Self::resident`] and [`Self::resident_stack`]: the sets one after another, `kept` as
     /// tensors or also read into host memory.
-    fn held(
+    pub(super) fn held(
         &self,
         sets: &[&LayerRows],
         device: &Device,
@@ -421,17 +405,17 @@ impl<'a> LastLayer<'a> {
         )
     }
 
-    fn value_device(&self) -> &Device {
+    pub(super) fn value_device(&self) -> &Device {
         self.attention().value.weight().device()
     }
 
-    fn scale(&self) -> f64 {
+    pub(super) fn scale(&self) -> f64 {
         1.0 / (self.attention().head_dim as f64).sqrt()
     }
 
     /// The CLS query of rows `rows` of `tokens`, given their CLS input x0 and its normed x̂0
     /// (B, D): attention, value projection, the rest of the layer and the classifier.
-    fn attend(
+    pub(super) fn attend(
         &self,
         qk: &QueryKey,
         x0: &Tensor,
@@ -556,16 +540,16 @@ impl ResidentSet {
 
 /// A set's CLS rows, normed CLS rows and normed tokens, a chunk of samples at a time.
 #[derive(Default)]
-struct SetParts {
-    cls_inputs: Vec<Tensor>,
-    cls_normed: Vec<Tensor>,
-    tokens: Vec<Tensor>,
+pub(super) struct SetParts {
+    pub(super) cls_inputs: Vec<Tensor>,
+    pub(super) cls_normed: Vec<Tensor>,
+    pub(super) tokens: Vec<Tensor>,
 }
 
 impl SetParts {
     /// The chunks of `rows`, through `layer`'s norm, their tokens padded to `width` (padding is
     /// never attended).
-    fn add(
+    pub(super) fn add(
         &mut self,
         layer: &LastLayer,
         rows: &LayerRows,
@@ -586,7 +570,7 @@ impl SetParts {
 }
 
 /// An output with its autograd history dropped.
-fn detached(out: Output) -> Result<Output> {
+pub(super) fn detached(out: Output) -> Result<Output> {
     Ok(Output {
         logits: out.logits.detach(),
         cls_attention: out.cls_attention.detach(),

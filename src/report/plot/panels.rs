@@ -1,5 +1,4 @@
-//! PNG figures with plotters and an embedded font (DejaVu Sans), so that text renders on a
-//! machine without system fonts. Each figure is written atomically.
+//! Line and scatter panels, the fonts they are drawn with and the palette.
 
 use std::path::Path;
 use std::sync::Once;
@@ -13,17 +12,9 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::io::produce_atomic;
 
-mod error_bars;
-mod heatmap;
+pub(in crate::report) const FONT: &str = "sans-serif";
 
-pub use self::error_bars::{
-    ErrorPanel, ErrorPoint, LegendEntry, LegendKey, Shape, error_scatter_panels,
-};
-pub use self::heatmap::{Grid2d, category_map, heatmap, heatmap_in};
-
-pub(super) const FONT: &str = "sans-serif";
-
-pub(super) fn register_fonts() {
+pub(in crate::report) fn register_fonts() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // The bytes are a valid TTF shipped by the dejavu crate; failure would be a build defect.
@@ -33,7 +24,7 @@ pub(super) fn register_fonts() {
 }
 
 /// plotters' errors borrow the backend; keep their message only.
-pub(super) fn plot_err(err: impl std::fmt::Display) -> anyhow::Error {
+pub(in crate::report) fn plot_err(err: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("plotting failed: {err}")
 }
 
@@ -100,7 +91,7 @@ pub struct XMark {
 }
 
 /// A figure of panels side by side under a common title.
-fn figure(
+pub(super) fn figure(
     path: &Path,
     title: &str,
     panels: usize,
@@ -111,7 +102,7 @@ fn figure(
 }
 
 /// [`figure`] with the panels in rows of `columns`.
-fn figure_in_rows(
+pub(super) fn figure_in_rows(
     path: &Path,
     title: &str,
     (panels, columns): (usize, usize),
@@ -138,13 +129,13 @@ fn figure_in_rows(
 }
 
 /// Tick labels without trailing zeros: 500 rather than 500.0, 0.25 rather than 0.250.
-fn tick(v: &f64) -> String {
+pub(super) fn tick(v: &f64) -> String {
     tick_with(*v, 3)
 }
 
 /// A tick formatter with enough decimals to tell apart ticks over `range` (about ten of them):
 /// an axis from 0.1667 to 0.1674 needs five, not three.
-fn ticks_for(range: (f64, f64)) -> impl Fn(&f64) -> String {
+pub(super) fn ticks_for(range: (f64, f64)) -> impl Fn(&f64) -> String {
     let step = ((range.1 - range.0) / 10.0).abs();
     let decimals = if step > 0.0 {
         (-step.log10()).ceil().clamp(3.0, 9.0) as usize
@@ -154,7 +145,7 @@ fn ticks_for(range: (f64, f64)) -> impl Fn(&f64) -> String {
     move |v| tick_with(*v, decimals)
 }
 
-fn tick_with(v: f64, decimals: usize) -> String {
+pub(super) fn tick_with(v: f64, decimals: usize) -> String {
     let text = format!("{v:.decimals$}");
     let text = text.trim_end_matches('0').trim_end_matches('.');
     if text == "-0" {
@@ -176,7 +167,7 @@ pub fn subscript(n: usize) -> String {
 /// their magnitude, so that equal values still span a range the axis can divide), (0, 1) when
 /// none is finite. Bounded for any finite input: values beyond ±1e300 are drawn at ±1e300, and
 /// halves are taken before differences, so that nothing overflows.
-fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
+pub(super) fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
     const EDGE: f64 = 1e300;
     let (lo, hi) = values
         .filter(|v| v.is_finite())
@@ -194,7 +185,7 @@ fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
 
 /// The points a line chart draws: each segment of `series` sampled, so that a straight line
 /// across a corner counts in [`emptiest_corner`].
-fn sampled_lines(series: &[Series]) -> Vec<(f64, f64)> {
+pub(super) fn sampled_lines(series: &[Series]) -> Vec<(f64, f64)> {
     series
         .iter()
         .flat_map(|s| {
@@ -212,7 +203,11 @@ fn sampled_lines(series: &[Series]) -> Vec<(f64, f64)> {
 }
 
 /// The legend corner that covers the fewest of the drawn `points`, within the plotted ranges.
-fn emptiest_corner(points: &[(f64, f64)], x: (f64, f64), y: (f64, f64)) -> SeriesLabelPosition {
+pub(super) fn emptiest_corner(
+    points: &[(f64, f64)],
+    x: (f64, f64),
+    y: (f64, f64),
+) -> SeriesLabelPosition {
     // Normalised boxes (x from, x to, y from, y to) a legend of a few rows roughly covers.
     let corners = [
         (SeriesLabelPosition::MiddleRight, (0.5, 1.0, 0.3, 0.7)),
@@ -347,7 +342,7 @@ pub fn scatter_panels(path: &Path, title: &str, panels: &[ScatterPanel]) -> Resu
 
 /// A panel's axes at spans `xs` and `ys`, with its title and axis labels: every panel's (lines,
 /// points, error bars).
-pub(super) fn scatter_chart<'a, 'b>(
+pub(in crate::report) fn scatter_chart<'a, 'b>(
     area: &'a DrawingArea<BitMapBackend<'b>, Shift>,
     title: &str,
     (x_label, y_label): (&str, &str),
@@ -377,14 +372,14 @@ pub(super) fn scatter_chart<'a, 'b>(
 }
 
 /// A scatter panel's chart: both axes f64.
-pub(super) type ScatterChart<'a, 'b> = ChartContext<
+pub(in crate::report) type ScatterChart<'a, 'b> = ChartContext<
     'a,
     BitMapBackend<'b>,
     Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
 >;
 
 /// The vertical dashed marks across a panel, each labelled beside its line.
-fn draw_marks(
+pub(super) fn draw_marks(
     chart: &mut ScatterChart,
     marks: &[XMark],
     xs: (f64, f64),
@@ -424,7 +419,7 @@ fn draw_marks(
 }
 
 /// Each group's points in its marker, with its legend entry.
-fn draw_groups<'a, 'b: 'a>(
+pub(super) fn draw_groups<'a, 'b: 'a>(
     chart: &mut ScatterChart<'a, 'b>,
     groups: &[ScatterGroup],
 ) -> Result<()> {
@@ -465,7 +460,7 @@ fn draw_groups<'a, 'b: 'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::heatmap::cell_edges;
+    use super::super::heatmap::{Grid2d, cell_edges, heatmap};
     use super::*;
 
     #[test]

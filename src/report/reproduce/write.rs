@@ -1,7 +1,4 @@
-//! The report of `reproduce`: results.csv, report.md (our cells beside the paper's, with every
-//! deviation in a header) and the figures: the Fig. 8-style noise sweep, the Fig. 9-style
-//! attention curves, memorization against test accuracy over all runs, and one run's attention
-//! maps per dataset.
+//! reproduce's report written: results.csv, report.md, verdicts.csv and the figures' data.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -10,21 +7,14 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use plotters::style::RGBColor;
 
-use super::kept;
-use super::paper;
-use super::plot::{
-    LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, line_panels, scatter_panels,
-};
-use super::results::{Cell, ResultRow, Stat, aggregate, write_csv};
-use super::verdict::{self, VerdictRow};
-use crate::io::{ensure_dir, produce_atomic, write_atomic};
-use crate::train::finetune::{Mode, RunFolder};
-use crate::train::metrics::EpochMetrics;
+use super::super::paper;
+use super::super::plot::{Marker, PALETTE};
+use super::super::results::{Cell, ResultRow, Stat, aggregate, write_csv};
+use super::super::verdict::{self, VerdictRow};
+use crate::io::{ensure_dir, write_atomic};
+use crate::train::run::Mode;
 
-mod figures;
-
-pub use self::figures::attention_file;
-use self::figures::{
+use super::figures::{
     attention_curves, attention_maps, check_logs, datasets, memorization_scatter, noise_sweep,
     read_metrics,
 };
@@ -68,9 +58,9 @@ pub fn write_report(
     let mode_order = |mode: &str| usize::from(mode != Mode::LastLayer.name());
     let dataset_style = |dataset: &str| (colors.color(dataset), colors.marker(dataset));
     let (theory, theory_figures) =
-        super::theory::section(out, &rows, &verdict_rows, &mode_order, &dataset_style)?;
+        super::super::theory::section(out, &rows, &verdict_rows, &mode_order, &dataset_style)?;
     figures.extend(theory_figures);
-    let theory = theory + &super::delay::section(runs, &read_metrics)?;
+    let theory = theory + &super::super::delay::section(runs, &read_metrics)?;
     let mut markdown = markdown(&rows, &cells, &verdict_rows, &theory, sources, &figures)?;
     if !missing.is_empty() {
         // Under the title, so a partial table is never read as the whole grid.
@@ -84,7 +74,7 @@ pub fn write_report(
     })
 }
 
-fn pct(s: Stat) -> String {
+pub(super) fn pct(s: Stat) -> String {
     if s.mean.is_nan() {
         "–".into()
     } else {
@@ -92,7 +82,7 @@ fn pct(s: Stat) -> String {
     }
 }
 
-fn two(s: Stat) -> String {
+pub(super) fn two(s: Stat) -> String {
     if s.mean.is_nan() {
         "–".into()
     } else {
@@ -101,7 +91,7 @@ fn two(s: Stat) -> String {
 }
 
 /// n·SNR² to three significant digits (it spans decades across cells).
-fn n_snr2(s: Stat) -> String {
+pub(super) fn n_snr2(s: Stat) -> String {
     if s.mean.is_nan() {
         "–".into()
     } else {
@@ -109,12 +99,15 @@ fn n_snr2(s: Stat) -> String {
     }
 }
 
-fn printed(p: paper::Printed, decimals: usize) -> String {
+pub(super) fn printed(p: paper::Printed, decimals: usize) -> String {
     format!("{:.*} ± {:.*}", decimals, p[0], decimals, p[1])
 }
 
 /// The distinct values of a field over rows, as "a, b".
-fn distinct<T: ToString>(rows: &[&ResultRow], field: impl Fn(&ResultRow) -> T) -> String {
+pub(super) fn distinct<T: ToString>(
+    rows: &[&ResultRow],
+    field: impl Fn(&ResultRow) -> T,
+) -> String {
     let mut seen: Vec<String> = Vec::new();
     for r in rows {
         let v = field(r).to_string();
@@ -125,7 +118,7 @@ fn distinct<T: ToString>(rows: &[&ResultRow], field: impl Fn(&ResultRow) -> T) -
     seen.join(", ")
 }
 
-fn markdown(
+pub(super) fn markdown(
     rows: &[ResultRow],
     cells: &[Cell],
     verdict_rows: &[VerdictRow],
@@ -164,7 +157,7 @@ fn markdown(
 }
 
 /// What each dataset ran with, beside the paper's settings, and every deviation the runs recorded.
-fn settings_section(md: &mut String, rows: &[ResultRow], cells: &[Cell]) -> Result<()> {
+pub(super) fn settings_section(md: &mut String, rows: &[ResultRow], cells: &[Cell]) -> Result<()> {
     writeln!(md, "## Settings and deviations\n")?;
     writeln!(
         md,
@@ -227,7 +220,7 @@ fn settings_section(md: &mut String, rows: &[ResultRow], cells: &[Cell]) -> Resu
 }
 
 /// Table 2's cells, ours beside the paper's, with what each column means.
-fn table2_section(md: &mut String, cells: &[Cell]) -> Result<()> {
+pub(super) fn table2_section(md: &mut String, cells: &[Cell]) -> Result<()> {
     let table2 = paper::table2()?;
     writeln!(
         md,
@@ -284,33 +277,33 @@ fn table2_section(md: &mut String, cells: &[Cell]) -> Result<()> {
 
 /// The verdict per (dataset, backbone, mode, n) of the cells, the paper's beside (verdicts.csv and
 /// report.md's verdict section).
-fn verdicts(cells: &[Cell]) -> Result<Vec<VerdictRow>> {
+pub(super) fn verdicts(cells: &[Cell]) -> Result<Vec<VerdictRow>> {
     Ok(verdict::verdicts(cells, &paper::table2()?))
 }
 
 /// Each dataset's colour (and scatter marker) in every figure of the report, so that a dataset
 /// keeps them from one figure to the next: the datasets of `runs` in name order, through the
 /// palette.
-pub(super) struct DatasetColors(Vec<String>);
+pub(in crate::report) struct DatasetColors(Vec<String>);
 
 impl DatasetColors {
-    fn of(runs: &[(ResultRow, PathBuf)]) -> Self {
+    pub(super) fn of(runs: &[(ResultRow, PathBuf)]) -> Self {
         Self(datasets(runs).into_iter().collect())
     }
 
     /// The dataset's place in name order; one past the last for a dataset of no run.
-    fn index(&self, dataset: &str) -> usize {
+    pub(super) fn index(&self, dataset: &str) -> usize {
         self.0
             .iter()
             .position(|d| d == dataset)
             .unwrap_or(self.0.len())
     }
 
-    fn color(&self, dataset: &str) -> RGBColor {
+    pub(super) fn color(&self, dataset: &str) -> RGBColor {
         PALETTE[self.index(dataset) % PALETTE.len()]
     }
 
-    fn marker(&self, dataset: &str) -> Marker {
+    pub(super) fn marker(&self, dataset: &str) -> Marker {
         [Marker::Triangle, Marker::Circle, Marker::Cross][self.index(dataset) % 3]
     }
 }
@@ -319,7 +312,10 @@ impl DatasetColors {
 mod tests {
     use super::*;
     use crate::data::DatasetName;
+    use crate::report::kept;
     use crate::report::results::tests::row;
+    use crate::train::metrics::EpochMetrics;
+    use crate::train::run::RunFolder;
 
     /// A run folder `name` under `root` (with attention_maps.png holding `name` when `maps`).
     fn run(

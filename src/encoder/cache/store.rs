@@ -1,19 +1,4 @@
-//! Feature cache: each image or sentence goes through a frozen backbone once per backbone,
-//! whatever split, seed or grid later asks for it, and a cached feature is only served for the
-//! very sample, network and preprocessing it was computed from.
-//!
-//! Layout: `<root>/<backbone>-<weights sha256[..12]>/<hash of preprocessing and config.json>/
-//! <dataset>/<split>/` holds shards: a safetensors file of features for a set of samples and a
-//! JSON sidecar with its key (backbone id, weights and config.json sha256, preprocessing, dataset,
-//! split, contents, and per sample its release index and a digest of its raw bytes) and the
-//! sha256 of the safetensors file. A sample is served from a shard only when both its release
-//! index and its bytes' digest match, so a replaced data file is recomputed, not reused; a shard is
-//! read only when its file matches the recorded sha256 and every value is finite, else it is
-//! deleted and its samples recomputed, with a warning. Both files are written to temporary names
-//! and renamed, the sidecar last, so a killed extraction leaves nothing a later run would trust.
-//! Writers of one folder take an exclusive file lock (`.lock`), so concurrent processes (Slurm
-//! array tasks) compute each sample once and the lock holder may sweep temporary files that
-//! killed writers left.
+//! The feature cache itself: its root, its key, its shards looked up, verified and written.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -22,23 +7,21 @@ use anyhow::{Context, Result, bail};
 use candle_core::{Device, DeviceLocation, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::backbone::{Backbone, Encoded};
-use super::layer_rows::{LayerRows, rows_digest};
+use super::super::backbone::{Backbone, Encoded};
+use super::super::layer_rows::LayerRows;
 use crate::data::Split;
 use crate::data::files::sha256_hex;
 
-mod shard_file;
-
-use self::shard_file::{ensure_finite, open_shard, read_sidecars, shard_tensors, write_shard};
+use super::shard_file::{ensure_finite, open_shard, read_sidecars, shard_tensors, write_shard};
 
 pub const CACHE_DIR_ENV: &str = "BENIGN_CACHE_DIR";
-const FORMAT_VERSION: u32 = 3;
+pub(super) const FORMAT_VERSION: u32 = 3;
 /// Samples per shard written by one extraction: at most 1024, and about 256 MB of layer inputs
 /// (a shard is held in memory while it is computed).
-const SHARD_SAMPLES: usize = 1024;
-const SHARD_BYTES: usize = 256 << 20;
+pub(super) const SHARD_SAMPLES: usize = 1024;
+pub(super) const SHARD_BYTES: usize = 256 << 20;
 /// The lock file of a shard folder.
-const LOCK: &str = ".lock";
+pub(super) const LOCK: &str = ".lock";
 
 /// What is stored per sample.
 #[derive(
@@ -77,34 +60,34 @@ pub struct CacheStats {
 
 /// Everything a shard's features depend on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct ShardKey {
-    version: u32,
-    backbone: String,
-    weights_sha256: String,
-    config_sha256: String,
-    preprocessing: String,
-    dataset: String,
-    split: String,
-    contents: Contents,
-    release_index: Vec<usize>,
+pub(super) struct ShardKey {
+    pub(super) version: u32,
+    pub(super) backbone: String,
+    pub(super) weights_sha256: String,
+    pub(super) config_sha256: String,
+    pub(super) preprocessing: String,
+    pub(super) dataset: String,
+    pub(super) split: String,
+    pub(super) contents: Contents,
+    pub(super) release_index: Vec<usize>,
     /// `Inputs::sample_digest` of each sample, aligned with `release_index`.
-    sample_digest: Vec<String>,
+    pub(super) sample_digest: Vec<String>,
     /// The device the backbone ran on when it is not the CPU ("cuda"): results differ between
     /// devices in the last float bits, so a CPU run never reads a GPU's features or the reverse.
     /// Absent for the CPU, whose shards keep the names they had before devices were told apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    device: Option<String>,
+    pub(super) device: Option<String>,
     /// What computed the features: [`EXTRACTION_VERSION`] and the CPU's float kernels
     /// ([`crate::runtime::float_kernels`]). Another version of extraction's arithmetic, or
     /// another family of kernels (AVX-512 against AVX2), gives other features in the last bits:
     /// they are extracted again, with a warning, not reused. Absent in shards written before it
     /// was recorded, which are therefore never reused.
     #[serde(default)]
-    extraction: Option<String>,
+    pub(super) extraction: Option<String>,
     /// The products' arithmetic when not f32 ("bf16", "bf16-amx"); absent for f32, whose shards keep their
     /// names and folders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    precision: Option<String>,
+    pub(super) precision: Option<String>,
 }
 
 /// The version of extraction's arithmetic (the backbones' forward, the preprocessing): raised
@@ -112,7 +95,7 @@ struct ShardKey {
 pub const EXTRACTION_VERSION: u32 = 1;
 
 /// What a shard written now records as its [`ShardKey::extraction`].
-fn extraction_stamp() -> String {
+pub(super) fn extraction_stamp() -> String {
     format!(
         "extraction {EXTRACTION_VERSION}, {}",
         crate::runtime::float_kernels()
@@ -122,24 +105,24 @@ fn extraction_stamp() -> String {
 /// A shard's sidecar: its key and the checksums of its tensors: sha256 of each small tensor's
 /// bytes, and a digest of each sample's layer-input rows (read one sample at a time).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-struct Sidecar {
-    key: ShardKey,
-    tensor_sha256: BTreeMap<String, String>,
+pub(super) struct Sidecar {
+    pub(super) key: ShardKey,
+    pub(super) tensor_sha256: BTreeMap<String, String>,
     /// `layer_rows::rows_digest` per sample, with `Contents::Full`.
-    row_digest: Vec<String>,
+    pub(super) row_digest: Vec<String>,
     /// Tokens per sample before its padding was cut.
-    tokens: usize,
+    pub(super) tokens: usize,
 }
 
 impl ShardKey {
-    fn file_stem(&self) -> Result<String> {
+    pub(super) fn file_stem(&self) -> Result<String> {
         Ok(format!("shard-{}", &crate::io::json_digest(self)?[..16]))
     }
 }
 
 #[derive(Clone, Debug)]
 pub struct FeatureCache {
-    root: PathBuf,
+    pub(super) root: PathBuf,
 }
 
 /// `--cache-dir`, else `$BENIGN_CACHE_DIR`, else the platform cache folder + benign-attention.
@@ -155,7 +138,7 @@ pub fn cache_root(flag: Option<&Path>) -> PathBuf {
         .join("benign-attention")
 }
 
-fn slug(text: &str) -> String {
+pub(super) fn slug(text: &str) -> String {
     text.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
@@ -168,24 +151,24 @@ fn slug(text: &str) -> String {
 }
 
 /// The exclusive lock of a shard folder, held while samples are computed and written.
-struct CacheWriterLock {
-    _held: crate::io::FileLock,
+pub(super) struct CacheWriterLock {
+    pub(super) _held: crate::io::FileLock,
 }
 
 impl CacheWriterLock {
     /// Blocks until no other process writes into `dir`.
-    fn acquire(dir: &Path) -> Result<Self> {
+    pub(super) fn acquire(dir: &Path) -> Result<Self> {
         crate::io::FileLock::wait(&dir.join(LOCK)).map(|held| Self { _held: held })
     }
 
     /// The lock if no other process holds it.
-    fn try_acquire(dir: &Path) -> Result<Option<Self>> {
+    pub(super) fn try_acquire(dir: &Path) -> Result<Option<Self>> {
         Ok(crate::io::FileLock::try_take(&dir.join(LOCK))?.map(|held| Self { _held: held }))
     }
 
     /// Removes the temporary files of writers that were killed: whoever holds the lock is the
     /// only writer, so every temporary file present is stale.
-    fn sweep(&self, dir: &Path) {
+    pub(super) fn sweep(&self, dir: &Path) {
         crate::io::sweep_temporaries(dir);
     }
 }
@@ -212,7 +195,7 @@ impl FeatureCache {
         &self.root
     }
 
-    fn dir(&self, backbone: &Backbone, dataset: &str, split: &str) -> PathBuf {
+    pub(super) fn dir(&self, backbone: &Backbone, dataset: &str, split: &str) -> PathBuf {
         let mut inputs = format!(
             "{}\n{}",
             backbone.preprocessing_fingerprint(),
@@ -339,7 +322,7 @@ impl FeatureCache {
     }
 
     /// The key of a shard of `positions` of `data`.
-    fn key(
+    pub(super) fn key(
         &self,
         backbone: &Backbone,
         dataset: &str,
@@ -376,17 +359,17 @@ impl FeatureCache {
 
 /// A trusted shard as a request reads it: its small tensors in memory, and where its samples'
 /// layer inputs are in its file.
-struct Shard {
-    small: HashMap<String, Tensor>,
+pub(super) struct OpenShard {
+    pub(super) small: HashMap<String, Tensor>,
     /// Per sample: byte offset of its first layer-input row, and its rows' digest.
-    rows: Vec<(u64, String)>,
-    lengths: Vec<usize>,
-    file: std::sync::Arc<PathBuf>,
-    tokens: usize,
+    pub(super) rows: Vec<(u64, String)>,
+    pub(super) lengths: Vec<usize>,
+    pub(super) file: std::sync::Arc<PathBuf>,
+    pub(super) tokens: usize,
 }
 
 /// One shard of `encoded` batches under `key`, checked for finite values.
-fn write_encoded(
+pub(super) fn write_encoded(
     dir: &Path,
     key: &ShardKey,
     encoded: &[Encoded],
@@ -403,19 +386,19 @@ fn write_encoded(
 
 /// The trusted shards a request reads, and where each requested sample is.
 #[derive(Default)]
-struct ShardStore {
-    shards: Vec<Shard>,
+pub(super) struct ShardStore {
+    pub(super) shards: Vec<OpenShard>,
     /// (release index, sample digest) → (shard, row).
-    location: HashMap<(usize, String), (usize, usize)>,
+    pub(super) location: HashMap<(usize, String), (usize, usize)>,
     /// Sidecars already read (by path), so a second scan only opens new shards.
-    seen: std::collections::HashSet<PathBuf>,
+    pub(super) seen: std::collections::HashSet<PathBuf>,
     /// What made features of requested samples that this extraction does not reuse, if any.
-    other_extraction: Option<String>,
+    pub(super) other_extraction: Option<String>,
 }
 
 impl ShardStore {
     /// Opens the shards of `dir` that hold requested samples; untrusted ones are removed.
-    fn scan(
+    pub(super) fn scan(
         &mut self,
         dir: &Path,
         backbone: &Backbone,
@@ -497,7 +480,7 @@ impl ShardStore {
     }
 
     /// Opens the shard at `path` (checked against its sidecar) and records where its samples are.
-    fn add(&mut self, path: &Path, sidecar: &Sidecar) -> Result<()> {
+    pub(super) fn add(&mut self, path: &Path, sidecar: &Sidecar) -> Result<()> {
         let shard = open_shard(path, sidecar)?;
         let s = self.shards.len();
         for (row, id) in sidecar
@@ -517,7 +500,11 @@ impl ShardStore {
 
     /// The requested rows in request order: one index_select per shard, then one to restore
     /// the order; layer inputs as references into the shard files.
-    fn gather(&self, wanted: &[(usize, String)], contents: Contents) -> Result<Features> {
+    pub(super) fn gather(
+        &self,
+        wanted: &[(usize, String)],
+        contents: Contents,
+    ) -> Result<Features> {
         let mut by_shard: BTreeMap<usize, Vec<(usize, u32)>> = BTreeMap::new();
         let mut places = Vec::with_capacity(wanted.len());
         for (k, id) in wanted.iter().enumerate() {

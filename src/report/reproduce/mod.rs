@@ -1,0 +1,11 @@
+//! The report of `reproduce`: results.csv, report.md (our cells beside the paper's, with every
+//! deviation in a header) and the figures: the Fig. 8-style noise sweep, the Fig. 9-style
+//! attention curves, memorization against test accuracy over all runs, and one run's attention
+//! maps per dataset.
+
+mod figures;
+pub use self::figures::attention_file;
+
+mod write;
+
+pub use write::*;
