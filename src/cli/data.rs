@@ -178,10 +178,8 @@ fn other_medmnist(root: &std::path::Path) -> Vec<DatasetName> {
                 .strip_suffix(".npz")?
                 .to_string();
             data::medmnist_family::release(&name).ok()?;
-            match name.parse().ok()? {
-                DatasetName::OtherMedMnist(name) => Some(DatasetName::OtherMedMnist(name)),
-                _ => None,
-            }
+            let name: DatasetName = name.parse().ok()?;
+            name.is_other_medmnist().then_some(name)
         })
         .collect();
     names.sort_by(|a, b| a.id().cmp(b.id()));
@@ -192,9 +190,9 @@ fn other_medmnist(root: &std::path::Path) -> Vec<DatasetName> {
 /// content digest: "folder:pets: 400 train, 100 test, complete; 2 classes (cat, dog); digest …".
 fn own_line(name: &DatasetName, root: &std::path::Path) -> Result<String> {
     let dataset = data::load(name, root)?;
-    let digest = match name {
-        DatasetName::Own(source) => format!("; digest {}", source.content_digest()?),
-        _ => String::new(),
+    let digest = match name.content_digest()? {
+        Some(digest) => format!("; digest {digest}"),
+        None => String::new(),
     };
     Ok(format!(
         "{}; {} classes ({}){digest}",
@@ -263,9 +261,9 @@ fn fetch(args: DatasetsArgs) -> Result<ExitCode> {
     let (own, released) = sources_apart(&args.datasets);
     for spec in &own {
         // An hf: source's Parquet files into the hub cache; the other kinds are files already.
-        let source = match spec.parse::<DatasetName>().map_err(anyhow::Error::msg)? {
-            DatasetName::Own(source) if source.kind == data::own::OwnKind::Hf => source,
-            _ => anyhow::bail!("{spec}: nothing to fetch: the source is your own files"),
+        let name = spec.parse::<DatasetName>().map_err(anyhow::Error::msg)?;
+        let Some(source) = name.hub_source() else {
+            anyhow::bail!("{spec}: nothing to fetch: the source is your own files");
         };
         let files = source.files()?;
         println!("{spec}: {} Parquet files present", files.len());

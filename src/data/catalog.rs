@@ -2,11 +2,10 @@
 //! releases contain (the manifests of `datasets/*.toml`, compiled in), and how complete a local
 //! copy is.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use super::files::{DataError, Result};
+use super::name::{DatasetName, RELEASED};
 use super::samples::Split;
 use super::{agnews, cifar, medmnist, mnist, sst2, stl10, trec};
 
@@ -22,26 +21,6 @@ pub fn data_root(flag: Option<&Path>) -> PathBuf {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
         _ => PathBuf::from("datasets"),
     }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DatasetName {
-    Mnist,
-    Cifar10,
-    PneumoniaMnist,
-    BreastMnist,
-    AgNews,
-    Trec,
-    /// In the authors' code and their Table 6, not in the paper's Table 2.
-    Stl10,
-    /// In the authors' code and their Table 6, not in the paper's Table 2.
-    Sst2,
-    /// Any other 2D MedMNIST task or size, by its release file's name (`dermamnist` →
-    /// medmnist/dermamnist.npz, `dermamnist_224` → medmnist/dermamnist_224.npz), checked against
-    /// the family's catalog ([`super::medmnist_family`]).
-    OtherMedMnist(String),
-    /// A dataset the user brings: `folder:PATH`, `csv:PATH` or `jsonl:PATH` ([`super::own`]).
-    Own(super::own::OwnSource),
 }
 
 pub use super::samples::Modality;
@@ -65,50 +44,6 @@ impl Dataset {
 }
 
 impl DatasetName {
-    /// The six datasets of the paper's Table 2.
-    pub fn paper() -> [DatasetName; 6] {
-        use DatasetName::*;
-        [Mnist, Cifar10, PneumoniaMnist, BreastMnist, AgNews, Trec]
-    }
-
-    /// Every dataset the authors' code fine-tunes on: Table 2's six, then STL-10 and SST-2.
-    pub const fn all() -> [DatasetName; 8] {
-        use DatasetName::*;
-        [
-            Mnist,
-            Cifar10,
-            PneumoniaMnist,
-            BreastMnist,
-            AgNews,
-            Trec,
-            Stl10,
-            Sst2,
-        ]
-    }
-
-    pub fn id(&self) -> &str {
-        match self {
-            DatasetName::Mnist => "mnist",
-            DatasetName::Cifar10 => "cifar10",
-            DatasetName::PneumoniaMnist => "pneumoniamnist",
-            DatasetName::BreastMnist => "breastmnist",
-            DatasetName::AgNews => "ag_news",
-            DatasetName::Trec => "trec",
-            DatasetName::Stl10 => "stl10",
-            DatasetName::Sst2 => "sst2",
-            DatasetName::OtherMedMnist(task) => task,
-            DatasetName::Own(source) => source.id(),
-        }
-    }
-
-    pub fn modality(&self) -> Modality {
-        match self {
-            DatasetName::AgNews | DatasetName::Trec | DatasetName::Sst2 => Modality::Text,
-            DatasetName::Own(source) => source.modality(),
-            _ => Modality::Image,
-        }
-    }
-
     /// The manifest of the official release (for the MedMNIST family, from its catalog).
     pub fn manifest(&self) -> Option<Manifest> {
         if let DatasetName::Own(_) = self {
@@ -121,102 +56,31 @@ impl DatasetName {
             _ => None,
         })
     }
-
-    /// This dataset with the text and label columns `--text-column` / `--label-column` name;
-    /// an error for a dataset without columns to choose.
-    pub fn with_columns(self, text: Option<&str>, label: Option<&str>) -> Result<Self, String> {
-        match self {
-            _ if text.is_none() && label.is_none() => Ok(self),
-            DatasetName::Own(source) => source.with_columns(text, label).map(DatasetName::Own),
-            other => Err(format!(
-                "--text-column / --label-column: {other} has its own columns; they apply to csv: and jsonl: datasets"
-            )),
-        }
-    }
-
-    fn is_medmnist(&self) -> bool {
-        matches!(
-            self,
-            DatasetName::PneumoniaMnist | DatasetName::BreastMnist | DatasetName::OtherMedMnist(_)
-        )
-    }
-}
-
-impl fmt::Display for DatasetName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DatasetName::Own(source) => source.fmt(f),
-            _ => f.write_str(self.id()),
-        }
-    }
-}
-
-impl FromStr for DatasetName {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        // A path keeps its case: a source is parsed before the names are lowercased.
-        if let Some(source) = super::own::OwnSource::parse(s.trim()) {
-            return source.map(DatasetName::Own);
-        }
-        let key = s.trim().to_ascii_lowercase();
-        Ok(match key.as_str() {
-            "mnist" => DatasetName::Mnist,
-            "cifar10" | "cifar-10" => DatasetName::Cifar10,
-            "pneumoniamnist" => DatasetName::PneumoniaMnist,
-            "breastmnist" => DatasetName::BreastMnist,
-            "ag_news" | "ag-news" | "agnews" => DatasetName::AgNews,
-            "trec" => DatasetName::Trec,
-            "stl10" | "stl-10" => DatasetName::Stl10,
-            "sst2" | "sst-2" => DatasetName::Sst2,
-            task if task.contains("mnist")
-                && task.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
-            {
-                // The catalog knows the task and its sizes, or says why not.
-                super::medmnist_family::release(task)?;
-                DatasetName::OtherMedMnist(task.to_string())
-            }
-            _ => {
-                return Err(format!(
-                    "unknown dataset {s:?}: expected mnist, cifar10, pneumoniamnist, breastmnist, ag_news, trec, stl10, sst2, or another \
-                     2D MedMNIST task by name, at 28 px or at MedMNIST+'s 64, 128 or 224 (e.g. dermamnist, dermamnist_224), \
-                     or your own files: folder:PATH, csv:PATH, jsonl:PATH, hf:PATH or hf:ORG/NAME (docs/data.md)"
-                ));
-            }
-        })
-    }
 }
 
 pub use super::manifest::{Archive, FileStatus, Manifest, ManifestFile, check_file};
 
-const MANIFESTS: [(&str, &str); 9] = [
-    ("mnist", include_str!("../../datasets/mnist.toml")),
-    ("cifar10", include_str!("../../datasets/cifar10.toml")),
-    (
-        "pneumoniamnist",
-        include_str!("../../datasets/pneumoniamnist.toml"),
-    ),
-    (
-        "breastmnist",
-        include_str!("../../datasets/breastmnist.toml"),
-    ),
-    ("ag_news", include_str!("../../datasets/ag_news.toml")),
-    ("trec", include_str!("../../datasets/trec.toml")),
-    ("stl10", include_str!("../../datasets/stl10.toml")),
-    ("sst2", include_str!("../../datasets/sst2.toml")),
-    ("cifar10n", include_str!("../../datasets/cifar10n.toml")),
-];
+/// CIFAR-10N's human labels: a manifest of its own, not a dataset ([`super::cifar10n`]).
+const CIFAR10N: (&str, &str) = ("cifar10n", include_str!("../../datasets/cifar10n.toml"));
+
+/// Every manifest by name: each released dataset's ([`RELEASED`]), then CIFAR-10N's.
+fn manifests() -> impl Iterator<Item = (&'static str, &'static str)> {
+    RELEASED
+        .iter()
+        .map(|r| (r.id, r.manifest))
+        .chain(std::iter::once(CIFAR10N))
+}
 
 /// The manifest called `name` (the eight datasets and `cifar10n`).
 pub fn manifest(name: &str) -> Option<Manifest> {
-    let (_, text) = MANIFESTS.iter().find(|(n, _)| *n == name)?;
+    let (_, text) = manifests().find(|(n, _)| *n == name)?;
     Some(toml::from_str(text).unwrap_or_else(|e| panic!("datasets/{name}.toml is invalid: {e}")))
 }
 
 /// The file under `datasets/` that lists `name`'s release: its own manifest, or the MedMNIST
 /// family's for the other tasks and sizes.
 pub fn manifest_file(name: &str) -> String {
-    if MANIFESTS.iter().any(|(n, _)| *n == name) {
+    if manifests().any(|(n, _)| n == name) {
         format!("{name}.toml")
     } else {
         "medmnist.toml".to_string()
@@ -225,7 +89,7 @@ pub fn manifest_file(name: &str) -> String {
 
 /// Names of every manifest, the eight datasets first.
 pub fn manifest_names() -> impl Iterator<Item = &'static str> {
-    MANIFESTS.iter().map(|(n, _)| *n)
+    manifests().map(|(n, _)| n)
 }
 
 /// Every file of `manifest` under `root`, with its status.

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 
 use super::catalog::Dataset;
-use super::catalog::{DatasetName, Manifest, ManifestFile, check_file};
+use super::catalog::{Manifest, ManifestFile, check_file};
 use super::download::{self, agent, download};
+use super::name::DatasetName;
 
 /// A base URL tried before the canonical ones, laid out as a data root
 /// (`<mirror>/<dataset folder>/<file>`), as torchvision's mirrors are tried first.

@@ -18,6 +18,7 @@ pub mod manifest;
 pub mod medmnist;
 pub mod medmnist_family;
 pub mod mnist;
+pub mod name;
 pub mod noise;
 pub mod npz;
 pub mod own;
@@ -26,8 +27,9 @@ pub mod split;
 pub mod sst2;
 pub mod stl10;
 pub mod trec;
-pub use catalog::{Dataset, DatasetName, data_root, load};
+pub use catalog::{Dataset, data_root, load};
 pub use files::DataError;
+pub use name::{DatasetName, Defaults};
 
 mod samples;
 

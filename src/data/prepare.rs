@@ -59,7 +59,7 @@ pub fn prepare(
     let mut finetune = source.subset(&partition.finetune);
     let labels = match noise.model {
         NoiseModel::Cifar10n(kind) => {
-            if dataset.name != super::catalog::DatasetName::Cifar10
+            if dataset.name != super::name::DatasetName::Cifar10
                 || partition.train_source != SplitName::Train
             {
                 return Err(DataError::Unavailable {

@@ -17,9 +17,10 @@ use rand::seq::SliceRandom;
 use rand::seq::index::sample;
 use serde::Serialize;
 
+use super::catalog;
 use super::catalog::Dataset;
-use super::catalog::{self, DatasetName};
 use super::files::{DataError, Result};
+use super::name::DatasetName;
 use super::samples::Split;
 use crate::rng::{RngChoice, Stream, numpy, stream};
 

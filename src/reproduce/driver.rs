@@ -58,10 +58,6 @@ pub mod quick {
 /// (a recorded deviation) with this fraction.
 pub const CARVE_FRACTION: f64 = 0.5;
 
-/// A grid's datasets unless `--datasets` names others: every dataset the authors fine-tuned on
-/// (those without data under the data root are left out, saying so).
-pub const ALL_DATASETS: [DatasetName; 8] = DatasetName::all();
-
 /// The grid of one experiment; `None` fields take the experiment's defaults.
 #[derive(Clone, Debug)]
 pub struct Grid {
@@ -108,7 +104,9 @@ impl Grid {
         }
         let grid = Self {
             experiment,
-            datasets: distinct(datasets.unwrap_or_else(|| ALL_DATASETS.to_vec())),
+            // Unless named: every dataset the authors fine-tuned on (those without data under the
+            // data root are left out, saying so).
+            datasets: distinct(datasets.unwrap_or_else(DatasetName::all)),
             seeds: distinct(seeds.unwrap_or(default_seeds)),
             ns: distinct(ns.unwrap_or(default_ns)),
             etas: distinct(etas.unwrap_or(default_etas)),
@@ -416,12 +414,13 @@ fn planned_runs(
         0..0,
         absent.iter().map(|d| {
             let path = data::catalog::dataset_dir(d, &root);
-            match d {
-                DatasetName::Own(_) => format!("{d}: no data (nothing at {})", path.display()),
-                _ => format!(
+            if d.given_by_files() {
+                format!("{d}: no data (nothing at {})", path.display())
+            } else {
+                format!(
                     "{d}: no data (no folder {}; `benign-attention data fetch {d}` downloads it)",
                     path.display()
-                ),
+                )
             }
         }),
     );

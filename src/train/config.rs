@@ -1,5 +1,6 @@
-//! Each dataset's paper defaults (configs/<dataset>.toml, docs/protocol.md §3), compiled in so the binary
-//! carries them; flags override them per run.
+//! A run's defaults as its dataset's configs/ file gives them (configs/<dataset>.toml,
+//! docs/protocol.md §3; which file is the dataset's business: [`DatasetName::defaults`]); flags
+//! override them per run.
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
@@ -23,63 +24,17 @@ pub struct DatasetConfig {
     pub optimizer: OptimizerConfig,
 }
 
-const CONFIGS: [(&str, &str); 8] = [
-    ("mnist", include_str!("../../configs/mnist.toml")),
-    ("cifar10", include_str!("../../configs/cifar10.toml")),
-    (
-        "pneumoniamnist",
-        include_str!("../../configs/pneumoniamnist.toml"),
-    ),
-    (
-        "breastmnist",
-        include_str!("../../configs/breastmnist.toml"),
-    ),
-    ("ag_news", include_str!("../../configs/ag_news.toml")),
-    ("trec", include_str!("../../configs/trec.toml")),
-    ("stl10", include_str!("../../configs/stl10.toml")),
-    ("sst2", include_str!("../../configs/sst2.toml")),
-];
-
-/// The MedMNIST family's tasks besides the paper's two (configs/medmnist.toml).
-const MEDMNIST_FAMILY: &str = include_str!("../../configs/medmnist.toml");
-
-/// Defaults for the datasets a user brings, by modality (configs/own_*.toml).
-const OWN_IMAGES: &str = include_str!("../../configs/own_images.toml");
-const OWN_TEXTS: &str = include_str!("../../configs/own_texts.toml");
-
-/// The defaults of `dataset`; an error for datasets without a paper config.
+/// The defaults of `dataset` (the configs/ file its name takes, [`DatasetName::defaults`]); for a
+/// MedMNIST task phase 1 takes at most the training images the fine-tune set leaves.
 pub fn dataset_config(dataset: &DatasetName) -> Result<DatasetConfig> {
-    if let DatasetName::Own(source) = dataset {
-        let (file, text) = match source.modality() {
-            crate::data::catalog::Modality::Image => ("own_images", OWN_IMAGES),
-            crate::data::catalog::Modality::Text => ("own_texts", OWN_TEXTS),
-        };
-        let config: DatasetConfig =
-            toml::from_str(text).with_context(|| format!("configs/{file}.toml is invalid"))?;
-        return Ok(DatasetConfig {
-            dataset: dataset.to_string(),
-            ..config
-        });
-    }
-    if let DatasetName::OtherMedMnist(name) = dataset {
-        let release = crate::data::medmnist_family::release(name).map_err(anyhow::Error::msg)?;
-        let mut config: DatasetConfig =
-            toml::from_str(MEDMNIST_FAMILY).context("configs/medmnist.toml is invalid")?;
-        let train = release.task.samples.get("train").copied().unwrap_or(0);
+    let defaults = dataset.defaults().map_err(anyhow::Error::msg)?;
+    let mut config: DatasetConfig = toml::from_str(defaults.toml)
+        .with_context(|| format!("configs/{}.toml is invalid", defaults.file))?;
+    if let Some(train) = defaults.train_images {
         config.pretrain_n = config.pretrain_n.min(train.saturating_sub(config.n));
-        config.dataset = name.clone();
-        return Ok(config);
     }
-    let (_, text) = CONFIGS
-        .iter()
-        .find(|(name, _)| *name == dataset.id())
-        .with_context(|| {
-            format!(
-                "{dataset}: no paper config (configs/ has {})",
-                CONFIGS.map(|(n, _)| n).join(", ")
-            )
-        })?;
-    toml::from_str(text).with_context(|| format!("configs/{}.toml is invalid", dataset.id()))
+    config.dataset = dataset.to_string();
+    Ok(config)
 }
 
 #[cfg(test)]

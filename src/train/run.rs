@@ -175,10 +175,7 @@ impl RunConfig {
     /// they change with struct update syntax.
     pub fn paper(dataset: &DatasetName) -> Result<Self> {
         let defaults = dataset_config(dataset)?;
-        let data_digest = match dataset {
-            DatasetName::Own(source) => Some(source.content_digest()?),
-            _ => None,
-        };
+        let data_digest = dataset.content_digest()?;
         Ok(Self {
             dataset: dataset.clone(),
             data_digest,
@@ -319,13 +316,13 @@ impl RunConfig {
 
     /// A dataset given by its files records their digest; a built-in one records none.
     fn check_digest_recorded(&self) -> Result<()> {
-        match (&self.dataset, &self.data_digest) {
-            (DatasetName::Own(_), None) => bail!(
+        match (self.dataset.given_by_files(), &self.data_digest) {
+            (true, None) => bail!(
                 "data_digest: a run on {} records its files' content digest; none is given",
                 self.dataset
             ),
-            (DatasetName::Own(_), Some(_)) | (_, None) => Ok(()),
-            (_, Some(_)) => bail!(
+            (true, Some(_)) | (false, None) => Ok(()),
+            (false, Some(_)) => bail!(
                 "data_digest applies to datasets given by their files (folder:, csv:, jsonl:, hf:), not to {}",
                 self.dataset
             ),

@@ -52,10 +52,9 @@ pub(super) fn write_config(out: &Path, config: &RunConfig) -> Result<()> {
 /// A run on files the user brings reads the files it was configured with: their content digest
 /// now is the one its configuration records (config.json, and so the run's name).
 fn check_files_unchanged(config: &RunConfig) -> Result<()> {
-    let DatasetName::Own(source) = &config.dataset else {
+    let Some(now) = config.dataset.content_digest()? else {
         return Ok(());
     };
-    let now = source.content_digest()?;
     if config.data_digest.as_deref() != Some(now.as_str()) {
         bail!(
             "{}: the files changed since this run was configured (their content digest is {now}, the run records {}); \
@@ -120,7 +119,7 @@ pub(super) fn setup(job: &FinetuneJob) -> Result<Setup> {
     };
     let (plan, notes) = split_plan(config, &dataset, &completeness)?;
     let mut file_notes = unofficial_files(&config.dataset, &root)?;
-    if let DatasetName::Own(_) = config.dataset {
+    if config.dataset.given_by_files() {
         // How the source's files became splits (a pool held out, images resized).
         file_notes.extend(dataset.warnings.iter().cloned());
     }
