@@ -347,6 +347,23 @@ pub mod as_string {
     }
 }
 
+/// [`as_string`] for an optional value: absent or null is `None`.
+pub mod as_string_opt {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<Option<T>, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: serde::Deserializer<'de>,
+    {
+        let text = <Option<String> as serde::Deserialize>::deserialize(d)?;
+        text.map(|t| t.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 /// A JSON value as (dotted path, leaf) pairs in document order: `{"a": {"b": 1}}` gives
 /// `("a.b", 1)`. Arrays are leaves. What results.csv's columns and a checkpoint's identity check
 /// read, so that a new field of a run's description is a new column without further code.

@@ -11,6 +11,7 @@ use crate::data::noise::NoiseModel;
 use crate::report;
 use crate::rng::RngChoice;
 use crate::train::config_file::ConfigFile;
+use crate::train::overrides::RunOverrides;
 use crate::train::progress::Progress;
 use crate::train::run::{FinetuneJob, HeadClassifier, Mode, RunConfig, RunFolder};
 
@@ -190,38 +191,39 @@ impl FinetuneArgs {
 
     /// One run's configuration: the flags given, over `base`.
     fn run_config(&self, base: &RunConfig, eta: f64, seed: u64) -> RunConfig {
-        let mode = self.mode.unwrap_or(base.mode);
+        let config = base.overlay(&self.overrides(eta, seed));
         RunConfig {
-            mode,
-            head_classifier: HeadClassifier::for_mode(
-                mode,
-                self.head_classifier.or(base.head_classifier),
-            ),
-            noise: self.noise.unwrap_or(base.noise),
-            eta,
-            n: self.n.unwrap_or(base.n),
-            pretrain_n: self.pretrain_n.unwrap_or(base.pretrain_n),
-            test_n: self.test_n.or(base.test_n),
-            seed,
-            rng: self.rng.unwrap_or(base.rng),
-            epochs: self.epochs.unwrap_or(base.epochs),
-            pretrain_epochs: self.pretrain_epochs.unwrap_or(base.pretrain_epochs),
-            eval_every: self.eval_every.unwrap_or(base.eval_every),
-            carve_train_from_test: self.carve_train_from_test.or(base.carve_train_from_test),
-            backbones: match &self.backbone {
-                Some(id) => vec![id.clone()],
-                None => base.backbones.clone(),
-            },
-            special_tokens: self.special_tokens || base.special_tokens,
-            locater: self.locater.unwrap_or(base.locater),
-            token_noise: self.token_noise.unwrap_or(base.token_noise),
-            train_threads: self.train_threads.unwrap_or(base.train_threads),
-            device: self.places.device.unwrap_or(base.device),
-            precision: self.places.precision.unwrap_or(base.precision),
-            train_device: self.places.train_device.or(base.train_device),
-            ..base.clone()
+            head_classifier: HeadClassifier::for_mode(config.mode, config.head_classifier),
+            ..config
         }
-        .with_noise_draw()
+    }
+
+    /// What the flags change of a run (η and the seed are always given: a list's entry).
+    fn overrides(&self, eta: f64, seed: u64) -> RunOverrides {
+        RunOverrides {
+            mode: self.mode,
+            head_classifier: self.head_classifier,
+            noise: self.noise,
+            eta: Some(eta),
+            n: self.n,
+            pretrain_n: self.pretrain_n,
+            test_n: self.test_n,
+            seed: Some(seed),
+            rng: self.rng,
+            epochs: self.epochs,
+            pretrain_epochs: self.pretrain_epochs,
+            eval_every: self.eval_every,
+            carve_train_from_test: self.carve_train_from_test,
+            backbones: self.backbone.clone().map(|id| vec![id]),
+            // A switch: given, it turns the special tokens on; absent, the base decides.
+            special_tokens: self.special_tokens.then_some(true),
+            locater: self.locater,
+            token_noise: self.token_noise,
+            train_threads: self.train_threads,
+            device: self.places.device,
+            precision: self.places.precision,
+            train_device: self.places.train_device,
+        }
     }
 }
 

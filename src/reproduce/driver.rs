@@ -14,6 +14,7 @@ use crate::rng::RngChoice;
 use crate::runtime::DeviceKind;
 use crate::shard::JobShard;
 use crate::train::finetune::finetune_stack;
+use crate::train::overrides::RunOverrides;
 use crate::train::progress::Progress;
 use crate::train::run::{FinetuneJob, HeadClassifier, Mode, Places, RunConfig, RunFolder};
 use crate::train::setup::fill_cache;
@@ -52,6 +53,23 @@ pub mod quick {
     pub const PRETRAIN_EPOCHS: usize = 300;
     pub const EPOCHS: usize = 50;
     pub const EVAL_EVERY: usize = 10;
+}
+
+impl Budget {
+    /// What the budget changes of `paper`'s run, whose test set holds `test_len` samples.
+    pub fn overrides(self, paper: &RunConfig, test_len: Option<usize>) -> RunOverrides {
+        match self {
+            Budget::Paper => RunOverrides::default(),
+            Budget::Quick => RunOverrides {
+                pretrain_n: Some(paper.pretrain_n.min(quick::PRETRAIN_N)),
+                test_n: test_len.map(|t| t.min(quick::TEST_N)),
+                epochs: Some(quick::EPOCHS),
+                pretrain_epochs: Some(quick::PRETRAIN_EPOCHS),
+                eval_every: Some(quick::EVAL_EVERY),
+                ..RunOverrides::default()
+            },
+        }
+    }
 }
 
 /// The AG-news training file is not offline: its runs carve a training pool from the test split
@@ -231,45 +249,22 @@ impl DriverOptions {
 
     /// The configuration of one grid point: the paper's run with the grid's values.
     pub fn run_config(&self, job: &Job, carve: bool, test_len: Option<usize>) -> Result<RunConfig> {
-        let grid = &self.grid;
         let paper = RunConfig::paper(&job.dataset)?;
-        let quick = grid.budget == Budget::Quick;
-        Ok(RunConfig {
-            mode: grid.mode,
-            head_classifier: grid.head_classifier,
-            eta: job.eta,
-            seed: job.seed,
-            n: job.n,
-            pretrain_n: if quick {
-                paper.pretrain_n.min(quick::PRETRAIN_N)
-            } else {
-                paper.pretrain_n
-            },
-            test_n: if quick {
-                test_len.map(|t| t.min(quick::TEST_N))
-            } else {
-                None
-            },
-            epochs: if quick { quick::EPOCHS } else { paper.epochs },
-            pretrain_epochs: if quick {
-                quick::PRETRAIN_EPOCHS
-            } else {
-                paper.pretrain_epochs
-            },
-            eval_every: if quick {
-                quick::EVAL_EVERY
-            } else {
-                paper.eval_every
-            },
+        let point = RunOverrides {
+            mode: Some(self.grid.mode),
+            head_classifier: self.grid.head_classifier,
+            eta: Some(job.eta),
+            seed: Some(job.seed),
+            n: Some(job.n),
             carve_train_from_test: carve.then_some(CARVE_FRACTION),
-            device: self.device,
+            device: Some(self.device),
             train_device: self.train_device,
-            precision: self.precision,
-            rng: self.rng,
-            token_noise: job.token_noise,
-            ..paper
-        }
-        .with_noise_draw())
+            precision: Some(self.precision),
+            rng: Some(self.rng),
+            token_noise: Some(job.token_noise),
+            ..self.grid.budget.overrides(&paper, test_len)
+        };
+        Ok(paper.overlay(&point))
     }
 
     /// A grid run in its folder, named after its configuration.

@@ -17,6 +17,7 @@ pub mod finetune;
 pub mod folder_lock;
 pub mod metrics;
 pub mod optim;
+pub mod overrides;
 pub mod phase1;
 pub mod phase2;
 pub mod progress;
