@@ -10,6 +10,7 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 use super::bert::{Bert, BertConfig, TextBatch, ids_tensor};
+use super::config_json::json_error;
 use super::hub::BackboneFiles;
 use super::layers::{first_token, masked_mean};
 use super::preprocess::ImagePreprocessor;
@@ -104,7 +105,7 @@ fn bad_config(files: &BackboneFiles, e: String) -> anyhow::Error {
 
 /// A config.json that does not parse as the model's config, naming the file and the place.
 fn parse_error(files: &BackboneFiles, config_text: &str, e: &serde_json::Error) -> anyhow::Error {
-    bad_config(files, super::config_json::json_error(config_text, e))
+    bad_config(files, json_error(config_text, e))
 }
 
 /// A Hugging Face ViT: its config checked against the preprocessor's image size.
@@ -201,10 +202,7 @@ impl Backbone {
         let kind: ModelType = serde_json::from_str(&config_text).map_err(|e| {
             bad_config(
                 &files,
-                format!(
-                    "not a JSON config: {}",
-                    super::config_json::json_error(&config_text, &e)
-                ),
+                format!("not a JSON config: {}", json_error(&config_text, &e)),
             )
         })?;
         let vb = weights(&files.weights, device)?;

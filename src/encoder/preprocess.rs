@@ -11,6 +11,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
+use super::config_json::json_error;
+
 /// PIL's resampling filters (the integer codes of `PIL.Image.Resampling`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resample {
@@ -311,7 +313,7 @@ impl ImagePreprocessor {
             anyhow::anyhow!(
                 "{}: not a ViT preprocessor config: {}",
                 path.display(),
-                super::config_json::json_error(&text, &e)
+                json_error(&text, &e)
             )
         })?;
         Self::from_config(&config).with_context(|| path.display().to_string())

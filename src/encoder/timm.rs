@@ -15,6 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{Activation, VarBuilder};
 use serde::Deserialize;
 
+use super::config_json::json_error;
 use super::preprocess::{ImagePreprocessor, Resample};
 use super::vit::VitConfig;
 
@@ -66,12 +67,8 @@ pub fn load(
     weights: &Path,
     device: &Device,
 ) -> Result<(VitConfig, VarBuilder<'static>, ImagePreprocessor)> {
-    let timm: TimmConfig = serde_json::from_str(config_text).map_err(|e| {
-        anyhow!(
-            "not a timm config: {}",
-            super::config_json::json_error(config_text, &e)
-        )
-    })?;
+    let timm: TimmConfig = serde_json::from_str(config_text)
+        .map_err(|e| anyhow!("not a timm config: {}", json_error(config_text, &e)))?;
     if !timm.architecture.starts_with("vit_") {
         bail!(
             "timm architecture {:?} is not a ViT (vit_*)",
