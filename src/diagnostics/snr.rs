@@ -155,10 +155,36 @@ fn one() -> f64 {
     1.0
 }
 
+/// How many selection limits above the limit the estimate is validated: on the committed
+/// planted-signal curve (results/snr-plant, every Table 2 dataset in both modes at n 200 and
+/// 1000) every point at S ≥ 2·S* reads S back within ±20 % (worst −19 %), and points between S*
+/// and 2·S* miss by up to −100 %.
+pub const VALIDATED_FROM_LIMITS: f64 = 2.0;
+
+/// The **selection limit** S* = √(2 ln(T − 1) / d) of tokens T per sample and width d: the SNR
+/// below which a class signal in one token of T is not the sample's most prominent token, so
+/// that no rule choosing one token per sample (this estimate's step 1, a phase 2 that attends to
+/// one token) can find it reliably. Along a direction u the noise of a token has variance uᵀΣu,
+/// tr Σ / d on average over directions, and the largest of T − 1 such projections approaches
+/// √(2 ln(T − 1))·√(tr Σ / d) from below (0.8 of it at T 197); the relevant token's
+/// ‖μ‖ = S·√tr Σ must stand above it. ViT-Ti's 197
+/// tokens of width 192: 0.234; MiniLM's ~50 of width 384: 0.14. NaN below two tokens.
+pub fn selection_limit(mean_tokens: f64, embed_dim: usize) -> f64 {
+    if mean_tokens < 2.0 || embed_dim == 0 {
+        return f64::NAN;
+    }
+    (2.0 * (mean_tokens - 1.0).ln() / embed_dim as f64).sqrt()
+}
+
 impl SnrEstimate {
     /// Made by today's rule (older estimates are read as absent).
     pub fn is_current(&self) -> bool {
         self.estimator == ESTIMATOR
+    }
+
+    /// [`selection_limit`] at this estimate's T and d.
+    pub fn selection_limit(&self) -> f64 {
+        selection_limit(self.mean_tokens, self.embed_dim)
     }
 
     /// Why this cannot be an estimate the rule made (a summary edited by hand), if it cannot:
@@ -743,6 +769,37 @@ mod tests {
             seq_len: t,
             embed_dim: d,
         }
+    }
+
+    /// The limit at the two backbones' shapes, and what it stands for: in isotropic Gaussian
+    /// noise of width d, the largest of T − 1 tokens' projections on a unit direction sits just
+    /// under S*·√tr Σ (√(2 ln m) is the envelope the largest of m normals approaches from
+    /// below: its median over draws is 0.75–1 of it at T 197), so a relevant token below the
+    /// limit is seldom the most prominent one.
+    #[test]
+    fn the_selection_limit_is_where_the_largest_noise_token_sits() {
+        assert!((selection_limit(197.0, 192) - 0.2340).abs() < 1e-3);
+        assert!((selection_limit(50.0, 384) - 0.1423).abs() < 1e-3);
+        assert!(selection_limit(1.0, 192).is_nan() && selection_limit(10.0, 0).is_nan());
+        use rand_distr::{Distribution, StandardNormal};
+        let (t, d) = (197usize, 192usize);
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut ratios: Vec<f64> = (0..201)
+            .map(|_| {
+                // tr Σ = d: the direction's projection of each noise token is N(0, 1).
+                let largest = (0..t - 1)
+                    .map(|_| StandardNormal.sample(&mut rng))
+                    .fold(f64::MIN, f64::max);
+                largest / (d as f64).sqrt()
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let median = ratios[ratios.len() / 2];
+        let limit = selection_limit(t as f64, d);
+        assert!(
+            (0.75..1.0).contains(&(median / limit)),
+            "{median} against {limit}"
+        );
     }
 
     /// Two classes on orthogonal axes, no noise beyond a small jitter: ‖μ‖ recovered, far above

@@ -21,7 +21,7 @@ use super::correlation::{BOOTSTRAP, PERMUTATIONS};
 use super::stats::{
     percentile_interval, permutation_p_of, pooled_rho, spearman, stratified_permutation_p,
 };
-use crate::diagnostics::snr::SnrEstimate;
+use crate::diagnostics::snr::{SnrEstimate, VALIDATED_FROM_LIMITS};
 use crate::report::results::{ResultRow, Stat};
 
 /// The pooled SNR² of one (dataset, backbone, mode).
@@ -40,6 +40,9 @@ pub struct PooledSnr {
     pub interval: (f64, f64),
     /// The same with σ from the other tokens.
     pub other_sigma_snr2: f64,
+    /// The mean [`selection_limit`](crate::diagnostics::snr::selection_limit) of the group's
+    /// estimates (their T and d).
+    pub selection_limit: f64,
 }
 
 impl PooledSnr {
@@ -49,6 +52,12 @@ impl PooledSnr {
 
     pub fn has_signal(&self) -> bool {
         self.snr2 > 0.0
+    }
+
+    /// Whether the pooled SNR lies where the planted-signal curve validates the estimate
+    /// ([`VALIDATED_FROM_LIMITS`] selection limits and above).
+    pub fn in_validated_range(&self) -> bool {
+        self.has_signal() && self.snr2.sqrt() >= VALIDATED_FROM_LIMITS * self.selection_limit
     }
 }
 
@@ -87,6 +96,8 @@ pub fn pooled_of(key: (&str, &str, &str), estimates: &[&SnrEstimate]) -> PooledS
         snr2: pool(estimates, |_| 1.0),
         interval: percentile_interval(draws),
         other_sigma_snr2: pool(estimates, other_sigma),
+        selection_limit: estimates.iter().map(|e| e.selection_limit()).sum::<f64>()
+            / estimates.len().max(1) as f64,
     }
 }
 
@@ -138,14 +149,17 @@ pub(super) fn pooled_table(md: &mut String, pooled: &[PooledSnr], ns: &[usize]) 
          measured, not a zero), its 95 % interval over {BOOTSTRAP} resamples of the estimates; \
          a cell's n·SNR² is n times it. *Other σ*: the same with σ from the other tokens instead \
          of the relevant ones (their ratio is how much that choice moves every n·SNR²). K: the \
-         class count.\n"
+         class count. *S\\**: the selection limit √(2 ln(T − 1) / d) at the group's T and d; the \
+         planted-signal curve (results/snr-plant) validates the estimate (±20 %) only from \
+         {VALIDATED_FROM_LIMITS}·S\\* up, so an SNR below that (*validated*: no) is a reading in \
+         the range where a planted signal of that size reads low or nothing.\n"
     )?;
     let heads: String = ns.iter().map(|n| format!(" n·SNR² at n {n} |")).collect();
     let rule: String = ns.iter().map(|_| "---|").collect();
     writeln!(
         md,
-        "| dataset | mode | K | estimates | SNR² [95 %] | other σ (× relevant) |{heads}\n\
-         |---|---|---|---|---|---|{rule}"
+        "| dataset | mode | K | estimates | SNR² [95 %] | other σ (× relevant) | SNR | S\\* | validated |{heads}\n\
+         |---|---|---|---|---|---|---|---|---|{rule}"
     )?;
     for p in pooled {
         let at: String = ns
@@ -154,7 +168,7 @@ pub(super) fn pooled_table(md: &mut String, pooled: &[PooledSnr], ns: &[usize]) 
             .collect();
         writeln!(
             md,
-            "| {} | {} | {} | {} | {} [{}, {}] | {} (× {}) |{at}",
+            "| {} | {} | {} | {} | {} [{}, {}] | {} (× {}) | {} | {} | {} |{at}",
             p.dataset,
             p.mode,
             p.classes,
@@ -163,7 +177,10 @@ pub(super) fn pooled_table(md: &mut String, pooled: &[PooledSnr], ns: &[usize]) 
             plain(p.interval.0, 4),
             plain(p.interval.1, 4),
             plain(p.other_sigma_snr2, 4),
-            plain(p.other_sigma_snr2 / p.snr2, 2)
+            plain(p.other_sigma_snr2 / p.snr2, 2),
+            plain(p.snr2.max(0.0).sqrt(), 3),
+            plain(p.selection_limit, 3),
+            if p.in_validated_range() { "yes" } else { "no" }
         )?;
     }
     writeln!(md)?;
