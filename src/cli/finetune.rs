@@ -223,6 +223,8 @@ impl FinetuneArgs {
             device: self.places.device,
             precision: self.places.precision,
             train_device: self.places.train_device,
+            // No flag sets the batch, the optimizer or the files' digest: a --config file does.
+            ..RunOverrides::default()
         }
     }
 }

@@ -1,7 +1,8 @@
 //! A run's settings from a file (`finetune --config FILE`): TOML, or JSON such as a run folder's
-//! own config.json, holding any of [`RunConfig`]'s keys. The file overlays the dataset's paper
-//! defaults ([`RunConfig::paper`]) and flags overlay the file, so a run folder's config.json
-//! given back replays that run exactly.
+//! own config.json, holding any of [`RunConfig`]'s keys. The file is read into the same
+//! [`RunOverrides`] the flags make; it overlays the dataset's paper defaults
+//! ([`RunConfig::paper`]) and flags overlay the file, so a run folder's config.json given back
+//! replays that run exactly.
 //!
 //! The keys a file may hold are those a run records: the file is checked against a serialised
 //! [`RunConfig`], so a key the program does not know, or a value of the wrong kind, is refused
@@ -12,6 +13,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value};
 
+use super::overrides::RunOverrides;
 use super::run::{HeadClassifier, RunConfig};
 use crate::data::DatasetName;
 
@@ -72,30 +74,38 @@ impl ConfigFile {
         self.values.contains_key(key)
     }
 
-    /// `base` with the file's values in place of its own (the dataset excepted: the caller chose
-    /// it, from a flag or from [`Self::dataset`]).
-    pub fn overlay(&self, base: &RunConfig) -> Result<RunConfig> {
-        let mut merged = serde_json::to_value(base)?;
+    /// The file's values as one [`RunOverrides`] for a run of `dataset` (the file's dataset
+    /// excepted: the caller chose it, from a flag or from [`Self::dataset`]). A null (a
+    /// config.json's unset `test_n`) leaves the value as the run has it, which for the paper run
+    /// a file overlays is unset too; the authors' noise draw is not read, since a run's stream and
+    /// η decide it ([`RunConfig::with_noise_draw`]).
+    pub fn overrides(&self, dataset: &DatasetName) -> Result<RunOverrides> {
         let mut values = self.values.clone();
         // The digest a file records is its own dataset's: given another dataset (--dataset over
-        // a replayed config.json), the base's digest of the files now named stands instead.
+        // a replayed config.json), the run's digest of the files now named stands instead.
         let same_dataset = values
             .get("dataset")
             .and_then(Value::as_str)
-            .is_none_or(|d| d.parse::<DatasetName>().is_ok_and(|d| d == base.dataset));
+            .is_none_or(|d| d.parse::<DatasetName>().is_ok_and(|d| &d == dataset));
         if !same_dataset {
             values.remove("data_digest");
         }
         values.remove("dataset");
-        merge(&mut merged, values);
-        let config: RunConfig = serde_path_to_error::deserialize(merged).map_err(|e| {
+        values.remove("authors_noise_draw");
+        serde_path_to_error::deserialize(Value::Object(values)).map_err(|e| {
             anyhow::anyhow!(
                 "{}: key `{}`: {}",
                 self.path,
                 key_path(&e.path().to_string()),
                 e.inner()
             )
-        })?;
+        })
+    }
+
+    /// `base` overlaid by the file ([`Self::overrides`], [`RunConfig::overlay`]), its head
+    /// classifier the mode's.
+    pub fn overlay(&self, base: &RunConfig) -> Result<RunConfig> {
+        let config = base.overlay(&self.overrides(&base.dataset)?);
         Ok(RunConfig {
             head_classifier: HeadClassifier::for_mode(config.mode, config.head_classifier),
             ..config
@@ -194,20 +204,6 @@ fn kind(value: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
         Value::Object(_) => "a table",
-    }
-}
-
-/// `values` into `into`, tables key by key.
-fn merge(into: &mut Value, values: Map<String, Value>) {
-    for (key, value) in values {
-        match (into.get_mut(&key), value) {
-            (Some(Value::Object(_)), Value::Object(inner)) => {
-                merge(into.get_mut(&key).expect("checked above"), inner)
-            }
-            (_, value) => {
-                into[key.as_str()] = value;
-            }
-        }
     }
 }
 

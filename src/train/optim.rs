@@ -27,20 +27,6 @@ pub struct OptimizerConfig {
     pub warmup_steps: usize,
 }
 
-impl Default for OptimizerConfig {
-    fn default() -> Self {
-        Self {
-            learning_rate: 5e-5,
-            beta1: 0.9,
-            beta2: 0.999,
-            epsilon: 1e-8,
-            weight_decay: 0.0,
-            max_grad_norm: 1.0,
-            warmup_steps: 0,
-        }
-    }
-}
-
 impl OptimizerConfig {
     /// Every value AdamW cannot train with, named by its key (a run never starts with them: a
     /// negative or huge step, a β outside [0, 1), ε ≤ 0 or a negative decay or clip norm train to

@@ -1,9 +1,11 @@
-//! What changes a run's settings: one [`RunOverrides`], every field optional, made by the flags
-//! (`finetune`) or by a grid (its point, its budget), and applied by one [`RunConfig::overlay`].
-//! The defaults it lands on are the dataset's configs/ file, read by [`RunConfig::paper`].
+//! What changes a run's settings: one [`RunOverrides`], every field optional, made by a
+//! --config file ([`super::config_file`]), by the flags (`finetune`) or by a grid (its point, its
+//! budget), and applied by one [`RunConfig::overlay`]. The defaults it lands on are configs/run.toml
+//! and the dataset's configs/ file, read by [`RunConfig::paper`].
 
 use serde::Deserialize;
 
+use super::optim::OptimizerConfig;
 use super::run::{HeadClassifier, Mode, RunConfig};
 use crate::data::noise::NoiseModel;
 use crate::kernels::Precision;
@@ -15,6 +17,8 @@ use crate::runtime::DeviceKind;
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunOverrides {
+    /// The content digest the run's files must have (a replayed config.json's own).
+    pub data_digest: Option<String>,
     pub mode: Option<Mode>,
     pub head_classifier: Option<HeadClassifier>,
     #[serde(deserialize_with = "crate::io::as_string_opt::deserialize")]
@@ -27,6 +31,9 @@ pub struct RunOverrides {
     pub rng: Option<RngChoice>,
     pub epochs: Option<usize>,
     pub pretrain_epochs: Option<usize>,
+    pub batch_size: Option<usize>,
+    /// Keys of the optimizer, each on its own.
+    pub optimizer: Option<OptimizerOverrides>,
     pub eval_every: Option<usize>,
     pub carve_train_from_test: Option<f64>,
     pub backbones: Option<Vec<String>>,
@@ -39,12 +46,41 @@ pub struct RunOverrides {
     pub train_device: Option<DeviceKind>,
 }
 
+/// Values that replace an optimizer's own; an absent one leaves it.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerOverrides {
+    pub learning_rate: Option<f64>,
+    pub beta1: Option<f64>,
+    pub beta2: Option<f64>,
+    pub epsilon: Option<f64>,
+    pub weight_decay: Option<f64>,
+    pub max_grad_norm: Option<f64>,
+    pub warmup_steps: Option<usize>,
+}
+
+impl OptimizerOverrides {
+    /// `base` with these values in place of its own.
+    pub fn apply(&self, base: &OptimizerConfig) -> OptimizerConfig {
+        OptimizerConfig {
+            learning_rate: self.learning_rate.unwrap_or(base.learning_rate),
+            beta1: self.beta1.unwrap_or(base.beta1),
+            beta2: self.beta2.unwrap_or(base.beta2),
+            epsilon: self.epsilon.unwrap_or(base.epsilon),
+            weight_decay: self.weight_decay.unwrap_or(base.weight_decay),
+            max_grad_norm: self.max_grad_norm.unwrap_or(base.max_grad_norm),
+            warmup_steps: self.warmup_steps.unwrap_or(base.warmup_steps),
+        }
+    }
+}
+
 impl RunConfig {
     /// This run with `overrides`' values in place of its own, and the label-noise draw its
     /// η and stream now call for ([`RunConfig::with_noise_draw`]).
     pub fn overlay(&self, overrides: &RunOverrides) -> RunConfig {
         let o = overrides;
         RunConfig {
+            data_digest: o.data_digest.clone().or_else(|| self.data_digest.clone()),
             mode: o.mode.unwrap_or(self.mode),
             head_classifier: o.head_classifier.or(self.head_classifier),
             noise: o.noise.unwrap_or(self.noise),
@@ -56,6 +92,11 @@ impl RunConfig {
             rng: o.rng.unwrap_or(self.rng),
             epochs: o.epochs.unwrap_or(self.epochs),
             pretrain_epochs: o.pretrain_epochs.unwrap_or(self.pretrain_epochs),
+            batch_size: o.batch_size.unwrap_or(self.batch_size),
+            optimizer: o
+                .optimizer
+                .as_ref()
+                .map_or_else(|| self.optimizer.clone(), |keys| keys.apply(&self.optimizer)),
             eval_every: o.eval_every.unwrap_or(self.eval_every),
             carve_train_from_test: o.carve_train_from_test.or(self.carve_train_from_test),
             backbones: o

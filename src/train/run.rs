@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::config::dataset_config;
+use super::config::{dataset_config, run_defaults};
 use super::optim::OptimizerConfig;
 use crate::data::DatasetName;
 use crate::data::noise::{NoiseModel, authors_only_symmetric};
@@ -175,6 +175,7 @@ impl RunConfig {
     /// they change with struct update syntax.
     pub fn paper(dataset: &DatasetName) -> Result<Self> {
         let defaults = dataset_config(dataset)?;
+        let every_run = run_defaults();
         let data_digest = dataset.content_digest()?;
         Ok(Self {
             dataset: dataset.clone(),
@@ -186,20 +187,20 @@ impl RunConfig {
             n: defaults.n,
             pretrain_n: defaults.pretrain_n,
             test_n: None,
-            seed: 42,
+            seed: every_run.seed,
             rng: RngChoice::Own,
             authors_noise_draw: None,
             epochs: defaults.epochs,
             pretrain_epochs: defaults.pretrain_epochs,
             batch_size: defaults.batch_size,
-            optimizer: defaults.optimizer,
-            eval_every: 50,
+            optimizer: defaults.optimizer(),
+            eval_every: every_run.eval_every,
             carve_train_from_test: None,
             backbones: defaults.backbones,
             special_tokens: false,
             locater: 0.0,
             token_noise: 0.0,
-            train_threads: 1,
+            train_threads: every_run.train_threads,
             device: DeviceKind::Cpu,
             precision: Precision::F32,
             train_device: None,
