@@ -8,8 +8,7 @@ use std::sync::LazyLock;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
-use super::optim::OptimizerConfig;
-use super::overrides::OptimizerOverrides;
+use super::optim::{OptimizerConfig, OptimizerOverrides};
 use crate::data::DatasetName;
 
 /// configs/run.toml: what every run starts from, whatever its dataset.

@@ -27,6 +27,34 @@ pub struct OptimizerConfig {
     pub warmup_steps: usize,
 }
 
+/// Values that replace an optimizer's own; an absent one leaves it.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerOverrides {
+    pub learning_rate: Option<f64>,
+    pub beta1: Option<f64>,
+    pub beta2: Option<f64>,
+    pub epsilon: Option<f64>,
+    pub weight_decay: Option<f64>,
+    pub max_grad_norm: Option<f64>,
+    pub warmup_steps: Option<usize>,
+}
+
+impl OptimizerOverrides {
+    /// `base` with these values in place of its own.
+    pub fn apply(&self, base: &OptimizerConfig) -> OptimizerConfig {
+        OptimizerConfig {
+            learning_rate: self.learning_rate.unwrap_or(base.learning_rate),
+            beta1: self.beta1.unwrap_or(base.beta1),
+            beta2: self.beta2.unwrap_or(base.beta2),
+            epsilon: self.epsilon.unwrap_or(base.epsilon),
+            weight_decay: self.weight_decay.unwrap_or(base.weight_decay),
+            max_grad_norm: self.max_grad_norm.unwrap_or(base.max_grad_norm),
+            warmup_steps: self.warmup_steps.unwrap_or(base.warmup_steps),
+        }
+    }
+}
+
 impl OptimizerConfig {
     /// Every value AdamW cannot train with, named by its key (a run never starts with them: a
     /// negative or huge step, a β outside [0, 1), ε ≤ 0 or a negative decay or clip norm train to

@@ -17,6 +17,9 @@
 
 mod shard_file;
 
+mod shard_key;
+
 mod store;
 
+pub use shard_key::*;
 pub use store::*;

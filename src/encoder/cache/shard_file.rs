@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use candle_core::{DType, Device, Tensor};
 
-use super::store::*;
+use super::shard_key::{Contents, OpenShard, ShardKey, Sidecar};
 use std::collections::BTreeMap;
 
 use super::super::backbone::{Backbone, Encoded};

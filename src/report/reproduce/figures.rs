@@ -6,17 +6,51 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::write::*;
+use plotters::style::RGBColor;
 use std::fmt::Write as _;
 
 use crate::io::produce_atomic;
 use crate::report::plot::{
-    LinePanel, PALETTE, ScatterGroup, ScatterPanel, Series, line_panels, scatter_panels,
+    LinePanel, Marker, PALETTE, ScatterGroup, ScatterPanel, Series, line_panels, scatter_panels,
 };
 use crate::report::results::{Cell, ResultRow, aggregate};
 use crate::report::{kept, paper};
 use crate::train::metrics::EpochMetrics;
 use crate::train::run::{Mode, RunFolder};
+
+pub const FIG8: &str = "fig8_noise_sweep.png";
+/// Fig. 8's runs: the n and seed of the `fig8` experiment's grid, which sweeps η.
+pub const FIG8_N: usize = 200;
+pub const FIG8_SEED: u64 = 42;
+pub const FIG9: &str = "fig9_cls_attention.png";
+pub const SCATTER: &str = "memorization_vs_test_accuracy.png";
+
+/// Each dataset's colour (and scatter marker) in every figure of the report, so that a dataset
+/// keeps them from one figure to the next: the datasets of `runs` in name order, through the
+/// palette.
+pub(in crate::report) struct DatasetColors(pub(super) Vec<String>);
+
+impl DatasetColors {
+    pub(super) fn of(runs: &[(ResultRow, PathBuf)]) -> Self {
+        Self(datasets(runs).into_iter().collect())
+    }
+
+    /// The dataset's place in name order; one past the last for a dataset of no run.
+    pub(super) fn index(&self, dataset: &str) -> usize {
+        self.0
+            .iter()
+            .position(|d| d == dataset)
+            .unwrap_or(self.0.len())
+    }
+
+    pub(super) fn color(&self, dataset: &str) -> RGBColor {
+        PALETTE[self.index(dataset) % PALETTE.len()]
+    }
+
+    pub(super) fn marker(&self, dataset: &str) -> Marker {
+        [Marker::Triangle, Marker::Circle, Marker::Cross][self.index(dataset) % 3]
+    }
+}
 
 /// Fig. 8: losses against η of the runs at n = 200, seed 42 (one run per point, so that every
 /// point is measured alike), one colour per dataset, solid in last-layer mode and dashed in any

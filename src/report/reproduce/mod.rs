@@ -4,7 +4,7 @@
 //! maps per dataset.
 
 mod figures;
-pub use self::figures::attention_file;
+pub use self::figures::{FIG8, FIG8_N, FIG8_SEED, FIG9, SCATTER, attention_file};
 
 mod write;
 

@@ -5,26 +5,18 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use plotters::style::RGBColor;
 
 use super::super::paper;
-use super::super::plot::{Marker, PALETTE};
 use super::super::results::{Cell, ResultRow, Stat, aggregate, write_csv};
 use super::super::verdict::{self, VerdictRow};
 use crate::io::{ensure_dir, write_atomic};
 use crate::train::run::Mode;
 
 use super::figures::{
-    attention_curves, attention_maps, check_logs, datasets, memorization_scatter, noise_sweep,
-    read_metrics,
+    DatasetColors, FIG8, FIG9, SCATTER, attention_curves, attention_maps, check_logs,
+    memorization_scatter, noise_sweep, read_metrics,
 };
 
-pub const FIG8: &str = "fig8_noise_sweep.png";
-/// Fig. 8's runs: the n and seed of the `fig8` experiment's grid, which sweeps η.
-pub const FIG8_N: usize = 200;
-pub const FIG8_SEED: u64 = 42;
-pub const FIG9: &str = "fig9_cls_attention.png";
-pub const SCATTER: &str = "memorization_vs_test_accuracy.png";
 pub const VERDICTS: &str = "verdicts.csv";
 
 /// Writes results.csv, report.md and the figures the runs allow into `out`.
@@ -279,33 +271,6 @@ pub(super) fn table2_section(md: &mut String, cells: &[Cell]) -> Result<()> {
 /// report.md's verdict section).
 pub(super) fn verdicts(cells: &[Cell]) -> Result<Vec<VerdictRow>> {
     Ok(verdict::verdicts(cells, &paper::table2()?))
-}
-
-/// Each dataset's colour (and scatter marker) in every figure of the report, so that a dataset
-/// keeps them from one figure to the next: the datasets of `runs` in name order, through the
-/// palette.
-pub(in crate::report) struct DatasetColors(Vec<String>);
-
-impl DatasetColors {
-    pub(super) fn of(runs: &[(ResultRow, PathBuf)]) -> Self {
-        Self(datasets(runs).into_iter().collect())
-    }
-
-    /// The dataset's place in name order; one past the last for a dataset of no run.
-    pub(super) fn index(&self, dataset: &str) -> usize {
-        self.0
-            .iter()
-            .position(|d| d == dataset)
-            .unwrap_or(self.0.len())
-    }
-
-    pub(super) fn color(&self, dataset: &str) -> RGBColor {
-        PALETTE[self.index(dataset) % PALETTE.len()]
-    }
-
-    pub(super) fn marker(&self, dataset: &str) -> Marker {
-        [Marker::Triangle, Marker::Circle, Marker::Cross][self.index(dataset) % 3]
-    }
 }
 
 #[cfg(test)]
