@@ -120,34 +120,7 @@ fn table(curves: &[PlantCurve]) -> (String, PlantFindings) {
             curve.points[0].estimate.classes,
             curve.points[0].estimate.selection_limit()
         );
-        let header: Vec<String> = curve
-            .points
-            .iter()
-            .map(|p| format!("{:.2}", p.planted_snr))
-            .collect();
-        let _ = writeln!(md, "| S | {} |", header.join(" | "));
-        let _ = writeln!(md, "|---|{}", "---|".repeat(header.len()));
-        let row = |label: &str, f: &dyn Fn(&PlantedSnr) -> String| {
-            format!(
-                "| {label} | {} |\n",
-                curve.points.iter().map(f).collect::<Vec<_>>().join(" | ")
-            )
-        };
-        md.push_str(&row("read", &|p| format!("{:.3}", p.snr_position_sigma)));
-        md.push_str(&row("own σ", &|p| format!("{:.3}", p.estimate.snr)));
-        md.push_str(&row("found", &|p| format!("{:.2}", p.found_share)));
-        md.push_str(&row("κ", &|p| {
-            format!("{:.2}", p.estimate.selection_kappa)
-        }));
-        md.push_str(&row("corrected", &|p| {
-            format!("{:.3}", p.kappa_corrected_snr)
-        }));
-        md.push_str(&row("oracle read", &|p| {
-            format!("{:.3}", p.oracle.snr_position_sigma)
-        }));
-        md.push_str(&row("oracle found", &|p| {
-            format!("{:.2}", p.oracle.found_share)
-        }));
+        curve_rows(&mut md, curve);
         md.push('\n');
         for point in &curve.points {
             plain.add(curve, point, point.snr_position_sigma);
@@ -159,7 +132,9 @@ fn table(curves: &[PlantCurve]) -> (String, PlantFindings) {
         "{}\n\n{}\n\n{}\n\n{SELECTION_LIMIT_NOTE}",
         plain.line("the estimate (position-centred σ)"),
         corrected.line("the estimate divided by κ (`kappa_corrected_snr`)"),
-        above_limit.line("the estimate (position-centred σ) where S is at least twice the selection limit")
+        above_limit.line(
+            "the estimate (position-centred σ) where S is at least twice the selection limit"
+        )
     );
     let md = md.replacen(
         "\n## ",
@@ -174,6 +149,38 @@ fn table(curves: &[PlantCurve]) -> (String, PlantFindings) {
             within: plain.within,
         },
     )
+}
+
+/// One curve's table: a column per planted S, a row per reading.
+fn curve_rows(md: &mut String, curve: &PlantCurve) {
+    let header: Vec<String> = curve
+        .points
+        .iter()
+        .map(|p| format!("{:.2}", p.planted_snr))
+        .collect();
+    let _ = writeln!(md, "| S | {} |", header.join(" | "));
+    let _ = writeln!(md, "|---|{}", "---|".repeat(header.len()));
+    let row = |label: &str, f: &dyn Fn(&PlantedSnr) -> String| {
+        format!(
+            "| {label} | {} |\n",
+            curve.points.iter().map(f).collect::<Vec<_>>().join(" | ")
+        )
+    };
+    md.push_str(&row("read", &|p| format!("{:.3}", p.snr_position_sigma)));
+    md.push_str(&row("own σ", &|p| format!("{:.3}", p.estimate.snr)));
+    md.push_str(&row("found", &|p| format!("{:.2}", p.found_share)));
+    md.push_str(&row("κ", &|p| {
+        format!("{:.2}", p.estimate.selection_kappa)
+    }));
+    md.push_str(&row("corrected", &|p| {
+        format!("{:.3}", p.kappa_corrected_snr)
+    }));
+    md.push_str(&row("oracle read", &|p| {
+        format!("{:.3}", p.oracle.snr_position_sigma)
+    }));
+    md.push_str(&row("oracle found", &|p| {
+        format!("{:.2}", p.oracle.found_share)
+    }));
 }
 
 /// What the selection limit is, under the judgement lines.

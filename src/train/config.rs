@@ -86,7 +86,11 @@ mod tests {
     fn the_run_defaults_read_and_a_dataset_file_replaces_only_its_optimizer_keys() {
         let every_run = run_defaults();
         assert_eq!(
-            (every_run.seed, every_run.eval_every, every_run.train_threads),
+            (
+                every_run.seed,
+                every_run.eval_every,
+                every_run.train_threads
+            ),
             (42, 50, 1)
         );
         let adamw = &every_run.optimizer;

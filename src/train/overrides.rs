@@ -65,10 +65,10 @@ impl RunConfig {
             epochs: o.epochs.unwrap_or(self.epochs),
             pretrain_epochs: o.pretrain_epochs.unwrap_or(self.pretrain_epochs),
             batch_size: o.batch_size.unwrap_or(self.batch_size),
-            optimizer: o
-                .optimizer
-                .as_ref()
-                .map_or_else(|| self.optimizer.clone(), |keys| keys.apply(&self.optimizer)),
+            optimizer: o.optimizer.as_ref().map_or_else(
+                || self.optimizer.clone(),
+                |keys| keys.apply(&self.optimizer),
+            ),
             eval_every: o.eval_every.unwrap_or(self.eval_every),
             carve_train_from_test: o.carve_train_from_test.or(self.carve_train_from_test),
             backbones: o

@@ -23,7 +23,6 @@ pub(super) const SHARD_BYTES: usize = 256 << 20;
 /// The lock file of a shard folder.
 pub(super) const LOCK: &str = ".lock";
 
-
 /// Features of requested samples, in request order.
 pub struct Features {
     pub release_index: Vec<usize>,
@@ -45,7 +44,6 @@ pub struct CacheStats {
     /// One line per shard that could not be trusted and was rebuilt.
     pub warnings: Vec<String>,
 }
-
 
 #[derive(Clone, Debug)]
 pub struct FeatureCache {
@@ -283,7 +281,6 @@ impl FeatureCache {
         }
     }
 }
-
 
 /// One shard of `encoded` batches under `key`, checked for finite values.
 pub(super) fn write_encoded(
