@@ -91,7 +91,13 @@ impl ConfigFile {
             values.remove("data_digest");
         }
         values.remove("dataset");
-        values.remove("authors_noise_draw");
+        // A recorded draw must be one this build makes (an older run's is refused, not replayed
+        // with another); the run then takes the one its stream and η call for.
+        if let Some(draw) = values.remove("authors_noise_draw") {
+            serde_json::from_value::<crate::rng::AuthorsNoiseDraw>(draw).map_err(|e| {
+                anyhow::anyhow!("{}: key `authors_noise_draw`: {e}", self.path)
+            })?;
+        }
         serde_path_to_error::deserialize(Value::Object(values)).map_err(|e| {
             anyhow::anyhow!(
                 "{}: key `{}`: {}",
